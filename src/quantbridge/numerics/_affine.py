@@ -1,0 +1,88 @@
+"""Affine quantization ``r = scale * (q - zero_point)``: quantize, dequantize, fake-quantize.
+
+One implementation serves numpy arrays and torch tensors (see ``_xp``); both give bit-identical
+results because every step is a correctly rounded IEEE operation or an exact one.
+
+Parameters are per tensor (``axis=None``, one element) or per channel (1-D, laid out along
+``axis`` of the data, which may be negative), exactly as ONNX QuantizeLinear / DequantizeLinear.
+``scale`` must be positive and finite; this is not checked here (it would force a device sync
+on tensors) -- ``choose_qparams`` only produces such scales.
+"""
+
+from __future__ import annotations
+
+from ._xp import Array, _xp, as_compute_float, as_like, broadcast_param
+
+
+def _check_range(qmin: int, qmax: int) -> None:
+    if int(qmin) != qmin or int(qmax) != qmax or qmin > qmax:
+        raise ValueError(f"need integers qmin <= qmax, got qmin={qmin!r}, qmax={qmax!r}")
+
+
+def quantize(
+    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None
+) -> Array:
+    """Affine quantization, ONNX QuantizeLinear semantics, codes returned as floats.
+
+    .. math:: q = \\mathrm{clip}(\\mathrm{round}(x / s) + z,\\ q_{min},\\ q_{max})
+
+    Order of operations, all in the compute dtype ``F`` (float32 for float32 / float16 /
+    bfloat16 / integer inputs and Python scalars; float64 for float64 inputs):
+
+    1. ``scale`` and ``zero_point`` are cast to ``F`` (exact for zero points and float32 scales);
+    2. ``t = x / scale``                -- one correctly rounded IEEE division (not ``x * (1/s)``);
+    3. ``t = round(t)``                 -- round half to even (ties 0.5 -> 0, 1.5 -> 2, -2.5 -> -2);
+    4. ``t = t + zero_point``           -- exact whenever the result can land inside the grid;
+    5. ``q = clip(t, qmin, qmax)``      -- saturation in the wide float type, so +inf -> qmax,
+                                           -inf -> qmin, 3e9 -> qmax, -3e9 -> qmin;
+    6. NaN policy: ``q = zero_point`` where ``x`` is NaN (it dequantizes to 0.0).
+
+    The result has dtype ``F`` and holds integer values in ``[qmin, qmax]``; callers cast it to
+    the storage dtype (``storage_dtype(scheme)``) -- the cast is then exact.
+
+    Reference behaviour of the peers (tested in ``tests/numerics``): ONNX Runtime 1.32's CPU
+    QuantizeLinear agrees bit for bit on every finite and infinite input, but maps NaN to the
+    *type minimum* (-128 for int8, 0 for uint8, -32768 for int16, -8 for int4) whatever the zero
+    point; ``onnx.reference`` does the same for NaN and also wraps +inf / 3e9 to the type
+    minimum (it casts to int32 before clipping). We keep NaN -> zero_point: a NaN should not turn
+    into the most negative value of the range.
+    """
+    _check_range(qmin, qmax)
+    xp = _xp(x)
+    x = as_compute_float(x)
+    scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis)
+    zero_point = broadcast_param(as_like(zero_point, x), "zero_point", tuple(x.shape), axis)
+    q = xp.clip(xp.round(x / scale) + zero_point, qmin, qmax)
+    return xp.where(xp.isnan(x), zero_point, q)
+
+
+def dequantize(q: Array, scale: Array, zero_point: Array, axis: int | None = None) -> Array:
+    """Affine dequantization, ONNX DequantizeLinear semantics.
+
+    .. math:: r = (q - z) \\cdot s
+
+    ``q`` (any integer dtype, or float holding integer codes) is cast to ``F`` (float32, or
+    float64 for float64 ``q``), then ``(q - zero_point)`` is computed in ``F`` -- exact, since
+    codes and zero points have at most 16 bits -- and multiplied by ``scale`` (cast to ``F``)
+    with one correctly rounded multiplication. No clipping. Result dtype ``F``.
+    """
+    q = as_compute_float(q)
+    scale = broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis)
+    zero_point = broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis)
+    return (q - zero_point) * scale
+
+
+def fake_quantize(
+    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None
+) -> Array:
+    """Quantize then dequantize: ``dequantize(quantize(x, ...), ...)``, the formulas composed.
+
+    .. math:: \\hat{x} = (\\mathrm{clip}(\\mathrm{round}(x / s) + z, q_{min}, q_{max}) - z) \\cdot s
+
+    Dtype ``F`` as in ``quantize``. NaN maps to ``0.0`` (via ``zero_point``). This is what a
+    QuantizeLinear -> DequantizeLinear pair computes in ONNX Runtime (except for NaN, see
+    ``quantize``). Note torch's ``fake_quantize_per_tensor_affine`` multiplies by ``1/scale``
+    instead of dividing, which can differ by one code on ties; this function follows ONNX.
+    """
+    q = quantize(x, scale, zero_point, qmin, qmax, axis)
+    return dequantize(q, scale, zero_point, axis)
