@@ -1,0 +1,27 @@
+"""quantbridge: INT8 (and lower-bit) quantization that moves losslessly between PyTorch and ONNX.
+
+    import quantbridge as qb
+    qmodel = qb.quantize(model, calib_data, recipe="int8")
+    qb.export(qmodel, "model.int8.onnx", example_inputs=x)
+"""
+
+from .numerics import PerChannel, PerTensor, QScheme
+from .onnx import export
+from .recipe import Recipe, Rule, TensorRecipe
+from .torch import CaptureError, QuantModel, float_mode, quantize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CaptureError",
+    "PerChannel",
+    "PerTensor",
+    "QScheme",
+    "QuantModel",
+    "Recipe",
+    "Rule",
+    "TensorRecipe",
+    "export",
+    "float_mode",
+    "quantize",
+]

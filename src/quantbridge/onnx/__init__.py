@@ -1,0 +1,5 @@
+"""The ONNX layer: QDQ export, model inspection. Public names are re-exported from ``quantbridge``."""
+
+from ._export import export, float_weights, to_onnx
+
+__all__ = ["export", "float_weights", "to_onnx"]

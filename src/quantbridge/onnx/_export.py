@@ -1,0 +1,223 @@
+"""QDQ export: a ``QuantModel`` to an ONNX QDQ model that ONNX Runtime runs.
+
+The form (see DESIGN.md "one canonical form"):
+
+* weights: integer initializers (int8, or int16 at opset 21) -> DequantizeLinear (per channel,
+  ``axis`` = output channels); never a float weight followed by QuantizeLinear;
+* biases: int32 initializers -> DequantizeLinear with ``scale = input scale x weight scale``;
+* activations: QuantizeLinear -> DequantizeLinear pairs (QuantizeLinear -> Clip -> DequantizeLinear
+  for narrow-range or sub-8-bit activations, see ``_translate``);
+* a dynamic batch dimension named ``batch`` on every input and output (``dynamic="batch"``),
+  or every dimension dynamic (``"all"``) or none (``"none"``).
+
+Opset: the recipe's, else 21 when a 16-bit scheme needs int16 QuantizeLinear, else 18 (the
+torch exporter's native opset; ONNX Runtime 1.20+ runs it).
+
+Export goes through ``torch.onnx.export(dynamo=True)`` with our translation table; the quantizers
+are switched to export mode first (``quantbridge.torch._export_ops``), so the integers in the file
+are computed by the same ``numerics`` functions torch used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+import onnx
+import torch
+
+from ..torch._batches import as_call
+from ..torch._export_ops import export_mode
+from ..torch._model import QuantModel
+from ..torch._placement import CONTAINER
+from ._translate import translation_table
+
+DEFAULT_OPSET = 18
+_WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
+
+
+def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
+    if opset is None:
+        opset = qmodel.qb_recipe.opset
+    need = 13
+    for q in qmodel.quantizers().values():
+        scheme = getattr(q, "scheme", None)
+        if scheme is not None and scheme.bits > 8:
+            need = 21
+    if opset is None:
+        return max(DEFAULT_OPSET, need)
+    if opset < need:
+        raise ValueError(
+            f"opset {opset} cannot hold this recipe: 16-bit quantization needs opset >= {need}; "
+            f"pass opset={need} or more"
+        )
+    if opset < 13:
+        raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
+    return opset
+
+
+def _check_writable(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"cannot export to {path!r}: folder {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PermissionError(f"cannot export to {path!r}: not writable; choose a writable path")
+    return path
+
+
+def _dynamic_shapes(qmodel: QuantModel, args: tuple, kwargs: dict, dynamic: str) -> Any:
+    if dynamic == "none":
+        return None
+    if dynamic not in ("batch", "all"):
+        raise ValueError(f"dynamic={dynamic!r}: use 'batch', 'all' or 'none'")
+
+    def spec(t):
+        if not isinstance(t, torch.Tensor) or t.ndim == 0:
+            return None
+        dims = range(t.ndim) if dynamic == "all" else [0]
+        return {i: torch.export.Dim.AUTO for i in dims}
+
+    return tuple(spec(a) for a in args), {k: spec(v) for k, v in kwargs.items()}
+
+
+def _widen(t):
+    if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] == 1:
+        return t.repeat(2, *([1] * (t.ndim - 1)))
+    return t
+
+
+def to_onnx(
+    qmodel: QuantModel,
+    example_inputs: Any,
+    *,
+    opset: int | None = None,
+    dynamic: str = "batch",
+) -> onnx.ModelProto:
+    """The QDQ ``ModelProto`` of ``qmodel`` (see the module docstring)."""
+    if not isinstance(qmodel, QuantModel):
+        raise TypeError(
+            f"export expects the QuantModel returned by quantbridge.quantize, got "
+            f"{type(qmodel).__name__}"
+        )
+    opset = _choose_opset(qmodel, opset)
+    args, kwargs = as_call(example_inputs, 0)
+    if dynamic != "none":
+        args = tuple(_widen(a) for a in args)
+        kwargs = {k: _widen(v) for k, v in kwargs.items()}
+    shapes = _dynamic_shapes(qmodel, args, kwargs, dynamic)
+    if shapes is not None:
+        shapes = _named(qmodel, shapes, len(args))
+    was_training = qmodel.training
+    qmodel.eval()
+    try:
+        with export_mode(qmodel), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                qmodel,
+                args,
+                kwargs=kwargs,
+                dynamo=True,
+                custom_translation_table=translation_table(opset),
+                opset_version=opset,
+                dynamic_shapes=shapes,
+                optimize=True,
+                verbose=False,
+            )
+    finally:
+        qmodel.train(was_training)
+    model = program.model_proto
+    _name_dynamic_dims(model)
+    _record(model, qmodel)
+    return model
+
+
+def _named(qmodel: QuantModel, shapes, n_args: int):
+    """Dynamic-shape spec keyed by the captured forward's argument names."""
+    import inspect
+
+    arg_shapes, kw_shapes = shapes
+    names = list(inspect.signature(qmodel.forward).parameters)
+    if len(names) < n_args or any(n.startswith("*") for n in names):
+        return None
+    spec = {names[i]: s for i, s in enumerate(arg_shapes)}
+    spec.update(kw_shapes)
+    return spec
+
+
+def _name_dynamic_dims(model: onnx.ModelProto) -> None:
+    """Symbolic first dimensions of inputs and outputs are all called ``batch``."""
+    first = {
+        v.type.tensor_type.shape.dim[0].dim_param
+        for v in list(model.graph.input) + list(model.graph.output)
+        if v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].dim_param
+    }
+    if len(first) != 1:
+        return
+    (old,) = first
+    for v in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param == old:
+                d.dim_param = "batch"
+
+
+def _record(model: onnx.ModelProto, qmodel: QuantModel) -> None:
+    """Metadata: the recipe, and which quantizer became which ONNX scale initializer."""
+    names = {init.name for init in model.graph.initializer}
+    record = {}
+    for p in qmodel.qb_points:
+        for suffix in ("scale", "export_scale"):
+            cand = f"{CONTAINER}.{p.attr}.{suffix}"
+            if cand in names:
+                record[p.name] = {"kind": p.kind, "scale": cand, "module": p.module}
+                break
+    props = {
+        "quantbridge.recipe": qmodel.qb_recipe.to_json(),
+        "quantbridge.quantizers": json.dumps(record, sort_keys=True),
+    }
+    for k, v in props.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = k, v
+    model.producer_name = "quantbridge"
+
+
+def float_weights(model: onnx.ModelProto) -> list[str]:
+    """Names of float initializers feeding a weight input directly (must be empty for QDQ)."""
+    floats = {
+        i.name
+        for i in model.graph.initializer
+        if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+        and len(i.dims) >= 2
+    }
+    found = []
+    for node in model.graph.node:
+        idx = _WEIGHT_INPUTS.get(node.op_type)
+        if node.op_type == "MatMul":
+            idx = 1
+        if idx is not None and len(node.input) > idx and node.input[idx] in floats:
+            found.append(f"{node.op_type} {node.name!r}: weight {node.input[idx]!r}")
+    return found
+
+
+def export(
+    qmodel: QuantModel,
+    path: str | os.PathLike,
+    example_inputs: Any,
+    *,
+    opset: int | None = None,
+    dynamic: str = "batch",
+    check: bool = True,
+) -> onnx.ModelProto:
+    """Write ``qmodel`` as a QDQ ONNX file at ``path``; returns the ModelProto.
+
+    ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs, as in
+    a calibration batch. ``onnx.checker`` runs with ``full_check=True`` unless ``check=False``.
+    """
+    path = _check_writable(path)
+    model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    onnx.save_model(model, path)
+    return model

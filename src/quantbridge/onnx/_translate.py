@@ -1,0 +1,69 @@
+"""ONNX translations of the torch export ops (``quantbridge.torch._export_ops``).
+
+``quantize_dequantize(x, scale, zero_point, qmin, qmax, axis)`` becomes::
+
+    QuantizeLinear(x, scale, zero_point[, axis]) -> DequantizeLinear(., scale, zero_point[, axis])
+
+when ``[qmin, qmax]`` is the full range of the zero point's integer type, and::
+
+    QuantizeLinear -> Clip(., qmin, qmax) -> DequantizeLinear
+
+otherwise (narrow range, or fewer than 8 bits carried in an 8-bit type before opset 21). The Clip
+runs on the integer tensor, after saturation, which is exactly ``clip(round(x/s)+z, qmin, qmax)``;
+ONNX Runtime accepts integer Clip and keeps fusing the surrounding operators (see
+``bench/forms_study/FINDINGS.md``).
+
+``dequantize(q, scale, zero_point, axis)`` becomes one DequantizeLinear whose ``q`` is the integer
+initializer (int8 weights, int32 biases).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxscript
+import torch
+
+_FULL_RANGE = {
+    onnx.TensorProto.INT8: (-128, 127),
+    onnx.TensorProto.UINT8: (0, 255),
+    onnx.TensorProto.INT16: (-32768, 32767),
+    onnx.TensorProto.UINT16: (0, 65535),
+}
+_NP = {
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.UINT16: np.uint16,
+}
+
+
+def _dtype_of(value) -> int:
+    dtype = getattr(value, "dtype", None)
+    return int(dtype) if dtype is not None else onnx.TensorProto.UINT8
+
+
+def translation_table(opset: int) -> dict:
+    """Translation functions for ``torch.onnx.export(custom_translation_table=...)``."""
+    op = onnxscript.values.Opset("", opset)
+
+    def _axis_kwargs(axis):
+        return {} if axis is None else {"axis": axis}
+
+    def quantize_dequantize(x, scale, zero_point, qmin: int, qmax: int, axis=None):
+        q = op.QuantizeLinear(x, scale, zero_point, **_axis_kwargs(axis))
+        dtype = _dtype_of(zero_point)
+        if dtype in _FULL_RANGE and (qmin, qmax) != _FULL_RANGE[dtype]:
+            np_dtype = _NP[dtype]
+            lo = op.Constant(value=onnx.numpy_helper.from_array(np.array(qmin, dtype=np_dtype)))
+            hi = op.Constant(value=onnx.numpy_helper.from_array(np.array(qmax, dtype=np_dtype)))
+            q = op.Clip(q, lo, hi)
+        return op.DequantizeLinear(q, scale, zero_point, **_axis_kwargs(axis))
+
+    def dequantize(q, scale, zero_point, axis=None):
+        return op.DequantizeLinear(q, scale, zero_point, **_axis_kwargs(axis))
+
+    return {
+        torch.ops.quantbridge.quantize_dequantize.default: quantize_dequantize,
+        torch.ops.quantbridge.dequantize.default: dequantize,
+    }

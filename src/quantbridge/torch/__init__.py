@@ -1,0 +1,8 @@
+"""The torch layer: capture, placement, fake quantization with straight-through gradients,
+``QuantModel``. Public names are re-exported from ``quantbridge``."""
+
+from ._capture import CaptureError
+from ._model import QuantModel, float_mode
+from ._quantize import freeze, prepare, quantize
+
+__all__ = ["CaptureError", "QuantModel", "float_mode", "freeze", "prepare", "quantize"]

@@ -1,0 +1,97 @@
+"""Calibration data as users have it, turned into ``(args, kwargs)`` calls of the model.
+
+A batch is one of:
+
+* a ``torch.Tensor`` - the model's single positional input;
+* a ``tuple`` or ``list`` - positional inputs;
+* a ``dict`` (or a Hugging Face ``BatchEncoding``, a Mapping) - keyword inputs.
+
+A ``DataLoader`` yielding ``(inputs, labels)`` works through ``transform=lambda b: b[0]`` (as NNCF's
+``transform_fn``); a ``forward_loop(model)`` callable (as ModelOpt's) may drive the model itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+
+def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
+    """One calibration batch as ``(args, kwargs)``; TypeError naming the batch otherwise."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    raise TypeError(
+        f"calibration batch {index} is a {type(batch).__name__}; expected a tensor (one input), "
+        "a tuple (positional inputs) or a dict (keyword inputs). For a DataLoader of "
+        "(inputs, labels) pass transform=lambda batch: batch[0]"
+    )
+
+
+def iter_calls(
+    data: Iterable, transform: Callable | None, limit: int | None
+) -> Iterator[tuple[int, tuple, dict]]:
+    if data is None:
+        raise ValueError("calibration data is missing: pass an iterable of batches or forward_loop=")
+    if isinstance(data, (torch.Tensor, Mapping)):
+        raise TypeError(
+            "calib_data must be an iterable of batches (a list or a DataLoader), not a single "
+            f"{type(data).__name__}; wrap it: [batch]"
+        )
+    for i, batch in enumerate(data):
+        if limit is not None and i >= limit:
+            return
+        if transform is not None:
+            batch = transform(batch)
+        args, kwargs = as_call(batch, i)
+        yield i, args, kwargs
+
+
+def describe(args: tuple, kwargs: dict) -> str:
+    def one(t: Any) -> str:
+        if isinstance(t, torch.Tensor):
+            return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+        return type(t).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def check_like(args: tuple, kwargs: dict, ref_args: tuple, ref_kwargs: dict, index: int) -> None:
+    """Same structure, dtypes and ranks as the batch the model was captured with."""
+    flat, spec = tree_flatten((args, kwargs))
+    ref_flat, ref_spec = tree_flatten((ref_args, ref_kwargs))
+    problem = None
+    if spec != ref_spec:
+        problem = "has a different structure"
+    else:
+        for a, r in zip(flat, ref_flat):
+            if isinstance(r, torch.Tensor) and (
+                not isinstance(a, torch.Tensor) or a.dtype != r.dtype or a.ndim != r.ndim
+            ):
+                problem = "has a different dtype or rank"
+                break
+    if problem:
+        raise ValueError(
+            f"calibration batch {index} {describe(args, kwargs)} {problem} than the first batch "
+            f"{describe(ref_args, ref_kwargs)} the model was captured with; make every batch "
+            "look alike (same inputs, dtypes and number of dimensions)"
+        )
+
+
+def progress_bar(iterable: Iterable, enabled: bool | None, desc: str, total: int | None = None):
+    """tqdm over ``iterable``; by default on only when stderr is a terminal."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit="batch", leave=False)

@@ -1,0 +1,101 @@
+"""Capture of the user's model as an aten-level ``torch.fx.GraphModule``.
+
+We capture with ``torch.export.export(model, args, kwargs, strict=False).module()``, not
+``torch.fx.symbolic_trace``:
+
+* symbolic tracing fails on real models (Hugging Face BERT/MiniLM with transformers 5.x raises
+  "'Proxy' object does not support item assignment"); non-strict export runs the Python code for
+  real and records what it did, so control flow on values and shape arithmetic just work;
+* functional ops (``x + y``, ``torch.cat``, ``@``) appear as aten nodes next to module calls, so
+  placement treats ``torch.add`` and ``nn.Linear`` alike;
+* ``ep.module()`` keeps every parameter at its original fully-qualified name (state-dict keys are
+  unchanged) and each node's ``nn_module_stack`` metadata names the user module it came from.
+
+Every tensor dimension is exported as ``Dim.AUTO`` (dynamic unless the model pins it), so the
+captured model accepts other batch sizes and sequence lengths than the example. A size-1
+dimension would be specialised to 1 by export, so example batches of size 1 are repeated to 2
+first.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import traceback
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class CaptureError(RuntimeError):
+    """The model could not be captured; the message names the user's line and what to do."""
+
+
+def _widen_batch(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] == 1:
+        return x.repeat(2, *([1] * (x.ndim - 1)))
+    return x
+
+
+def _auto_dims(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return {i: torch.export.Dim.AUTO for i in range(x.ndim)} if x.ndim else None
+    return None
+
+
+def capture(model: nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
+    """Export ``model(*args, **kwargs)`` to a GraphModule with dynamic dimensions."""
+    args = tree_map(_widen_batch, tuple(args))
+    kwargs = tree_map(_widen_batch, dict(kwargs))
+    dynamic = _dynamic_shapes(model, args, kwargs)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+    except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
+        raise CaptureError(_explain(model, e)) from e
+    return ep.module()
+
+
+def _dynamic_shapes(model: nn.Module, args: tuple, kwargs: dict) -> Any:
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params) or len(args) > len(names):
+        return None  # *args signatures: let export infer (static shapes)
+    spec = {names[i]: tree_map(_auto_dims, a) for i, a in enumerate(args)}
+    spec.update({k: tree_map(_auto_dims, v) for k, v in kwargs.items()})
+    return spec
+
+
+def _explain(model: nn.Module, e: Exception) -> str:
+    """The innermost frame of user code in the traceback, with its source line and a fix."""
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [
+        f
+        for f in frames
+        if "site-packages/torch" not in f.filename
+        and "/torch/" not in f.filename
+        and not f.filename.startswith(_OUR_DIR)
+    ]
+    where = ""
+    if user:
+        f = user[-1]
+        line = (f.line or linecache.getline(f.filename, f.lineno)).strip()
+        where = f' at {f.filename}:{f.lineno} in {f.name}(): "{line}"'
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (
+        f"could not capture {type(model).__name__}{where}: {type(e).__name__}: {first}\n"
+        "quantbridge captures models with torch.export (non-strict). Common fixes: avoid "
+        "data-dependent Python control flow on tensor values at that line (use torch.where / "
+        "torch.cond), do not call .item()/.tolist()/numpy() inside forward, and pass all model "
+        "inputs as tensors. You can also quantize a submodule that captures and keep the rest "
+        "in float."
+    )

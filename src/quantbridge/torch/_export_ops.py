@@ -1,0 +1,112 @@
+"""The torch side of export: two custom ops and the context that makes quantizers emit them.
+
+``torch.ops.quantbridge.quantize_dequantize(x, scale, zero_point, qmin, qmax, axis)`` and
+``torch.ops.quantbridge.dequantize(q, scale, zero_point, axis)`` compute exactly what
+``numerics.fake_quantize`` / ``numerics.dequantize`` compute, so a model in export mode still runs
+in torch with the same outputs. Their only purpose is to survive ``torch.export`` as single nodes
+whose inputs are the quantizer's own buffers (scale, zero point in its storage dtype, integer
+weight), so that the ONNX exporter's translation table (``quantbridge.onnx._translate``) turns each
+into QuantizeLinear / DequantizeLinear with integer initializers - no float weight is ever
+exported and no quantization parameter is guessed from the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..numerics import dequantize, fake_quantize, storage_dtype
+from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+
+
+@torch.library.custom_op("quantbridge::quantize_dequantize", mutates_args=())
+def quantize_dequantize(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor,
+    qmin: int,
+    qmax: int,
+    axis: int | None,
+) -> torch.Tensor:
+    return fake_quantize(x, scale, zero_point, qmin, qmax, axis)
+
+
+@quantize_dequantize.register_fake
+def _(x, scale, zero_point, qmin, qmax, axis):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("quantbridge::dequantize", mutates_args=())
+def dequantize_op(
+    q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int | None
+) -> torch.Tensor:
+    return dequantize(q, scale, zero_point, axis)
+
+
+@dequantize_op.register_fake
+def _(q, scale, zero_point, axis):
+    return torch.empty_like(q, dtype=torch.float32)
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.uint16): torch.uint16,
+}
+
+
+def torch_storage_dtype(quantizer: Quantizer) -> torch.dtype:
+    return _TORCH_DTYPES[np.dtype(storage_dtype(quantizer.scheme))]
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    module.register_buffer(name, value, persistent=False)
+
+
+@contextlib.contextmanager
+def export_mode(model: nn.Module):
+    """Within the block, quantizers of ``model`` emit the export ops with precomputed integers."""
+    touched: list[tuple[nn.Module, list[str]]] = []
+    try:
+        for m in model.modules():
+            names = _prepare(model, m)
+            if names:
+                m.export_mode = True
+                touched.append((m, names))
+        yield model
+    finally:
+        for m, names in touched:
+            m.export_mode = False
+            for n in names:
+                delattr(m, n)
+
+
+def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
+    if isinstance(m, WeightQuantizer):
+        if not m.enabled or m.observing:
+            return []
+        w = model.get_parameter(m.weight_name)
+        dtype = torch_storage_dtype(m)
+        _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
+        _set(m, "export_zero_point", m.zero_point.to(dtype))
+        return ["export_qweight", "export_zero_point"]
+    if isinstance(m, Quantizer):
+        if not m.enabled or m.observing:
+            return []
+        _set(m, "export_zero_point", m.zero_point.to(torch_storage_dtype(m)))
+        return ["export_zero_point"]
+    if isinstance(m, BiasQuantizer):
+        if not m.active():
+            return []
+        b = model.get_parameter(m.bias_name)
+        scale = m.bias_scale().detach().clone()
+        _set(m, "export_qbias", m.integer_bias(b))
+        _set(m, "export_scale", scale)
+        _set(m, "export_zero_point", torch.zeros(scale.shape, dtype=torch.int32))
+        m.export_axis = 0 if scale.numel() > 1 else None
+        return ["export_qbias", "export_scale", "export_zero_point"]
+    return []

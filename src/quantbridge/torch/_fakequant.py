@@ -1,0 +1,251 @@
+"""Fake quantization in torch: the straight-through estimator and the quantizer modules.
+
+A ``Quantizer`` is one quantization point in a captured graph (an activation, a weight). It has
+three states:
+
+* observing (``observing=True``): the tensor passes through unchanged while an observer from
+  ``quantbridge.calibrate`` accumulates its range (float calibration, as ONNX Runtime and
+  PyTorch do);
+* quantizing (after ``freeze()``): ``fake_quantize`` with the frozen ``scale``/``zero_point``
+  buffers, gradients by the clipped straight-through estimator;
+* disabled (``enabled=False``): identity - the float model, same weights.
+
+Weight quantizers derive their parameters from the weight itself (per-channel minmax over the
+current weight) every time while ``observing`` and keep them fixed once frozen.
+
+A ``BiasQuantizer`` quantizes a bias to int32 with ``scale = input_scale * weight_scale`` taken from
+the two quantizers of its op, so the exported int32 bias is exactly what torch used.
+
+In export mode (see ``quantbridge.torch._export_ops``) the quantizers emit the custom ops that the
+ONNX exporter translates into QuantizeLinear / DequantizeLinear, with integer weights precomputed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..calibrate import make_observer
+from ..numerics import (
+    PerChannel,
+    PerTensor,
+    QScheme,
+    bias_scale,
+    choose_qparams,
+    dequantize,
+    fake_quantize,
+    quantize,
+    quantize_bias,
+)
+from ..recipe import TensorRecipe
+
+class FakeQuantizeSTE(torch.autograd.Function):
+    """Fake quantization with the clipped straight-through estimator.
+
+    Forward: ``y = (clip(round(x / s) + z, qmin, qmax) - z) * s`` (``numerics.fake_quantize``).
+
+    Backward: ``dL/dx = dL/dy * 1[(qmin - z) * s <= x <= (qmax - z) * s]`` - rounding is treated as
+    identity inside the representable range and the gradient is zero where the value saturates.
+    No gradient flows to ``scale`` or ``zero_point`` (fixed-range quantizers).
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, qmin: int, qmax: int, axis: int | None):
+        param_axis = None if scale.ndim == 0 else 0
+        lo = dequantize(torch.full_like(scale, qmin), scale, zero_point, param_axis)
+        hi = dequantize(torch.full_like(scale, qmax), scale, zero_point, param_axis)
+        ctx.save_for_backward(x, lo, hi)
+        ctx.axis = axis
+        return fake_quantize(x, scale, zero_point, qmin, qmax, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, lo, hi = ctx.saved_tensors
+        if lo.numel() > 1:
+            shape = [1] * x.ndim
+            shape[ctx.axis % x.ndim] = -1
+            lo, hi = lo.reshape(shape), hi.reshape(shape)
+        mask = (x >= lo) & (x <= hi)
+        return grad * mask, None, None, None, None, None
+
+
+class Quantizer(nn.Module):
+    """One quantization point: observe, then fake-quantize with frozen parameters."""
+
+    def __init__(self, name: str, recipe: TensorRecipe, kind: str, axis: int | None = None):
+        super().__init__()
+        self.name = name  # user-facing: '<module path>:<tensor>'
+        self.kind = kind  # 'activation' or 'weight'
+        self.scheme: QScheme = recipe.scheme
+        self.recipe = recipe
+        self.axis = axis if isinstance(recipe.scheme.granularity, PerChannel) else None
+        self.enabled = True
+        self.observing = True
+        self.export_mode = False
+        self.observer = None
+        self.register_buffer("scale", torch.ones(()))
+        self.register_buffer("zero_point", torch.zeros((), dtype=torch.int32))
+
+    @property
+    def qmin(self) -> int:
+        return self.scheme.qmin
+
+    @property
+    def qmax(self) -> int:
+        return self.scheme.qmax
+
+    def extra_repr(self) -> str:
+        s = self.scheme
+        sign = "int" if s.signed else "uint"
+        gran = f"per-channel(axis={self.axis})" if self.axis is not None else "per-tensor"
+        state = "observing" if self.observing else "frozen"
+        return f"{self.name!r}, {sign}{s.bits} [{s.qmin}, {s.qmax}], {gran}, {state}"
+
+    # -- calibration ----------------------------------------------------------------------------
+    def _new_observer(self):
+        granularity = PerChannel(self.axis) if self.axis is not None else PerTensor()
+        return make_observer(self.recipe.method, granularity, **dict(self.recipe.options))
+
+    def observe(self, x: torch.Tensor) -> None:
+        if self.observer is None:
+            self.observer = self._new_observer()
+        try:
+            self.observer.update(x.detach())
+        except ValueError as e:
+            raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
+
+    def freeze(self) -> None:
+        """Turn the observed range into frozen scale / zero point (with the tensor's name in errors)."""
+        if self.observer is None:
+            raise ValueError(
+                f"{self.kind} {self.name!r} saw no data during calibration: the calibration batches"
+                " never reached this tensor (a branch not taken?). Calibrate with inputs that"
+                " exercise it, or skip the layer with a Rule(pattern=..., skip=True)"
+            )
+        try:
+            scale, zero_point = self.observer.qparams(self.scheme)
+        except ValueError as e:
+            raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
+        self.set_qparams(scale, zero_point)
+
+    def set_qparams(self, scale, zero_point) -> None:
+        scale = torch.as_tensor(np.asarray(scale, dtype=np.float32))
+        zero_point = torch.as_tensor(np.asarray(zero_point, dtype=np.int32))
+        assert torch.isfinite(scale).all() and (scale > 0).all(), (self.name, scale)
+        self.scale = scale.to(self.scale.device)
+        self.zero_point = zero_point.to(self.scale.device)
+        self.observing = False
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        if self.observing:
+            if observe:
+                self.observe(x)
+            return x
+        if self.export_mode:
+            return torch.ops.quantbridge.quantize_dequantize(
+                x, self.scale, self.export_zero_point, self.qmin, self.qmax, self.axis
+            )
+        return FakeQuantizeSTE.apply(x, self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+
+    def quantize_integers(self, x: torch.Tensor) -> torch.Tensor:
+        """Integer codes of ``x`` (float tensor holding integers) with the frozen parameters."""
+        return quantize(x.detach(), self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+
+
+class WeightQuantizer(Quantizer):
+    """Per-channel (or per-tensor) weight quantizer; range taken from the weight itself."""
+
+    def __init__(self, name: str, recipe: TensorRecipe, axis: int):
+        super().__init__(name, recipe, "weight", axis)
+
+    def compute_from(self, w: torch.Tensor) -> None:
+        obs = self._new_observer()
+        try:
+            obs.update(w.detach())
+            scale, zero_point = obs.qparams(self.scheme)
+        except ValueError as e:
+            raise ValueError(f"weight {self.name!r}: {e}") from None
+        self.set_qparams(scale, zero_point)
+
+    def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        if not self.enabled:
+            return w
+        if self.observing:
+            # weights need no calibration data: parameters follow the current weight
+            scale, zero_point = _weight_qparams(w.detach(), self.scheme, self.axis)
+            return FakeQuantizeSTE.apply(w, scale, zero_point, self.qmin, self.qmax, self.axis)
+        if self.export_mode:
+            return torch.ops.quantbridge.dequantize(
+                self.export_qweight, self.scale, self.export_zero_point, self.axis
+            )
+        return FakeQuantizeSTE.apply(w, self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+
+
+def _weight_qparams(w: torch.Tensor, scheme: QScheme, axis: int | None):
+    if axis is None:
+        lo, hi = w.min(), w.max()
+    else:
+        dims = [d for d in range(w.ndim) if d != axis % w.ndim]
+        lo, hi = w.amin(dim=dims), w.amax(dim=dims)
+    scale, zero_point = choose_qparams(lo.double().cpu().numpy(), hi.double().cpu().numpy(), scheme)
+    return torch.as_tensor(scale, device=w.device), torch.as_tensor(zero_point, device=w.device)
+
+
+class BiasQuantizer(nn.Module):
+    """int32 bias with ``scale = input_scale * weight_scale`` (float32 product), zero point 0.
+
+    Codes by ``numerics.quantize_bias``; gradient straight through (identity). Holds plain references (not submodules) to the input and
+    weight quantizers of its op; identity until both are frozen.
+    """
+
+    def __init__(self, name: str, input_quantizer: Quantizer, weight_quantizer: WeightQuantizer):
+        super().__init__()
+        self.name = name
+        self.__dict__["input_quantizer"] = input_quantizer
+        self.__dict__["weight_quantizer"] = weight_quantizer
+        self.enabled = True
+        self.export_mode = False
+
+    def active(self) -> bool:
+        iq, wq = self.input_quantizer, self.weight_quantizer
+        return (
+            self.enabled
+            and iq.enabled
+            and wq.enabled
+            and not iq.observing
+            and iq.axis is None
+            and not wq.observing
+        )
+
+    def bias_scale(self) -> torch.Tensor:
+        return torch.as_tensor(
+            bias_scale(self.input_quantizer.scale, self.weight_quantizer.scale)
+        )
+
+    def integer_bias(self, b: torch.Tensor) -> torch.Tensor:
+        """int32 codes by ``numerics.quantize_bias``, exactly what export stores."""
+        return torch.as_tensor(
+            quantize_bias(b, self.input_quantizer.scale, self.weight_quantizer.scale)
+        )
+
+    def forward(self, b: torch.Tensor) -> torch.Tensor:
+        if not self.active():
+            return b
+        if self.export_mode:
+            return torch.ops.quantbridge.dequantize(
+                self.export_qbias, self.export_scale, self.export_zero_point, self.export_axis
+            )
+        scale = self.bias_scale().to(b.device)
+        axis = 0 if scale.numel() > 1 else None
+        deq = dequantize(self.integer_bias(b).to(b.device), scale, torch.zeros_like(scale), axis)
+        return b + (deq - b).detach()  # straight-through: d(out)/d(b) = 1
+
+
+def quantizer_modules(model: nn.Module):
+    for m in model.modules():
+        if isinstance(m, (Quantizer, BiasQuantizer)):
+            yield m

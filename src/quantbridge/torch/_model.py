@@ -1,0 +1,90 @@
+"""``QuantModel``: the quantized model, still an ``nn.Module`` that behaves like the user's model.
+
+It is a ``torch.fx.GraphModule`` (the captured computation with quantizers in it) that
+
+* keeps the user's parameters at their original state-dict keys (quantizer state lives under
+  ``_quantbridge.*``),
+* runs with INT8 semantics (fake quantization) by default; ``float_mode`` bypasses every quantizer
+  without touching weights,
+* falls back to the original model for attributes and methods it does not have itself,
+* carries the recipe and the placement record (``qb_points``) as plain data for export, save and
+  debug tools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ..recipe import Recipe
+from ._fakequant import BiasQuantizer, Quantizer
+from ._placement import CONTAINER, QuantPoint
+
+
+class QuantModel(torch.fx.GraphModule):
+    """A captured model with quantizers placed; see the module docstring."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        recipe: Recipe,
+        points: list[QuantPoint],
+        source: nn.Module | None = None,
+    ):
+        super().__init__(gm, gm.graph, class_name="QuantModel")
+        self.qb_recipe = recipe
+        self.qb_points = points
+        self.__dict__["_qb_source"] = source  # not a submodule: its float weights are not ours
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            source = self.__dict__.get("_qb_source")
+            if source is not None and not name.startswith("__"):
+                try:
+                    return getattr(source, name)
+                except AttributeError:
+                    pass
+            raise
+
+    # -- quantizers -------------------------------------------------------------------------------
+    def quantizers(self) -> dict[str, Quantizer | BiasQuantizer]:
+        """User-facing name -> quantizer module, in placement order."""
+        container = getattr(self, CONTAINER)
+        return {getattr(container, p.attr).name: getattr(container, p.attr) for p in self.qb_points}
+
+    def _all_quantizers(self) -> Iterator[nn.Module]:
+        for m in getattr(self, CONTAINER).children():
+            yield m
+
+    def set_quantization(self, enabled: bool) -> None:
+        """Persistent switch: INT8 semantics (True) or float (False). Weights never change."""
+        for m in self._all_quantizers():
+            m.enabled = enabled
+
+    @property
+    def quantization_enabled(self) -> bool:
+        return all(m.enabled for m in self._all_quantizers())
+
+    def summary(self) -> str:
+        lines = []
+        for name, q in self.quantizers().items():
+            lines.append(f"{name}: {q.extra_repr() if isinstance(q, Quantizer) else 'int32 bias'}")
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def float_mode(model: nn.Module):
+    """Run ``model`` (a QuantModel or a model containing one) in float: quantizers bypassed."""
+    saved = [(m, m.enabled) for m in model.modules() if isinstance(m, (Quantizer, BiasQuantizer))]
+    try:
+        for m, _ in saved:
+            m.enabled = False
+        yield model
+    finally:
+        for m, enabled in saved:
+            m.enabled = enabled

@@ -1,0 +1,116 @@
+"""Op-type tables for placement: which captured aten ops get which quantization treatment.
+
+Rules are data (named property sets), not if/elif chains. Placement asks one question per node:
+``op_role(node) -> Role``. The roles:
+
+* ``WEIGHTED`` - ops with a weight and an optional bias (conv, linear). Activation input, weight
+  (per-channel along ``WEIGHT_AXIS``), int32 bias (scale = input scale x weight scale) and output.
+* ``ARITHMETIC`` - functional ops between activations (add, mul, matmul, bmm, cat): every
+  tensor input quantized, output quantized.
+* ``DATA_MOVEMENT`` - ops that commute with quantization (max-pool, reshape, permute, slicing...):
+  ``quantize(f(x)) == f(quantize(x))`` with the same parameters, so the output reuses the input's
+  quantizer and no new range is observed.
+* ``FOLDABLE_ACTIVATION`` - clamps (relu, relu6/hardtanh, clamp) that a following quantizer's range
+  absorbs: the producer's output quantizer moves after them.
+* anything else runs in float (softmax, layer_norm, gelu, ...): quantized inputs are dequantized
+  before it, its output is float until a consumer quantizes it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+aten = torch.ops.aten
+
+
+class Role(enum.Enum):
+    WEIGHTED = "weighted"
+    ARITHMETIC = "arithmetic"
+    DATA_MOVEMENT = "data_movement"
+    FOLDABLE_ACTIVATION = "foldable_activation"
+    FLOAT = "float"
+
+
+# op -> (index of activation input, index of weight, index of bias, weight channel axis)
+WEIGHTED_OPS: dict[object, tuple[int, int, int, int]] = {
+    aten.conv1d.default: (0, 1, 2, 0),
+    aten.conv2d.default: (0, 1, 2, 0),
+    aten.conv3d.default: (0, 1, 2, 0),
+    aten.linear.default: (0, 1, 2, 0),
+}
+
+# Functional ops between activations. Value: which positional args hold tensors to quantize
+# ("list0" means arg 0 is a list of tensors, as for cat).
+ARITHMETIC_OPS: dict[object, tuple[int, ...] | str] = {
+    aten.add.Tensor: (0, 1),
+    aten.mul.Tensor: (0, 1),
+    aten.matmul.default: (0, 1),
+    aten.bmm.default: (0, 1),
+    aten.mm.default: (0, 1),
+    aten.cat.default: "list0",
+}
+
+# Ops whose output sits on the input's quantization grid (commute with quantization).
+DATA_MOVEMENT_OPS: frozenset = frozenset(
+    {
+        aten.max_pool1d.default,
+        aten.max_pool2d.default,
+        aten.max_pool3d.default,
+        aten.adaptive_max_pool2d.default,
+        aten.reshape.default,
+        aten.view.default,
+        aten.flatten.using_ints,
+        aten.permute.default,
+        aten.transpose.int,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.squeeze.default,
+        aten.unsqueeze.default,
+        aten.slice.Tensor,
+        aten.select.int,
+        aten.contiguous.default,
+        aten.expand.default,
+        aten.clone.default,
+        aten.dropout.default,
+        aten.pixel_shuffle.default,
+        aten.t.default,
+    }
+)
+
+# Clamps a following quantizer absorbs: op -> function(node) giving the (lo, hi) it clamps to.
+FOLDABLE_ACTIVATIONS: dict[object, object] = {
+    aten.relu.default: lambda n: (0.0, None),
+    aten.relu_.default: lambda n: (0.0, None),
+    aten.hardtanh.default: lambda n: (_arg(n, 1, -1.0), _arg(n, 2, 1.0)),
+    aten.hardtanh_.default: lambda n: (_arg(n, 1, -1.0), _arg(n, 2, 1.0)),
+    aten.clamp.default: lambda n: (_arg(n, 1, None), _arg(n, 2, None)),
+}
+
+
+def _arg(node: torch.fx.Node, i: int, default):
+    return node.args[i] if len(node.args) > i else default
+
+
+def op_role(node: torch.fx.Node) -> Role:
+    if node.op != "call_function":
+        return Role.FLOAT
+    target = node.target
+    if target in WEIGHTED_OPS:
+        return Role.WEIGHTED
+    if target in ARITHMETIC_OPS:
+        return Role.ARITHMETIC
+    if target in DATA_MOVEMENT_OPS:
+        return Role.DATA_MOVEMENT
+    if target in FOLDABLE_ACTIVATIONS:
+        return Role.FOLDABLE_ACTIVATION
+    return Role.FLOAT
+
+
+def tensor_args(node: torch.fx.Node) -> list[tuple[object, torch.fx.Node]]:
+    """(arg position, input node) for each activation input of an ARITHMETIC op."""
+    spec = ARITHMETIC_OPS[node.target]
+    if spec == "list0":
+        return [((0, i), a) for i, a in enumerate(node.args[0]) if isinstance(a, torch.fx.Node)]
+    return [(i, node.args[i]) for i in spec if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)]

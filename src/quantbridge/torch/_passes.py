@@ -1,0 +1,110 @@
+"""Graph passes on the captured GraphModule that prepare it for quantizer placement.
+
+* ``own_parameters`` - give the captured module its own copies of parameters and buffers, so
+  passes that rewrite weights (BN folding) never touch the user's float model.
+* ``fold_batchnorm`` - fold an inference-mode ``batch_norm`` into the conv/linear before it:
+
+  .. math::
+     k = \\gamma / \\sqrt{\\sigma^2 + \\epsilon},\\quad W' = W \\cdot k,\\quad
+     b' = (b - \\mu) \\cdot k + \\beta
+
+  (``k`` broadcast along the weight's output-channel axis 0). Applied only when the conv's output
+  feeds nothing but the batch norm, and the batch norm is not in training mode. The float result
+  is unchanged up to float32 rounding; quantization then sees the folded weight, as the deployed
+  engine does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+aten = torch.ops.aten
+_FOLDABLE_PRODUCERS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.linear.default}
+
+
+def own_parameters(gm: torch.fx.GraphModule) -> None:
+    for name, p in list(gm.named_parameters()):
+        owner, attr = _owner(gm, name)
+        setattr(owner, attr, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+    for name, b in list(gm.named_buffers()):
+        owner, attr = _owner(gm, name)
+        owner.register_buffer(attr, b.detach().clone())
+
+
+def _owner(gm: nn.Module, fqn: str) -> tuple[nn.Module, str]:
+    prefix, _, attr = fqn.rpartition(".")
+    return (gm.get_submodule(prefix) if prefix else gm), attr
+
+
+def _param(gm: nn.Module, node) -> torch.Tensor | None:
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op != "get_attr":
+        raise _NotFoldable
+    owner, attr = _owner(gm, node.target)
+    return getattr(owner, attr)
+
+
+class _NotFoldable(Exception):
+    pass
+
+
+def fold_batchnorm(gm: torch.fx.GraphModule) -> int:
+    """Fold every eligible conv/linear -> batch_norm pair. Returns how many were folded."""
+    folded = 0
+    for bn in list(gm.graph.nodes):
+        if bn.op != "call_function" or bn.target is not aten.batch_norm.default:
+            continue
+        producer = bn.args[0]
+        if (
+            not isinstance(producer, torch.fx.Node)
+            or producer.target not in _FOLDABLE_PRODUCERS
+            or len(producer.users) != 1
+            or bn.args[5]  # training=True: statistics still move (QAT folds later)
+        ):
+            continue
+        try:
+            _fold_one(gm, producer, bn)
+        except _NotFoldable:
+            continue
+        folded += 1
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return folded
+
+
+def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> None:
+    gamma, beta, mean, var = (_param(gm, a) for a in bn.args[1:5])
+    eps = float(bn.args[7])
+    w_node = conv.args[1]
+    w = _param(gm, w_node)
+    if w is None or mean is None or var is None:
+        raise _NotFoldable
+    b_node = conv.args[2] if len(conv.args) > 2 else None
+    b = _param(gm, b_node)
+    with torch.no_grad():
+        k = torch.rsqrt(var.double() + eps)
+        if gamma is not None:
+            k = k * gamma.double()
+        shape = [-1] + [1] * (w.ndim - 1)
+        new_w = (w.double() * k.reshape(shape)).to(w.dtype)
+        b0 = b.double() if b is not None else torch.zeros_like(mean, dtype=torch.float64)
+        new_b = (b0 - mean.double()) * k + (beta.double() if beta is not None else 0.0)
+    owner, attr = _owner(gm, w_node.target)
+    setattr(owner, attr, nn.Parameter(new_w, requires_grad=w.requires_grad))
+    if b is not None:
+        b_owner, b_attr = _owner(gm, b_node.target)
+        setattr(b_owner, b_attr, nn.Parameter(new_b.to(w.dtype), requires_grad=b.requires_grad))
+    else:
+        prefix = w_node.target.rpartition(".")[0]
+        owner.register_parameter("bias", nn.Parameter(new_b.to(w.dtype)))
+        with gm.graph.inserting_after(w_node):
+            b_node = gm.graph.get_attr(f"{prefix}.bias" if prefix else "bias")
+        args = list(conv.args) + [None] * (3 - len(conv.args))
+        args[2] = b_node
+        conv.args = tuple(args)
+    bn.replace_all_uses_with(conv)
+    gm.graph.erase_node(bn)

@@ -1,0 +1,254 @@
+"""Placement: insert quantizers into the captured graph as the recipe and the op tables say.
+
+Walks the graph once in topological order and asks ``_ops.op_role`` for each node:
+
+1. WEIGHTED (conv, linear): quantize the activation input, the weight (per channel along the
+   op's output-channel axis), the bias (int32, scale = input scale x weight scale) and the output.
+2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input and the output. With
+   ``recipe.align_concat_inputs`` the inputs of ``cat`` share one quantizer with its output (the
+   concat then only moves integers); with ``recipe.align_add_inputs`` the same for ``add`` inputs.
+3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
+   *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
+   exported graph its DQ -> op -> Q pattern with identical parameters).
+4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
+   absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
+
+"Quantized" is tracked per value: ``self.grid[node]`` is the quantizer whose grid ``node``'s
+output lies on. Inputs already on a grid are not quantized twice.
+
+The result is recorded as plain data (``QuantPoint``) - which user module and tensor each
+quantizer serves - so export and debug tools use the record, not name guessing.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from ..recipe import Recipe, TensorRecipe
+from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+from ._ops import WEIGHTED_OPS, Role, op_role, tensor_args
+
+CONTAINER = "_quantbridge"
+
+
+@dataclass
+class QuantPoint:
+    """Record of one quantizer: where it sits and what it quantizes."""
+
+    attr: str  # attribute under the container module
+    name: str  # user-facing name: '<module path>/<node>' or a parameter name
+    kind: str  # 'activation' | 'weight' | 'bias'
+    module: str  # user module path the quantized tensor comes from ('' = top level)
+    tensor: str  # fx node name of the quantized value (first call site)
+    scheme: dict  # QScheme.to_dict()
+    method: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def module_of(node: torch.fx.Node) -> tuple[str, str]:
+    """(module path, module class name) of the innermost user module that produced ``node``."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return "", ""
+    path, kind = list(stack.values())[-1]
+    type_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    return path, type_name.rsplit(".", 1)[-1]
+
+
+def _is_float_tensor(node) -> bool:
+    if not isinstance(node, torch.fx.Node):
+        return False
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+class _Placer:
+    def __init__(self, gm: torch.fx.GraphModule, recipe: Recipe):
+        self.gm, self.graph, self.recipe = gm, gm.graph, recipe
+        self.container = nn.Module()
+        gm.add_submodule(CONTAINER, self.container)
+        self.grid: dict[torch.fx.Node, Quantizer] = {}
+        self.points: dict[str, QuantPoint] = {}
+        self.input_fq: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.weight_fq: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.biases: list[BiasQuantizer] = []
+        self.seen_modules: set[tuple[str, str]] = set()
+
+    # -- module bookkeeping ---------------------------------------------------------------------
+    def _add(self, module: nn.Module, point: QuantPoint) -> str:
+        base = re.sub(r"\W", "_", point.name).strip("_") or "q"
+        attr, i = base, 1
+        while hasattr(self.container, attr):
+            i += 1
+            attr = f"{base}_{i}"
+        self.container.add_module(attr, module)
+        point.attr = attr
+        self.points[attr] = point
+        return f"{CONTAINER}.{attr}"
+
+    def _call(self, target: str, value: torch.fx.Node, observe: bool = True) -> torch.fx.Node:
+        with self.graph.inserting_after(value):
+            kwargs = {} if observe else {"observe": False}
+            node = self.graph.call_module(target, (value,), kwargs)
+        node.meta["val"] = value.meta.get("val")
+        node.meta["nn_module_stack"] = value.meta.get("nn_module_stack", {})
+        return node
+
+    def _new_activation(
+        self, value: torch.fx.Node, recipe: TensorRecipe, module: str, producer: torch.fx.Node
+    ) -> tuple[Quantizer, str]:
+        name = f"{module}/{producer.name}" if module else producer.name
+        q = Quantizer(name, recipe, "activation")
+        point = QuantPoint("", name, "activation", module, value.name, recipe.scheme.to_dict(), recipe.method)
+        return q, self._add(q, point)
+
+    # -- quantizing values ----------------------------------------------------------------------
+    def quantize_input(self, consumer: torch.fx.Node, value, recipe: TensorRecipe) -> None:
+        if not _is_float_tensor(value) or value in self.grid:
+            return
+        if value not in self.input_fq:
+            module = "input" if value.op == "placeholder" else module_of(value)[0]
+            q, target = self._new_activation(value, recipe, module, value)
+            fq = self._call(target, value)
+            self.grid[fq] = q
+            self.input_fq[value] = fq
+        consumer.replace_input_with(value, self.input_fq[value])
+
+    def quantize_output(self, node: torch.fx.Node, recipe: TensorRecipe) -> Quantizer | None:
+        last = node
+        while len(last.users) == 1:
+            (user,) = last.users
+            if op_role(user) is Role.FOLDABLE_ACTIVATION and user.args[0] is last:
+                last = user
+            else:
+                break
+        if not _is_float_tensor(last):
+            return None
+        q, target = self._new_activation(last, recipe, module_of(node)[0], node)
+        fq = self._call(target, last)
+        last.replace_all_uses_with(fq, delete_user_cb=lambda u: u is not fq)
+        self.grid[fq] = q
+        return q
+
+    # -- per role -------------------------------------------------------------------------------
+    def weighted(self, node: torch.fx.Node, wr: TensorRecipe, ar: TensorRecipe) -> None:
+        i_x, i_w, i_b, axis = WEIGHTED_OPS[node.target]
+        self.quantize_input(node, node.args[i_x], ar)
+        w = node.args[i_w]
+        if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
+            self.quantize_input(node, w, ar)  # computed weight: quantized like an activation
+            self.quantize_output(node, ar)
+            return
+        if w not in self.weight_fq:
+            wq = WeightQuantizer(w.target, wr, axis)
+            wq.weight_name = w.target
+            point = QuantPoint("", w.target, "weight", w.target.rpartition(".")[0], w.name,
+                               wr.scheme.to_dict(), wr.method)
+            self.weight_fq[w] = self._call(self._add(wq, point), w)
+        node.replace_input_with(w, self.weight_fq[w])
+        b = node.args[i_b] if len(node.args) > i_b else None
+        x_q = self.grid.get(node.args[i_x])
+        if isinstance(b, torch.fx.Node) and b.op == "get_attr" and x_q is not None:
+            wq = self.gm.get_submodule(self.weight_fq[w].target)
+            bq = BiasQuantizer(b.target, x_q, wq)
+            bq.bias_name = b.target
+            point = QuantPoint("", b.target, "bias", b.target.rpartition(".")[0], b.name,
+                               {"bits": 32, "signed": True}, "derived")
+            bias_fq = self._call(self._add(bq, point), b)
+            node.replace_input_with(b, bias_fq)
+            self.biases.append(bq)
+        self.quantize_output(node, ar)
+
+    def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
+        inputs = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
+        align = (node.target is torch.ops.aten.cat.default and self.recipe.align_concat_inputs) or (
+            node.target is torch.ops.aten.add.Tensor and self.recipe.align_add_inputs
+        )
+        if align and len(inputs) > 1:
+            self._aligned_inputs(node, inputs, ar)
+            if node.target is torch.ops.aten.cat.default:
+                shared = self.grid[node.all_input_nodes[0]] if node.all_input_nodes else None
+                self._share(node, shared)
+                return
+        else:
+            for v in inputs:
+                self.quantize_input(node, v, ar)
+        self.quantize_output(node, ar)
+
+    def _aligned_inputs(self, node: torch.fx.Node, inputs: list, ar: TensorRecipe) -> None:
+        """One quantizer for all inputs: merge existing input quantizers into the first."""
+        for v in inputs:
+            self.quantize_input(node, v, ar)
+        qs = [self.grid[v] for v in node.all_input_nodes if v in self.grid]
+        keep = qs[0]
+        for other in qs[1:]:
+            if other is not keep and other.scheme == keep.scheme:
+                self._merge(other, keep)
+
+    def _merge(self, old: Quantizer, new: Quantizer) -> None:
+        new_target = next(f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is new)
+        for n in self.graph.nodes:
+            if n.op == "call_module" and n.target.startswith(CONTAINER + "."):
+                if self.gm.get_submodule(n.target) is old:
+                    n.target = new_target
+        for k, v in list(self.grid.items()):
+            if v is old:
+                self.grid[k] = new
+        for bq in self.biases:
+            if bq.input_quantizer is old:
+                bq.__dict__["input_quantizer"] = new
+        attr = next(a for a, m in self.container.named_children() if m is old)
+        delattr(self.container, attr)
+        del self.points[attr]
+
+    def data_movement(self, node: torch.fx.Node) -> None:
+        src = node.args[0] if node.args else None
+        if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
+            self._share(node, self.grid[src])
+
+    def _share(self, node: torch.fx.Node, q: Quantizer | None) -> None:
+        if q is None:
+            return
+        target = next(f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is q)
+        fq = self._call(target, node, observe=False)
+        node.replace_all_uses_with(fq, delete_user_cb=lambda u: u is not fq)
+        self.grid[fq] = q
+
+    # -- driver ---------------------------------------------------------------------------------
+    def run(self) -> list[QuantPoint]:
+        for node in list(self.graph.nodes):
+            role = op_role(node)
+            if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
+                continue
+            module, module_type = module_of(node)
+            self.seen_modules.add((module, module_type))
+            skip, wr, ar = self.recipe.for_module(module, module_type)
+            if skip:
+                continue
+            if role is Role.WEIGHTED:
+                self.weighted(node, wr, ar)
+            elif role is Role.ARITHMETIC:
+                self.arithmetic(node, ar)
+            elif role is Role.DATA_MOVEMENT:
+                self.data_movement(node)
+        for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
+            warnings.warn(
+                f"recipe rule {rule.describe()} matches no layer of the model; known layers "
+                f"include {sorted(m for m, _ in self.seen_modules if m)[:8]}",
+                stacklevel=3,
+            )
+        self.graph.lint()
+        self.gm.recompile()
+        return list(self.points.values())
+
+
+def place_quantizers(gm: torch.fx.GraphModule, recipe: Recipe) -> list[QuantPoint]:
+    """Insert quantizers into ``gm`` in place; return the record of what was placed."""
+    return _Placer(gm, recipe).run()

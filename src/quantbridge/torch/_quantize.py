@@ -1,0 +1,137 @@
+"""``quantize``: capture, fold, place, calibrate, freeze - the post-training quantization flow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..recipe import Recipe, resolve_recipe
+from ._batches import as_call, check_like, describe, iter_calls, progress_bar
+from ._capture import capture
+from ._fakequant import Quantizer, WeightQuantizer
+from ._model import QuantModel
+from ._passes import fold_batchnorm, own_parameters
+from ._placement import CONTAINER, place_quantizers
+
+
+class _FirstCall(Exception):
+    def __init__(self, args: tuple, kwargs: dict):
+        self.args_, self.kwargs_ = args, kwargs
+
+
+class _Recorder(nn.Module):
+    """Stands in for the model inside a user's forward_loop to learn its input signature."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args, **kwargs):
+        raise _FirstCall(args, kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.model, name)
+
+
+def prepare(
+    model: nn.Module, example_args: tuple, example_kwargs: dict, recipe: Recipe
+) -> QuantModel:
+    """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet)."""
+    was_training = model.training
+    model.eval()
+    try:
+        gm = capture(model, example_args, example_kwargs)
+    finally:
+        model.train(was_training)
+    own_parameters(gm)
+    fold_batchnorm(gm)
+    points = place_quantizers(gm, recipe)
+    return QuantModel(gm, recipe, points, source=model)
+
+
+def quantize(
+    model: nn.Module,
+    calib_data: Iterable | None = None,
+    recipe: Recipe | str | dict | None = "int8",
+    *,
+    transform: Callable[[Any], Any] | None = None,
+    forward_loop: Callable[[nn.Module], None] | None = None,
+    max_batches: int | None = None,
+    progress: bool | None = None,
+) -> QuantModel:
+    """Post-training quantization of ``model``: a ``QuantModel`` with INT8 semantics.
+
+    ``calib_data`` is an iterable of batches (tensor = one input, tuple = positional inputs,
+    dict = keyword inputs); ``transform`` maps each item to such a batch (e.g. ``lambda b: b[0]``
+    for a DataLoader of ``(inputs, labels)``). Alternatively ``forward_loop(model)`` runs the
+    calibration forward passes itself. The progress bar shows on a terminal unless
+    ``progress=False``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    recipe = resolve_recipe(recipe)
+    if forward_loop is not None:
+        if calib_data is not None:
+            raise ValueError("pass either calib_data or forward_loop, not both")
+        try:
+            forward_loop(_Recorder(model))
+        except _FirstCall as first:
+            example = (first.args_, first.kwargs_)
+        else:
+            raise ValueError("forward_loop never called the model: no calibration data")
+        qmodel = prepare(model, *example, recipe)
+        with torch.no_grad():
+            forward_loop(qmodel)
+    else:
+        calls = iter_calls(calib_data, transform, max_batches)
+        first = next(calls, None)
+        if first is None:
+            raise ValueError("calibration data is empty: quantize needs at least one batch")
+        _, args0, kwargs0 = first
+        qmodel = prepare(model, args0, kwargs0, recipe)
+        total = len(calib_data) if hasattr(calib_data, "__len__") else None
+        if total is not None and max_batches is not None:
+            total = min(total, max_batches)
+        _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
+    freeze(qmodel)
+    return qmodel
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
+    qmodel.eval()
+    with torch.no_grad():
+        for i, args, kwargs in progress_bar(calls, progress, "calibrating", total):
+            check_like(args, kwargs, *reference, i)
+            try:
+                qmodel(*args, **kwargs)
+            except ValueError as e:
+                raise ValueError(f"calibration batch {i}: {e}") from None
+            except (RuntimeError, AssertionError) as e:
+                raise ValueError(
+                    f"calibration batch {i} {describe(args, kwargs)} does not fit the model "
+                    f"captured from {describe(*reference)}: {str(e).strip().splitlines()[0]}"
+                ) from e
+
+
+def freeze(qmodel: QuantModel) -> None:
+    """Fix every quantizer's scale and zero point from what it observed (weights from themselves)."""
+    container = getattr(qmodel, CONTAINER)
+    for m in container.children():
+        if isinstance(m, WeightQuantizer):
+            m.compute_from(qmodel.get_parameter(m.weight_name))
+        elif isinstance(m, Quantizer):
+            m.freeze()
+
+
+__all__ = ["quantize", "prepare", "freeze", "as_call"]
