@@ -11,6 +11,8 @@ on tensors) -- ``choose_qparams`` only produces such scales.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._xp import Array, _xp, as_compute_float, as_like, broadcast_param
 
 
@@ -52,7 +54,8 @@ def quantize(
     x = as_compute_float(x)
     scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis)
     zero_point = broadcast_param(as_like(zero_point, x), "zero_point", tuple(x.shape), axis)
-    q = xp.clip(xp.round(x / scale) + zero_point, qmin, qmax)
+    with np.errstate(over="ignore"):  # x / scale -> +-inf is the saturation path, not an error
+        q = xp.clip(xp.round(x / scale) + zero_point, qmin, qmax)
     return xp.where(xp.isnan(x), zero_point, q)
 
 

@@ -50,7 +50,8 @@ def saturating_rounding_doubling_high_mul(a: np.ndarray, b: int) -> np.ndarray:
     """gemmlowp ``SaturatingRoundingDoublingHighMul(a, b)`` on int32 values held in int64.
 
     ``(a * b + nudge) / 2**31`` with C++ truncating division, ``nudge = 2**30`` if ``a*b >= 0``
-    else ``1 - 2**30``: that is ``a * b / 2**31`` rounded to nearest, ties away from zero.
+    else ``1 - 2**30``: that is ``a * b / 2**31`` rounded to nearest with ties rounded up
+    (toward +inf: 1.5 -> 2 but -1.5 -> -1).
     The single overflow case ``a == b == INT32_MIN`` saturates to INT32_MAX.
     """
     a = np.asarray(a, dtype=np.int64)
@@ -91,7 +92,9 @@ def multiply_by_quantized_multiplier(x: np.ndarray, multiplier: int, shift: int)
 
     1. ``left = max(shift, 0)``, ``right = max(-shift, 0)`` (must be ``<= 31``);
     2. ``a = saturate_int32(x * 2**left)`` -- TFLite computes ``x * (1 << left)`` in int32, which
-       is undefined on overflow; here it saturates (identical wherever TFLite is defined);
+       is undefined on overflow; here it saturates (identical wherever TFLite is defined).
+       Saturation comes before the multiply, so with a left shift results saturate near
+       ``INT32_MAX * multiplier / 2**31`` (2**30 for multiplier 2**30), not at INT32_MAX;
     3. ``h = SaturatingRoundingDoublingHighMul(a, multiplier)``;
     4. ``y = RoundingDivideByPOT(h, right)``.
 
