@@ -1,0 +1,163 @@
+"""Extrema observers: running min/max and its exponential moving average (per tensor or channel).
+
+Per batch ``x_t`` the observer computes the batch extrema, over the whole tensor or, for
+``PerChannel(axis)``, over every axis but ``axis`` (``C = x.shape[axis]`` values each):
+
+.. math:: m_t = \\min x_t, \\qquad M_t = \\max x_t
+
+``minmax`` keeps :math:`lo = \\min_t m_t`, :math:`hi = \\max_t M_t`: streaming equals one pass
+over the concatenation, and merging is exact and order-independent (elementwise min / max).
+
+``moving_average_minmax`` follows torch.ao's ``MovingAverageMinMaxObserver`` with averaging
+constant :math:`c` (0.01): the first batch initialises :math:`lo_1 = m_1`; then
+
+.. math:: lo_t = lo_{t-1} + c\\,(m_t - lo_{t-1}), \\qquad hi_t = hi_{t-1} + c\\,(M_t - hi_{t-1})
+
+The EMA depends on batch order, so no merge can reproduce one stream over all batches. Merge is
+the average weighted by the number of batches each side saw,
+:math:`lo = (n_a lo_a + n_b lo_b) / (n_a + n_b)` -- an approximation, documented as such.
+
+Both check that every batch of a per-channel observer has the channel count of the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from quantbridge.numerics import PerChannel, PerTensor, QScheme
+
+from ._base import Observer, StateDict, StateValue
+from ._registry import register_observer
+
+
+class _ExtremaObserver(Observer):
+    """Shared part: per-batch extrema at the observer's granularity, channel-count checks."""
+
+    def __init__(self, granularity: PerTensor | PerChannel | None = None) -> None:
+        super().__init__(granularity)
+        self._lo: np.ndarray | None = None
+        self._hi: np.ndarray | None = None
+
+    def _batch_extrema(self, arr: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, ...]:
+        if not isinstance(self.granularity, PerChannel):
+            return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+        axis = self.granularity.resolve_axis(arr.ndim)
+        others = tuple(i for i in range(arr.ndim) if i != axis)
+        return (
+            arr.min(axis=others).astype(np.float64),
+            arr.max(axis=others).astype(np.float64),
+        )
+
+    def _check_batch(self, arr: np.ndarray) -> None:
+        if not isinstance(self.granularity, PerChannel):
+            return
+        axis = self.granularity.resolve_axis(arr.ndim)
+        if self._lo is not None and arr.shape[axis] != self._lo.shape[0]:
+            raise ValueError(
+                f"per-channel observer along axis {self.granularity.axis} holds statistics of "
+                f"shape {self._lo.shape} ({self._lo.shape[0]} channels) but got a batch of "
+                f"shape {arr.shape} ({arr.shape[axis]} channels)"
+            )
+
+    def _empty(self) -> np.ndarray:
+        shape = (0,) if isinstance(self.granularity, PerChannel) else ()
+        return np.full(shape, np.nan)
+
+    def _check_shapes(self, state: Mapping[str, StateValue]) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.asarray(state["min"], dtype=np.float64)
+        hi = np.asarray(state["max"], dtype=np.float64)
+        want_ndim = 1 if isinstance(self.granularity, PerChannel) else 0
+        if lo.shape != hi.shape or lo.ndim != want_ndim:
+            raise ValueError(
+                f"state dict min/max have shapes {lo.shape} and {hi.shape}; expected equal "
+                f"shapes of rank {want_ndim} for {self.granularity!r}"
+            )
+        if self._lo is not None and int(state["values_seen"]) > 0 and lo.shape != self._lo.shape:
+            raise ValueError(
+                f"cannot merge per-channel statistics of shape {lo.shape} into an observer "
+                f"holding shape {self._lo.shape}"
+            )
+        return lo, hi
+
+    def _range(self, scheme: QScheme | None) -> tuple[np.ndarray, np.ndarray]:
+        assert self._lo is not None and self._hi is not None
+        return self._lo.copy(), self._hi.copy()
+
+
+@register_observer("minmax")
+class MinMaxObserver(_ExtremaObserver):
+    """Running minimum and maximum, per tensor or per channel along any axis."""
+
+    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
+        batch_lo, batch_hi = self._batch_extrema(arr, lo, hi)
+        if self._lo is None:
+            self._lo, self._hi = batch_lo, batch_hi
+        else:
+            self._lo = np.minimum(self._lo, batch_lo)
+            self._hi = np.maximum(self._hi, batch_hi)
+
+    def _state(self) -> StateDict:
+        if self._lo is None:
+            return {"min": self._empty(), "max": self._empty()}
+        return {"min": self._lo.copy(), "max": self._hi.copy()}
+
+    def _load_state(self, state: Mapping[str, StateValue]) -> None:
+        self._lo = self._hi = None
+        lo, hi = self._check_shapes(state)
+        if int(state["values_seen"]) > 0:
+            self._lo, self._hi = lo, hi
+
+    def _merge_state(self, state: Mapping[str, StateValue]) -> None:
+        lo, hi = self._check_shapes(state)
+        self._lo = np.minimum(self._lo, lo)
+        self._hi = np.maximum(self._hi, hi)
+
+
+@register_observer("moving_average_minmax")
+class MovingAverageMinMaxObserver(_ExtremaObserver):
+    """Exponential moving average of batch extrema (torch.ao's, ``averaging_constant=0.01``)."""
+
+    def __init__(
+        self,
+        granularity: PerTensor | PerChannel | None = None,
+        averaging_constant: float = 0.01,
+    ) -> None:
+        super().__init__(granularity)
+        if not 0.0 < averaging_constant <= 1.0:
+            raise ValueError(f"averaging_constant must be in (0, 1], got {averaging_constant}")
+        self.averaging_constant = float(averaging_constant)
+        self.batches = 0
+
+    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
+        batch_lo, batch_hi = self._batch_extrema(arr, lo, hi)
+        if self._lo is None:
+            self._lo, self._hi = batch_lo, batch_hi
+        else:
+            c = self.averaging_constant
+            self._lo = self._lo + c * (batch_lo - self._lo)
+            self._hi = self._hi + c * (batch_hi - self._hi)
+        self.batches += 1
+
+    def _state(self) -> StateDict:
+        if self._lo is None:
+            return {"min": self._empty(), "max": self._empty(), "batches": 0}
+        return {"min": self._lo.copy(), "max": self._hi.copy(), "batches": int(self.batches)}
+
+    def _load_state(self, state: Mapping[str, StateValue]) -> None:
+        self._lo = self._hi = None
+        self.batches = 0
+        lo, hi = self._check_shapes(state)
+        if int(state["values_seen"]) > 0:
+            self._lo, self._hi = lo, hi
+            self.batches = int(state["batches"])
+
+    def _merge_state(self, state: Mapping[str, StateValue]) -> None:
+        """Batch-weighted average of the two EMAs (an approximation, see the module docstring)."""
+        lo, hi = self._check_shapes(state)
+        n_self, n_other = self.batches, int(state["batches"])
+        total = n_self + n_other
+        self._lo = (n_self * self._lo + n_other * lo) / total
+        self._hi = (n_self * self._hi + n_other * hi) / total
+        self.batches = total

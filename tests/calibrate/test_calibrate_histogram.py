@@ -1,0 +1,132 @@
+"""The power-of-two histogram: exact counts, exact re-binning, exact order-free merges."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from quantbridge.calibrate import Histogram, make_observer
+from quantbridge.calibrate._histogram import halve_resolution, pow2_above
+
+
+def reference_counts(data: np.ndarray, hist: Histogram) -> np.ndarray:
+    """np.histogram in float64 over the histogram's final range ``[-R, R]``."""
+    counts, _ = np.histogram(
+        data.astype(np.float64), bins=hist.num_bins, range=(-hist.half_range, hist.half_range)
+    )
+    return counts
+
+
+def fed(chunks: list[np.ndarray], num_bins: int = 64) -> Histogram:
+    hist = Histogram(num_bins)
+    for chunk in chunks:
+        if chunk.size:
+            hist.add(chunk, float(chunk.min()), float(chunk.max()))
+    return hist
+
+
+# values of very different magnitudes, so that R doubles many times between batches
+magnitudes = st.floats(-(2.0**20), 2.0**20, allow_nan=False, width=32) | st.floats(
+    -(2.0**-10), 2.0**-10, allow_nan=False, width=32
+)
+chunk = hnp.arrays(np.float32, st.integers(0, 40), elements=magnitudes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(chunk, min_size=1, max_size=6), st.sampled_from([2, 8, 64]))
+def test_counts_equal_np_histogram_after_growth(chunks: list[np.ndarray], num_bins: int) -> None:
+    data = np.concatenate(chunks)
+    hist = fed(chunks, num_bins)
+    assert hist.total == data.size
+    if data.size == 0:
+        return
+    amax = float(np.abs(data).max())
+    assert hist.half_range == pow2_above(amax)
+    assert hist.min == data.min() and hist.max == data.max()
+    if amax > 0:
+        np.testing.assert_array_equal(hist.counts, reference_counts(data, hist))
+    else:
+        assert hist.counts[num_bins // 2] == data.size
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(chunk, min_size=2, max_size=6), st.randoms(use_true_random=False))
+def test_merge_is_exact_and_order_independent(chunks: list[np.ndarray], rnd) -> None:
+    whole = fed([np.concatenate(chunks)])
+    parts = [fed([c]) for c in chunks]
+    rnd.shuffle(parts)
+    merged = Histogram(64)
+    for part in parts:
+        merged.merge(part)
+    np.testing.assert_array_equal(merged.counts, whole.counts)
+    assert (merged.half_range, merged.min, merged.max) == (whole.half_range, whole.min, whole.max)
+
+
+def test_doubling_sums_adjacent_pairs() -> None:
+    counts = np.arange(1, 9)  # N = 8 bins over [-R, R): old bin j -> new bin (4 + j) // 2
+    np.testing.assert_array_equal(
+        halve_resolution(counts), [0, 0, 1 + 2, 3 + 4, 5 + 6, 7 + 8, 0, 0]
+    )
+
+
+def test_default_8192_bins_on_real_sized_batches(laplacian: np.ndarray) -> None:
+    obs = make_observer("percentile")
+    for i, scale in enumerate([0.01, 1.0, 30.0]):  # R grows 0.06 -> 16 -> 512: many doublings
+        obs.update(laplacian[i * 50_000 : (i + 1) * 50_000] * scale)
+    data = np.concatenate(
+        [laplacian[i * 50_000 : (i + 1) * 50_000] * s for i, s in enumerate([0.01, 1.0, 30.0])]
+    )
+    hist = obs.histogram
+    assert hist.num_bins == 8192 and hist.half_range == pow2_above(float(np.abs(data).max()))
+    np.testing.assert_array_equal(hist.counts, reference_counts(data, hist))
+
+
+def test_values_on_bin_edges_and_tiny_negatives() -> None:
+    hist = Histogram(8)  # R = 4 after the 3.0: edges -4, -3, ..., 4
+    values = np.array([3.0, -3.0, -1.0, 0.0, -0.0, 1.0, -1e-30, 1e-30, -4.0 + 2**-40])
+    hist.add(values, float(values.min()), float(values.max()))
+    assert hist.half_range == 4.0
+    np.testing.assert_array_equal(hist.counts, reference_counts(values, hist))
+    # float64 input: -1e-300 underflows to -0.0 when scaled to bins of width 2**1000 / 4
+    big = Histogram(8)
+    values = np.array([2.0**1000, -1e-300, 1e-300])
+    big.add(values, float(values.min()), float(values.max()))
+    np.testing.assert_array_equal(big.counts, [0, 0, 0, 1, 1, 0, 1, 0])
+
+
+def test_zeros_first_then_data() -> None:
+    hist = fed([np.zeros(5, np.float32), np.array([0.75, -0.3], np.float32)], num_bins=4)
+    assert hist.half_range == 1.0  # bins [-1, -.5), [-.5, 0), [0, .5), [.5, 1)
+    np.testing.assert_array_equal(hist.counts, [0, 1, 5, 1])
+
+
+@pytest.mark.parametrize("num_bins", [0, 1, 6, 100, 3.0, True])
+def test_num_bins_must_be_a_power_of_two(num_bins) -> None:
+    with pytest.raises((ValueError, TypeError), match="num_bins"):
+        Histogram(num_bins)
+
+
+def test_state_dict_round_trip_and_merge_via_state(laplacian: np.ndarray) -> None:
+    a = make_observer("percentile", num_bins=1024)
+    b = make_observer("percentile", num_bins=1024)
+    a.update(laplacian[:1000])
+    b.update(laplacian[1000:5000] * 100)
+    state = b.state_dict()
+    assert state["counts"].dtype == np.int64 and isinstance(state["half_range"], float)
+    restored = make_observer("percentile", num_bins=1024)
+    restored.load_state_dict(state)
+    np.testing.assert_array_equal(restored.histogram.counts, b.histogram.counts)
+    a.merge(state)
+    whole = make_observer("percentile", num_bins=1024)
+    whole.update(np.concatenate([laplacian[:1000], laplacian[1000:5000] * 100]))
+    np.testing.assert_array_equal(a.histogram.counts, whole.histogram.counts)
+    with pytest.raises(ValueError, match="num_bins"):
+        make_observer("percentile", num_bins=2048).merge(state)
+    with pytest.raises(ValueError, match="power of two"):
+        restored.load_state_dict({**state, "half_range": 3.0})
+    assert math.isclose(a.range()[1], whole.range()[1])
