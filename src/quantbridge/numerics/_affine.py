@@ -31,7 +31,8 @@ def quantize(
     Order of operations, all in the compute dtype ``F`` (float32 for float32 / float16 /
     bfloat16 / integer inputs and Python scalars; float64 for float64 inputs):
 
-    1. ``scale`` and ``zero_point`` are cast to ``F`` (exact for zero points and float32 scales);
+    1. ``scale`` and ``zero_point`` are cast to ``F`` (exact for zero points and float32
+       scales; a wider scale, e.g. a Python float, is rounded to ``F`` as ONNX stores it);
     2. ``t = x / scale``                -- one correctly rounded IEEE division (not ``x * (1/s)``);
     3. ``t = round(t)``                 -- round half to even (ties 0.5 -> 0, 1.5 -> 2, -2.5 -> -2);
     4. ``t = t + zero_point``           -- exact whenever the result can land inside the grid;
@@ -50,6 +51,7 @@ def quantize(
     into the most negative value of the range.
     """
     _check_range(qmin, qmax)
+    qmin, qmax = int(qmin), int(qmax)  # numpy integers would not mix with torch.clip everywhere
     xp = _xp(x)
     x = as_compute_float(x)
     scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis)
@@ -85,7 +87,7 @@ def fake_quantize(
     Dtype ``F`` as in ``quantize``. NaN maps to ``0.0`` (via ``zero_point``). This is what a
     QuantizeLinear -> DequantizeLinear pair computes in ONNX Runtime (except for NaN, see
     ``quantize``). Note torch's ``fake_quantize_per_tensor_affine`` multiplies by ``1/scale``
-    instead of dividing, which can differ by one code on ties; this function follows ONNX.
+    instead of dividing, which can differ by one code near ties; this function follows ONNX.
     """
     q = quantize(x, scale, zero_point, qmin, qmax, axis)
     return dequantize(q, scale, zero_point, axis)

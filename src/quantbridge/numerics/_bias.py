@@ -42,8 +42,9 @@ def quantize_bias(
     1. ``s = bias_scale(input_scale, weight_scale)`` -- float32 product (per channel when
        ``weight_scale`` is 1-D; it lies along ``axis`` of ``bias``, 0 for the usual 1-D bias);
     2. ``bias / s`` in float64 (both operands are exact in float64, one correctly rounded
-       division; ONNX Runtime's quantizer divides in float32, which loses integer precision
-       once ``|q| > 2**24`` -- the two agree below that);
+       division). ONNX Runtime's quantizer divides in float32: the two can differ by one code
+       where float32 rounding of the quotient crosses a half-way point, and by more once
+       ``|q| > 2**24`` (float32 no longer holds every integer there);
     3. round half to even, saturate to int32 in float64, then cast.
 
     Zero point is 0, so ``dequantize(q, s, 0) == q * s``. ValueError for non-finite ``bias``.
