@@ -29,6 +29,7 @@ import onnx
 import torch
 
 from ..torch._batches import as_call
+from ..torch._capture import dynamic_shapes, widen_batch
 from ..torch._export_ops import export_mode
 from ..torch._model import QuantModel
 from ..torch._placement import CONTAINER
@@ -68,27 +69,6 @@ def _check_writable(path: str | os.PathLike) -> str:
     return path
 
 
-def _dynamic_shapes(qmodel: QuantModel, args: tuple, kwargs: dict, dynamic: str) -> Any:
-    if dynamic == "none":
-        return None
-    if dynamic not in ("batch", "all"):
-        raise ValueError(f"dynamic={dynamic!r}: use 'batch', 'all' or 'none'")
-
-    def spec(t):
-        if not isinstance(t, torch.Tensor) or t.ndim == 0:
-            return None
-        dims = range(t.ndim) if dynamic == "all" else [0]
-        return {i: torch.export.Dim.AUTO for i in dims}
-
-    return tuple(spec(a) for a in args), {k: spec(v) for k, v in kwargs.items()}
-
-
-def _widen(t):
-    if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] == 1:
-        return t.repeat(2, *([1] * (t.ndim - 1)))
-    return t
-
-
 def to_onnx(
     qmodel: QuantModel,
     example_inputs: Any,
@@ -105,11 +85,8 @@ def to_onnx(
     opset = _choose_opset(qmodel, opset)
     args, kwargs = as_call(example_inputs, 0)
     if dynamic != "none":
-        args = tuple(_widen(a) for a in args)
-        kwargs = {k: _widen(v) for k, v in kwargs.items()}
-    shapes = _dynamic_shapes(qmodel, args, kwargs, dynamic)
-    if shapes is not None:
-        shapes = _named(qmodel, shapes, len(args))
+        args, kwargs = widen_batch(args, kwargs)
+    shapes = dynamic_shapes(qmodel.forward, args, kwargs, dynamic)
     was_training = qmodel.training
     qmodel.eval()
     try:
@@ -132,19 +109,6 @@ def to_onnx(
     _name_dynamic_dims(model)
     _record(model, qmodel)
     return model
-
-
-def _named(qmodel: QuantModel, shapes, n_args: int):
-    """Dynamic-shape spec keyed by the captured forward's argument names."""
-    import inspect
-
-    arg_shapes, kw_shapes = shapes
-    names = list(inspect.signature(qmodel.forward).parameters)
-    if len(names) < n_args or any(n.startswith("*") for n in names):
-        return None
-    spec = {names[i]: s for i, s in enumerate(arg_shapes)}
-    spec.update(kw_shapes)
-    return spec
 
 
 def _name_dynamic_dims(model: onnx.ModelProto) -> None:

@@ -89,6 +89,21 @@ FOLDABLE_ACTIVATIONS: dict[object, object] = {
 }
 
 
+# Ops whose outputs stay float even where a consumer quantizes its inputs. ONNX Runtime fuses
+# DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, a lookup-table kernel that is
+# off by one code on many elements; a 2-block encoder then ends 3 LSB away from the QDQ semantics
+# on ~47% of its outputs (measured, ORT 1.32). Float softmax keeps the engine exact.
+KEEP_FLOAT_OUTPUT_OPS: frozenset = frozenset(
+    {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
+)
+
+
+def keeps_float_output(node) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
+        node.target in KEEP_FLOAT_OUTPUT_OPS
+    )
+
+
 def _arg(node: torch.fx.Node, i: int, default):
     return node.args[i] if len(node.args) > i else default
 

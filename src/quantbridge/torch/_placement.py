@@ -31,7 +31,7 @@ from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
 from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
-from ._ops import WEIGHTED_OPS, Role, op_role, tensor_args
+from ._ops import WEIGHTED_OPS, Role, keeps_float_output, op_role, tensor_args
 
 CONTAINER = "_quantbridge"
 
@@ -111,7 +111,7 @@ class _Placer:
 
     # -- quantizing values ----------------------------------------------------------------------
     def quantize_input(self, consumer: torch.fx.Node, value, recipe: TensorRecipe) -> None:
-        if not _is_float_tensor(value) or value in self.grid:
+        if not _is_float_tensor(value) or value in self.grid or keeps_float_output(value):
             return
         if value not in self.input_fq:
             module = "input" if value.op == "placeholder" else module_of(value)[0]

@@ -40,13 +40,17 @@ class _Recorder(nn.Module):
 
 
 def prepare(
-    model: nn.Module, example_args: tuple, example_kwargs: dict, recipe: Recipe
+    model: nn.Module,
+    example_args: tuple,
+    example_kwargs: dict,
+    recipe: Recipe,
+    dynamic: str = "batch",
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet)."""
     was_training = model.training
     model.eval()
     try:
-        gm = capture(model, example_args, example_kwargs)
+        gm = capture(model, example_args, example_kwargs, dynamic)
     finally:
         model.train(was_training)
     own_parameters(gm)
@@ -64,6 +68,7 @@ def quantize(
     forward_loop: Callable[[nn.Module], None] | None = None,
     max_batches: int | None = None,
     progress: bool | None = None,
+    dynamic: str = "batch",
 ) -> QuantModel:
     """Post-training quantization of ``model``: a ``QuantModel`` with INT8 semantics.
 
@@ -71,7 +76,8 @@ def quantize(
     dict = keyword inputs); ``transform`` maps each item to such a batch (e.g. ``lambda b: b[0]``
     for a DataLoader of ``(inputs, labels)``). Alternatively ``forward_loop(model)`` runs the
     calibration forward passes itself. The progress bar shows on a terminal unless
-    ``progress=False``.
+    ``progress=False``. ``dynamic="batch"`` lets the result take any batch size; use
+    ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -85,7 +91,7 @@ def quantize(
             example = (first.args_, first.kwargs_)
         else:
             raise ValueError("forward_loop never called the model: no calibration data")
-        qmodel = prepare(model, *example, recipe)
+        qmodel = prepare(model, *example, recipe, dynamic)
         with torch.no_grad():
             forward_loop(qmodel)
     else:
@@ -94,7 +100,7 @@ def quantize(
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
-        qmodel = prepare(model, args0, kwargs0, recipe)
+        qmodel = prepare(model, args0, kwargs0, recipe, dynamic)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
