@@ -6,10 +6,6 @@ import numpy as np
 import pytest
 
 
-def batches(x: np.ndarray, n: int) -> list[np.ndarray]:
-    return np.array_split(x, n)
-
-
 @pytest.fixture(scope="session")
 def gaussian() -> np.ndarray:
     return np.random.default_rng(11).standard_normal(200_000).astype(np.float32)

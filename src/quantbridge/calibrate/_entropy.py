@@ -2,7 +2,8 @@
 
 Reference: Migacz, "8-bit Inference with TensorRT" (GTC 2017); the same search is in TensorRT's
 pytorch-quantization (``_compute_amax_entropy``), MXNet and ONNX Runtime's ``calibrate.py``
-(``HistogramCollector.get_entropy_threshold``). Written here from the math, vectorised.
+(``HistogramCollector.get_entropy_threshold``). Written here from the math, vectorised; differences
+from each are named below.
 
 For a candidate window of ``m`` histogram bins ``h_a .. h_{b-1}``:
 
@@ -10,10 +11,14 @@ For a candidate window of ``m`` histogram bins ``h_a .. h_{b-1}``:
   ``R`` above) added to its first and last bin -- what clipping to the window does;
 * candidate ``Q``: the window's counts (without outliers) merged into ``n_q`` quantization
   bins -- source bin ``j`` goes to bin ``floor((j - a) n_q / m)`` (TensorRT's proportional
-  split) -- then each quantization bin's count spread evenly over its *non-empty* source bins;
+  split) -- then each quantization bin's count spread evenly over its source bins with
+  :math:`p_j > 0` (MXNet's and ONNX Runtime's mask; TensorRT masks with the window's counts,
+  which makes every window whose end bin is empty infinitely bad -- frequent in sparse tails,
+  and for asymmetric windows, which need both end bins filled, nearly always);
 * divergence :math:`D_{KL}(P \\| Q) = \\sum_j \\hat p_j \\log(\\hat p_j / \\hat q_j)` of the
-  normalised distributions. A source bin with :math:`p_j > 0 = q_j` (outliers piled onto an
-  empty end bin) gives :math:`+\\infty`; no smoothing is applied (TensorRT does none either).
+  normalised distributions. When outliers land in a quantization bin whose window counts are
+  all zero, :math:`p_j > 0 = q_j` and the divergence is :math:`+\\infty`; no smoothing is
+  applied (TensorRT does none either; MXNet and ONNX Runtime add an epsilon).
 
 With prefix sums of ``h``, ``[h > 0]`` and ``h log h`` every window costs ``O(n_q)``:
 :math:`\\sum_j p_j \\log q_j = \\sum_t Q_t \\log(Q_t / Z_t)` plus the outliers' terms, where
@@ -102,17 +107,21 @@ def _kl_chunk(
     bounds = a[:, None] + (t[None, :] * (b - a)[:, None] + nq - 1) // nq  # ceil(t m / nq)
     q_count = np.diff(cum_h[bounds], axis=1)
     q_nonzero = np.diff(cum_nz[bounds], axis=1)
+    h_first, h_last = counts[a], counts[b - 1]
+    q_nonzero[:, 0] += (h_first == 0) & (left > 0)  # empty end bins that P's outliers fill
+    q_nonzero[:, -1] += (h_last == 0) & (right > 0)
     density = np.where(q_nonzero > 0, q_count / np.maximum(q_nonzero, 1), 0.0)
     log_density = np.log(np.where(density > 0, density, 1.0))
     p_log_q = (q_count * log_density).sum(axis=1)
-    h_first, h_last = counts[a], counts[b - 1]
     p_log_q += left * log_density[:, 0] + right * log_density[:, -1]
     p_log_p = cum_hlogh[b] - cum_hlogh[a]
     p_log_p += _xlogx(h_first + left) - _xlogx(h_first)
     p_log_p += _xlogx(h_last + right) - _xlogx(h_last)
     with np.errstate(divide="ignore"):
         kl = (p_log_p - p_log_q) / total - np.log(total) + np.log(kept)
-    impossible = ((left > 0) & (h_first == 0)) | ((right > 0) & (h_last == 0)) | (kept == 0)
+    impossible = (left > 0) & (q_count[:, 0] == 0)
+    impossible |= (right > 0) & (q_count[:, -1] == 0)
+    impossible |= kept == 0
     return np.where(impossible, np.inf, kl)
 
 

@@ -135,14 +135,20 @@ def _descend(
 ) -> tuple[float, float]:
     """Coordinate descent on ``lo`` and ``hi`` separately (asymmetric schemes)."""
     steps = np.arange(0, np.floor(max(-hist.min, hist.max) / hist.bin_width) + 2) * hist.bin_width
-    lo_values = np.unique(np.maximum(hist.min, -steps)) if hist.min < 0 else np.array([lo])
-    hi_values = np.unique(np.minimum(hist.max, steps)) if hist.max > 0 else np.array([hi])
+    lo_values = np.unique(np.append(np.maximum(hist.min, -steps), lo))
+    hi_values = np.unique(np.append(np.minimum(hist.max, steps), hi))
     for _ in range(_DESCENT_ROUNDS):
         moved = False
-        new_lo, new_error = search_1d(lo_values, lambda v, hi=hi: model.sse(v, np.full_like(v, hi)))
+        candidates = lo_values[lo_values <= hi]
+        new_lo, new_error = search_1d(
+            candidates, lambda v, hi=hi: model.sse(v, np.full_like(v, hi))
+        )
         if new_error < error:
             lo, error, moved = new_lo, new_error, moved or new_lo != lo
-        new_hi, new_error = search_1d(hi_values, lambda v, lo=lo: model.sse(np.full_like(v, lo), v))
+        candidates = hi_values[hi_values >= lo]
+        new_hi, new_error = search_1d(
+            candidates, lambda v, lo=lo: model.sse(np.full_like(v, lo), v)
+        )
         if new_error < error:
             hi, error, moved = new_hi, new_error, moved or new_hi != hi
         if not moved:
