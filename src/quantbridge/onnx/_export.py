@@ -10,8 +10,9 @@ The form (see DESIGN.md "one canonical form"):
 * a dynamic batch dimension named ``batch`` on every input and output (``dynamic="batch"``),
   or every dimension dynamic (``"all"``) or none (``"none"``).
 
-Opset: the recipe's, else 21 when a 16-bit scheme needs int16 QuantizeLinear, else 18 (the
-torch exporter's native opset; ONNX Runtime 1.20+ runs it).
+Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 QuantizeLinear,
+else 18 (the torch exporter's native opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are
+reached by ``_opset.downgrade`` from 18.
 
 Export goes through ``torch.onnx.export(dynamo=True)`` with our translation table; the quantizers
 are switched to export mode first (``quantbridge.torch._export_ops``), so the integers in the file
@@ -33,9 +34,10 @@ from ..torch._capture import dynamic_shapes, widen_batch
 from ..torch._export_ops import export_mode
 from ..torch._model import QuantModel
 from ..torch._placement import CONTAINER
+from ._opset import downgrade
 from ._translate import translation_table
 
-DEFAULT_OPSET = 18
+DEFAULT_OPSET = 18  # the torch exporter's native opset; lower targets go through _opset.downgrade
 _WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
 
 
@@ -97,15 +99,15 @@ def to_onnx(
                 args,
                 kwargs=kwargs,
                 dynamo=True,
-                custom_translation_table=translation_table(opset),
-                opset_version=opset,
+                custom_translation_table=translation_table(max(opset, DEFAULT_OPSET)),
+                opset_version=max(opset, DEFAULT_OPSET),
                 dynamic_shapes=shapes,
                 optimize=True,
                 verbose=False,
             )
     finally:
         qmodel.train(was_training)
-    model = program.model_proto
+    model = downgrade(program.model_proto, opset)
     _name_dynamic_dims(model)
     _record(model, qmodel)
     return model

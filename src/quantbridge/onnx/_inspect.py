@@ -1,0 +1,617 @@
+"""``inspect_model``: what an ONNX file computes in int8, what stays float, how weights are stored.
+
+The report answers the questions people ask of an exported INT8 model before they ship it:
+
+* opsets, IR version, producer, inputs and outputs (shape, dtype), op counts;
+* which compute ops run in int8 and which in float (rules below);
+* Q/DQ nodes left (and how many QuantizeLinear -> DequantizeLinear pairs), activation bit widths;
+* weight storage: every initializer feeding a Conv/Gemm/MatMul weight input, directly or through
+  DequantizeLinear, with its dtype, the bits its integers use, per-channel or per-tensor; float
+  weights are listed on their own ("float weights: none" is what a good export shows);
+* the model's size on disk (external data files included).
+
+When is a node "int8"? In order (the first that applies wins):
+
+1. QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear are not compute ops; they are counted
+   apart. Constant and shape plumbing are neither.
+2. QOperator ops (QLinearConv, QGemm, ConvInteger, QLinearAdd, ...; ``_QOPERATOR``) are int8.
+3. Data-movement ops (``_DATA_MOVEMENT``: MaxPool, Reshape, Transpose, ...) whose data inputs are
+   quantized integers (QOperator form) are int8.
+4. QDQ form: an op is int8 when every float input comes from a DequantizeLinear and every consumer
+   of its outputs is a QuantizeLinear - possibly through a Relu/Clip that the QuantizeLinear
+   absorbs. A Relu is absorbed when the QuantizeLinear's zero point is the type's qmin (its clamp
+   at qmin *is* the Relu); a Clip when the QuantizeLinear's range lies inside the Clip's. These are
+   ONNX Runtime's ReluQuantFusion / ClipQuantFusion conditions; the absorbed Relu/Clip itself
+   counts as int8.
+5. Everything else is float.
+
+Bit widths: from the Clip between QuantizeLinear and DequantizeLinear when there is one (narrow
+range, sub-8-bit), else from the integer type; for weights, the bits their stored integers need.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+_NOT_COMPUTE = frozenset({"Constant", "Shape", "Size", "ConstantOfShape"})
+_ABSORBED_BY_QUANTIZE = frozenset({"Relu", "Clip"})
+# ops that move or select values without arithmetic: int8 when their data inputs are integers
+_DATA_MOVEMENT = frozenset(
+    {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
+     "Concat", "Split", "Pad", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile",
+     "Expand", "GatherElements", "GatherND"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _WeightSlots:
+    """Input positions of an op's weight, the weight's scale (None: no scale input) and bias."""
+
+    weight: int
+    scale: int | None = None
+    bias: int | None = None
+
+
+_FLOAT_COMPUTE = {
+    "Conv": _WeightSlots(1, None, 2),
+    "ConvTranspose": _WeightSlots(1, None, 2),
+    "Gemm": _WeightSlots(1, None, 2),
+    "MatMul": _WeightSlots(1),
+}
+_QOPERATOR: dict[str, _WeightSlots | None] = {
+    "QLinearConv": _WeightSlots(3, 4, 8),
+    "QLinearConvTranspose": _WeightSlots(3, 4, 8),
+    "QLinearMatMul": _WeightSlots(3, 4),
+    "QGemm": _WeightSlots(3, 4, 6),
+    "ConvInteger": _WeightSlots(1),
+    "MatMulInteger": _WeightSlots(1),
+    "DynamicQuantizeMatMul": _WeightSlots(1, 2, 4),
+    "MatMulIntegerToFloat": _WeightSlots(1, 3, 6),
+    "QLinearAdd": None,
+    "QLinearMul": None,
+    "QLinearConcat": None,
+    "QLinearAveragePool": None,
+    "QLinearGlobalAveragePool": None,
+    "QLinearReduceMean": None,
+    "QLinearSigmoid": None,
+    "QLinearLeakyRelu": None,
+    "QLinearSoftmax": None,
+    "QLinearWhere": None,
+    "QAttention": _WeightSlots(1, 4),
+}
+# the ops whose output is a quantized integer tensor (the others produce int32 or float)
+_QUANTIZED_OUTPUT = frozenset(op for op in _QOPERATOR if op.startswith(("QLinear", "QGemm")))
+
+_FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+)
+_QUANT_TYPES = frozenset(
+    {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+     TensorProto.INT4, TensorProto.UINT4}
+)  # fmt: skip
+
+
+def _type_name(data_type: int | None) -> str:
+    if data_type is None:
+        return "?"
+    return TensorProto.DataType.Name(data_type).lower()
+
+
+def _type_range(data_type: int) -> tuple[int, int]:
+    info = {
+        TensorProto.INT4: (-8, 7),
+        TensorProto.UINT4: (0, 15),
+    }
+    if data_type in info:
+        return info[data_type]
+    ii = np.iinfo(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+    return int(ii.min), int(ii.max)
+
+
+def bits_for_range(lo: int, hi: int) -> int:
+    """Fewest bits of a signed (``lo < 0``) or unsigned integer type holding ``[lo, hi]``."""
+    bits = 1
+    if lo < 0:
+        while not (-(1 << (bits - 1)) <= lo and hi <= (1 << (bits - 1)) - 1):
+            bits += 1
+    else:
+        while hi > (1 << bits) - 1:
+            bits += 1
+    return bits
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: name, element type, shape (ints, symbolic names, None unknown)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...] | None
+
+    def describe(self) -> str:
+        if self.shape is None:
+            return f"{self.name}: {self.dtype}"
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """One weight initializer feeding a Conv/Gemm/MatMul (float or QOperator) weight input."""
+
+    node: str
+    op_type: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    is_float: bool
+    bits: int  # float: the type's width; integers: bits the stored values need (or Clip's range)
+    granularity: str  # "per-tensor", "per-channel(axis=0)", "float"
+    value_range: tuple[float, float] | None  # min, max of the stored values
+    bias_dtype: str | None = None
+
+    def describe(self) -> str:
+        lo_hi = ""
+        if self.value_range is not None and not self.is_float:
+            lo_hi = f" values [{self.value_range[0]:g}, {self.value_range[1]:g}]"
+        bias = f", bias {self.bias_dtype}" if self.bias_dtype else ""
+        shape = "x".join(str(d) for d in self.shape)
+        return (
+            f"{self.name} ({self.op_type} {self.node!r}): {self.dtype}[{shape}] {self.bits}-bit"
+            f"{lo_hi}, {self.granularity}{bias}"
+        )
+
+
+@dataclass
+class InspectReport:
+    """What ``inspect_model`` found; ``format()`` for people, ``to_dict()`` for machines."""
+
+    path: str | None
+    size_bytes: int
+    ir_version: int
+    opsets: dict[str, int]
+    producer: str
+    form: str  # "float", "QDQ", "QOperator", "QDQ+QOperator"
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    op_counts: dict[str, int]
+    int8_ops: dict[str, int]
+    float_ops: dict[str, int]
+    float_nodes: list[str]
+    quantize_nodes: int
+    dequantize_nodes: int
+    qdq_pairs: int
+    activation_quantizers: dict[str, int]  # "uint8 [0, 255] 8-bit" -> count
+    weights: list[WeightInfo] = field(default_factory=list)
+
+    @property
+    def float_weights(self) -> list[WeightInfo]:
+        return [w for w in self.weights if w.is_float]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["float_weights"] = [w.name for w in self.float_weights]
+        return d
+
+    def format(self) -> str:
+        opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(self.opsets.items()))
+        lines = [
+            f"model:     {self.path or '<ModelProto>'} ({_human_bytes(self.size_bytes)})",
+            f"form:      {self.form}",
+            f"producer:  {self.producer or '?'}; IR version {self.ir_version}; opsets: {opsets}",
+            "inputs:    " + "; ".join(t.describe() for t in self.inputs),
+            "outputs:   " + "; ".join(t.describe() for t in self.outputs),
+            "op counts: " + _counts(self.op_counts),
+            "int8 ops:  " + (_counts(self.int8_ops) or "none"),
+            "float ops: " + (_counts(self.float_ops) or "none"),
+        ]
+        if self.float_nodes:
+            lines.append("           " + ", ".join(self.float_nodes[:12]))
+            if len(self.float_nodes) > 12:
+                lines[-1] += f", ... ({len(self.float_nodes) - 12} more)"
+        lines.append(
+            f"Q/DQ:      {self.quantize_nodes} QuantizeLinear, {self.dequantize_nodes} "
+            f"DequantizeLinear, {self.qdq_pairs} Q->DQ pairs"
+        )
+        if self.activation_quantizers:
+            lines.append("activations: " + _counts(self.activation_quantizers))
+        lines.append(f"weights:   {len(self.weights)}")
+        lines += [f"  {w.describe()}" for w in self.weights]
+        floats = self.float_weights
+        lines.append(
+            "float weights: " + (", ".join(w.name for w in floats) if floats else "none")
+        )
+        return "\n".join(lines)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# -- loading ------------------------------------------------------------------------------------
+def _load(path_or_proto: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None, int]:
+    if isinstance(path_or_proto, onnx.ModelProto):
+        return path_or_proto, None, path_or_proto.ByteSize()
+    if not isinstance(path_or_proto, (str, os.PathLike)):
+        raise TypeError(
+            f"inspect_model expects a path or an onnx.ModelProto, got {type(path_or_proto).__name__}"
+        )
+    path = os.fspath(path_or_proto)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, not an ONNX file")
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # protobuf DecodeError, bad external data, ...
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not an ONNX model ({reason})") from None
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise ValueError(f"{path}: not an ONNX model (no IR version or graph)")
+    return model, path, _size_on_disk(model, path)
+
+
+def _size_on_disk(model: onnx.ModelProto, path: str) -> int:
+    size = os.path.getsize(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    files = set()
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            files |= {e.value for e in init.external_data if e.key == "location"}
+    return size + sum(
+        os.path.getsize(os.path.join(folder, f))
+        for f in files
+        if os.path.isfile(os.path.join(folder, f))
+    )
+
+
+# -- graph facts --------------------------------------------------------------------------------
+class _Graph:
+    """Producers, consumers, constants and element types of one graph's tensors."""
+
+    def __init__(self, model: onnx.ModelProto):
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.outputs = {o.name for o in graph.output}
+        self.producer = {t: n for n in self.nodes for t in n.output if t}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.nodes:
+            for t in n.input:
+                if t:
+                    self.consumers.setdefault(t, []).append(n)
+        self.constants = {init.name: init for init in graph.initializer}
+        for n in self.nodes:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.constants[n.output[0]] = n.attribute[0].t
+        self.dtype: dict[str, int] = {t: c.data_type for t, c in self.constants.items()}
+        for v in _value_infos(model):
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                self.dtype.setdefault(v.name, v.type.tensor_type.elem_type)
+        self._propagate_quantized_types()
+
+    def _propagate_quantized_types(self) -> None:
+        """Element types shape inference cannot give (com.microsoft ops and what follows them)."""
+        for n in self.nodes:
+            if not n.output or not n.output[0] or n.output[0] in self.dtype:
+                continue
+            if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
+                self.dtype[n.output[0]] = self.quantize_type(n)
+            elif n.op_type in _QUANTIZED_OUTPUT:
+                self.dtype[n.output[0]] = self.dtype.get(n.input[0], TensorProto.UINT8)
+            elif n.op_type in _DATA_MOVEMENT and n.input and n.input[0] in self.dtype:
+                for out in n.output:
+                    self.dtype.setdefault(out, self.dtype[n.input[0]])
+
+    def array(self, name: str) -> np.ndarray | None:
+        c = self.constants.get(name)
+        return None if c is None else numpy_helper.to_array(c)
+
+    def quantize_type(self, node: onnx.NodeProto) -> int:
+        """Integer type a QuantizeLinear produces: its zero point's, ``output_dtype``, or uint8."""
+        if len(node.input) > 2 and node.input[2] in self.dtype:
+            return self.dtype[node.input[2]]
+        for a in node.attribute:
+            if a.name == "output_dtype" and a.i:
+                return a.i
+        return TensorProto.UINT8
+
+    def is_float_data(self, tensor: str) -> bool:
+        return self.dtype.get(tensor) in _FLOAT_TYPES or tensor not in self.dtype
+
+    def is_quantized(self, tensor: str) -> bool:
+        return self.dtype.get(tensor) in _QUANT_TYPES
+
+    def produced_by(self, tensor: str, op_type: str) -> bool:
+        n = self.producer.get(tensor)
+        return n is not None and n.op_type == op_type
+
+
+def _value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # unknown ops or broken shapes: fall back to what the file declares
+        inferred = model
+    g = inferred.graph
+    return list(g.input) + list(g.output) + list(g.value_info)
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
+
+
+# -- int8 or float ------------------------------------------------------------------------------
+def _absorbed(g: _Graph, act: onnx.NodeProto, quantize: onnx.NodeProto) -> bool:
+    """Does ``quantize`` make the Relu/Clip ``act`` in front of it redundant? (module docstring)"""
+    scale = g.array(quantize.input[1])
+    zero_point = g.array(quantize.input[2]) if len(quantize.input) > 2 else np.zeros(1, np.uint8)
+    if scale is None or zero_point is None:
+        return False
+    qmin, qmax = _type_range(g.quantize_type(quantize))
+    if act.op_type == "Relu":
+        return bool(np.all(zero_point == qmin))
+    lo = g.array(act.input[1]) if len(act.input) > 1 and act.input[1] else None
+    hi = g.array(act.input[2]) if len(act.input) > 2 and act.input[2] else None
+    lo_q = (qmin - zero_point.astype(np.float64)) * scale
+    hi_q = (qmax - zero_point.astype(np.float64)) * scale
+    half = 0.5 * scale
+    ok_lo = lo is None or bool(np.all(lo_q >= lo - half))
+    ok_hi = hi is None or bool(np.all(hi_q <= hi + half))
+    return ok_lo and ok_hi
+
+
+def _feeds_quantize(g: _Graph, tensor: str, through_activation: bool = True) -> bool:
+    """Every consumer of ``tensor`` is a QuantizeLinear (or an activation one absorbs)."""
+    users = g.consumers.get(tensor, [])
+    if not users or tensor in g.outputs:
+        return False
+    for user in users:
+        if user.op_type == "QuantizeLinear" and user.input[0] == tensor:
+            continue
+        if through_activation and user.op_type in _ABSORBED_BY_QUANTIZE and _absorbed_after(g, user):
+            continue
+        return False
+    return True
+
+
+def _absorbed_after(g: _Graph, act: onnx.NodeProto) -> bool:
+    users = g.consumers.get(act.output[0], [])
+    return (
+        _feeds_quantize(g, act.output[0], through_activation=False)
+        and all(_absorbed(g, act, q) for q in users)
+    )
+
+
+def _qdq_int8(g: _Graph, node: onnx.NodeProto) -> bool:
+    data = [t for t in node.input if t and g.is_float_data(t)]
+    if not data or not all(g.produced_by(t, "DequantizeLinear") for t in data):
+        return False
+    outs = [t for t in node.output if t and (t in g.consumers or t in g.outputs)]
+    return bool(outs) and all(_feeds_quantize(g, t) for t in outs)
+
+
+def _classify(g: _Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | None:
+    """The rule that decides ``node`` (module docstring), or None for nodes that are not compute.
+
+    "qoperator", "integer-data", "qdq", "absorbed" mean int8; "float" means float.
+    """
+    op = node.op_type
+    if op in _QDQ_OPS or op in _NOT_COMPUTE:
+        return None
+    if op in _QOPERATOR:
+        return "qoperator"
+    data = [t for t in node.input if t and t not in g.constants]
+    if op in _DATA_MOVEMENT and data and all(g.is_quantized(t) for t in data):
+        return "integer-data"
+    if _qdq_int8(g, node):
+        return "qdq"
+    if op in _ABSORBED_BY_QUANTIZE and node.input[0] in int8_tensors and _absorbed_after(g, node):
+        return "absorbed"
+    return "float"
+
+
+def _compute_ops(g: _Graph) -> tuple[Counter, Counter, list[str], Counter]:
+    """int8 op counts, float op counts, float node labels, and how often each rule decided."""
+    int8, floats, float_nodes, rules = Counter(), Counter(), [], Counter()
+    int8_tensors: set[str] = set()
+    for i, node in enumerate(g.nodes):
+        rule = _classify(g, node, int8_tensors)
+        if rule is None:
+            continue
+        rules[rule] += 1
+        if rule == "float":
+            floats[node.op_type] += 1
+            float_nodes.append(_node_label(node, i))
+        else:
+            int8[node.op_type] += 1
+            int8_tensors.update(node.output)
+    return int8, floats, float_nodes, rules
+
+
+# -- Q/DQ and activations -----------------------------------------------------------------------
+def _quantize_nodes(g: _Graph) -> tuple[int, Counter]:
+    """Number of QuantizeLinear -> [Clip ->] DequantizeLinear pairs, and their integer ranges."""
+    pairs, schemes = 0, Counter()
+    for node in g.nodes:
+        if node.op_type != "QuantizeLinear":
+            continue
+        dtype = g.quantize_type(node)
+        for user in g.consumers.get(node.output[0], []):
+            lo, hi = _type_range(dtype) if dtype in _QUANT_TYPES else (None, None)
+            if user.op_type == "Clip":
+                lo, hi = _clip_range(g, user, lo, hi)
+                after = g.consumers.get(user.output[0], [])
+                user = after[0] if after else user
+            if user.op_type != "DequantizeLinear":
+                continue
+            pairs += 1
+            if lo is not None:
+                schemes[f"{_type_name(dtype)} [{lo}, {hi}] {bits_for_range(lo, hi)}-bit"] += 1
+    return pairs, schemes
+
+
+def _clip_range(g: _Graph, clip: onnx.NodeProto, lo, hi) -> tuple[Any, Any]:
+    lo_c = g.array(clip.input[1]) if len(clip.input) > 1 and clip.input[1] else None
+    hi_c = g.array(clip.input[2]) if len(clip.input) > 2 and clip.input[2] else None
+    lo = lo if lo_c is None else int(lo_c) if lo is None else max(lo, int(lo_c))
+    hi = hi if hi_c is None else int(hi_c) if hi is None else min(hi, int(hi_c))
+    return lo, hi
+
+
+# -- weights ------------------------------------------------------------------------------------
+def _trace_weight(g: _Graph, tensor: str) -> tuple[str, onnx.NodeProto | None, tuple | None] | None:
+    """Follow a weight input back to its initializer: (name, DequantizeLinear or None, clip range)."""
+    dq, clip = None, None
+    for _ in range(8):
+        if tensor in g.constants:
+            return tensor, dq, clip
+        node = g.producer.get(tensor)
+        if node is None:
+            return None
+        if node.op_type == "DequantizeLinear" and dq is None:
+            dq = node
+        elif node.op_type == "Clip":
+            clip = _clip_range(g, node, None, None)
+        elif node.op_type not in ("Transpose", "Reshape", "Identity", "Cast"):
+            return None
+        tensor = node.input[0]
+    return None
+
+
+def _granularity(g: _Graph, scale_name: str | None, axis: int | None) -> str:
+    scale = g.array(scale_name) if scale_name else None
+    if scale is None:
+        return "per-tensor" if scale_name else "unknown"
+    if scale.size <= 1:
+        return "per-tensor"
+    if axis is None:
+        return f"per-channel({scale.size} scales)"
+    return f"per-channel(axis={axis})"
+
+
+def _weight_info(g: _Graph, node: onnx.NodeProto, index: int, slots: _WeightSlots) -> WeightInfo | None:
+    if len(node.input) <= slots.weight or not node.input[slots.weight]:
+        return None
+    traced = _trace_weight(g, node.input[slots.weight])
+    if traced is None:
+        return None  # an activation (q @ k^T), not a weight
+    name, dq, clip = traced
+    values = g.array(name)
+    dtype = g.constants[name].data_type
+    is_float = dtype in _FLOAT_TYPES
+    value_range = (float(values.min()), float(values.max())) if values.size else None
+    if is_float:
+        bits, granularity = 8 * values.dtype.itemsize, "float"
+    else:
+        lo, hi = clip if clip is not None else (None, None)
+        lo = int(values.min()) if lo is None else lo
+        hi = int(values.max()) if hi is None else hi
+        bits = bits_for_range(lo, hi) if values.size else _type_range(dtype)[1].bit_length()
+        if dq is not None:
+            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+            granularity = _granularity(g, dq.input[1], axis)
+        else:
+            scale = node.input[slots.scale] if slots.scale is not None else None
+            granularity = _granularity(g, scale, 0 if "Conv" in node.op_type else None)
+    bias_dtype = None
+    if slots.bias is not None and len(node.input) > slots.bias and node.input[slots.bias]:
+        bias = _trace_weight(g, node.input[slots.bias])
+        if bias is not None:
+            bias_dtype = _type_name(g.constants[bias[0]].data_type)
+    return WeightInfo(
+        node=node.name or f"#{index}",
+        op_type=node.op_type,
+        name=name,
+        dtype=_type_name(dtype),
+        shape=tuple(int(d) for d in g.constants[name].dims),
+        is_float=is_float,
+        bits=bits,
+        granularity=granularity,
+        value_range=value_range,
+        bias_dtype=bias_dtype,
+    )
+
+
+def _weights(g: _Graph) -> list[WeightInfo]:
+    found = []
+    for i, node in enumerate(g.nodes):
+        slots = _FLOAT_COMPUTE.get(node.op_type) or _QOPERATOR.get(node.op_type)
+        if slots is not None:
+            info = _weight_info(g, node, i, slots)
+            if info is not None:
+                found.append(info)
+    return found
+
+
+# -- the report ---------------------------------------------------------------------------------
+def _tensor_infos(values) -> list[TensorInfo]:
+    infos = []
+    for v in values:
+        tt = v.type.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
+        infos.append(TensorInfo(v.name, _type_name(tt.elem_type or None), shape))
+    return infos
+
+
+def _form(rules: Counter, op_counts: Counter) -> str:
+    if rules["qoperator"]:
+        return "QDQ+QOperator" if rules["qdq"] else "QOperator"
+    if rules["qdq"] or op_counts["QuantizeLinear"] or op_counts["DequantizeLinear"]:
+        return "QDQ"
+    return "float"
+
+
+def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> InspectReport:
+    """Inspect an ONNX model (a path or a ``ModelProto``); see the module docstring.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not an
+    ONNX model. Only the main graph is inspected (not If/Loop subgraphs).
+    """
+    model, path, size = _load(path_or_proto)
+    g = _Graph(model)
+    op_counts = Counter(n.op_type for n in g.nodes)
+    int8, floats, float_nodes, rules = _compute_ops(g)
+    pairs, schemes = _quantize_nodes(g)
+    initializers = {i.name for i in model.graph.initializer}
+    return InspectReport(
+        path=path,
+        size_bytes=size,
+        ir_version=model.ir_version,
+        opsets={o.domain: o.version for o in model.opset_import},
+        producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
+        form=_form(rules, op_counts),
+        inputs=_tensor_infos([i for i in model.graph.input if i.name not in initializers]),
+        outputs=_tensor_infos(model.graph.output),
+        op_counts=dict(op_counts),
+        int8_ops=dict(int8),
+        float_ops=dict(floats),
+        float_nodes=float_nodes,
+        quantize_nodes=op_counts.get("QuantizeLinear", 0),
+        dequantize_nodes=op_counts.get("DequantizeLinear", 0),
+        qdq_pairs=pairs,
+        activation_quantizers=dict(schemes),
+        weights=_weights(g),
+    )
+
+
+__all__ = ["InspectReport", "TensorInfo", "WeightInfo", "bits_for_range", "inspect_model"]
