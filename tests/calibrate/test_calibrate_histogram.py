@@ -130,3 +130,18 @@ def test_state_dict_round_trip_and_merge_via_state(laplacian: np.ndarray) -> Non
     with pytest.raises(ValueError, match="power of two"):
         restored.load_state_dict({**state, "half_range": 3.0})
     assert math.isclose(a.range()[1], whole.range()[1])
+
+
+def test_all_reduce_recipe_is_exact(laplacian: np.ndarray) -> None:
+    """The three-step all-reduce of the module docstring, done by hand over three 'ranks'."""
+    parts = [laplacian[:1000] * 0.1, laplacian[1000:3000] * 5.0, laplacian[3000:4000]]
+    ranks = [make_observer("entropy") for _ in parts]
+    for obs, part in zip(ranks, parts, strict=True):
+        obs.update(part)
+    half_range = max(obs.histogram.half_range for obs in ranks)  # all-reduce MAX
+    for obs in ranks:
+        obs.histogram.grow_to(half_range)
+    whole = make_observer("entropy")
+    whole.update(np.concatenate(parts))
+    total = sum(obs.histogram.counts for obs in ranks)  # all-reduce SUM
+    np.testing.assert_array_equal(total, whole.histogram.counts)

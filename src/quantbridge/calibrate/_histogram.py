@@ -20,6 +20,10 @@ smallest power of two above its own data, the result is the histogram of all dat
 smallest power of two above all of it: exact and independent of batch order, batch split and
 merge order. The exact ``min`` and ``max`` are kept beside the counts.
 
+Across processes: gather ``state_dict()``s and ``merge`` them, or all-reduce in three steps --
+MAX of ``half_range``; ``observer.histogram.grow_to(that)`` on every rank; then SUM of
+``counts`` and ``values_seen``, MIN of ``min``, MAX of ``max``. Both are exact.
+
 Counting uses ``np.bincount`` on the computed bin indices (faster than ``np.histogram``).
 """
 

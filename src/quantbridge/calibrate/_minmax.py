@@ -65,16 +65,18 @@ class _ExtremaObserver(Observer):
         shape = (0,) if isinstance(self.granularity, PerChannel) else ()
         return np.full(shape, np.nan)
 
-    def _check_shapes(self, state: Mapping[str, StateValue]) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.asarray(state["min"], dtype=np.float64)
-        hi = np.asarray(state["max"], dtype=np.float64)
+    def _read_state(
+        self, state: Mapping[str, StateValue], merging: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.array(state["min"], dtype=np.float64)
+        hi = np.array(state["max"], dtype=np.float64)
         want_ndim = 1 if isinstance(self.granularity, PerChannel) else 0
         if lo.shape != hi.shape or lo.ndim != want_ndim:
             raise ValueError(
                 f"state dict min/max have shapes {lo.shape} and {hi.shape}; expected equal "
                 f"shapes of rank {want_ndim} for {self.granularity!r}"
             )
-        if self._lo is not None and int(state["values_seen"]) > 0 and lo.shape != self._lo.shape:
+        if merging and lo.shape != self._lo.shape:
             raise ValueError(
                 f"cannot merge per-channel statistics of shape {lo.shape} into an observer "
                 f"holding shape {self._lo.shape}"
@@ -104,13 +106,12 @@ class MinMaxObserver(_ExtremaObserver):
         return {"min": self._lo.copy(), "max": self._hi.copy()}
 
     def _load_state(self, state: Mapping[str, StateValue]) -> None:
-        self._lo = self._hi = None
-        lo, hi = self._check_shapes(state)
-        if int(state["values_seen"]) > 0:
-            self._lo, self._hi = lo, hi
+        lo, hi = self._read_state(state, merging=False)
+        seen = int(state["values_seen"]) > 0
+        self._lo, self._hi = (lo, hi) if seen else (None, None)
 
     def _merge_state(self, state: Mapping[str, StateValue]) -> None:
-        lo, hi = self._check_shapes(state)
+        lo, hi = self._read_state(state, merging=True)
         self._lo = np.minimum(self._lo, lo)
         self._hi = np.maximum(self._hi, hi)
 
@@ -146,16 +147,14 @@ class MovingAverageMinMaxObserver(_ExtremaObserver):
         return {"min": self._lo.copy(), "max": self._hi.copy(), "batches": int(self.batches)}
 
     def _load_state(self, state: Mapping[str, StateValue]) -> None:
-        self._lo = self._hi = None
-        self.batches = 0
-        lo, hi = self._check_shapes(state)
-        if int(state["values_seen"]) > 0:
-            self._lo, self._hi = lo, hi
-            self.batches = int(state["batches"])
+        lo, hi = self._read_state(state, merging=False)
+        seen = int(state["values_seen"]) > 0
+        self._lo, self._hi = (lo, hi) if seen else (None, None)
+        self.batches = int(state["batches"]) if seen else 0
 
     def _merge_state(self, state: Mapping[str, StateValue]) -> None:
         """Batch-weighted average of the two EMAs (an approximation, see the module docstring)."""
-        lo, hi = self._check_shapes(state)
+        lo, hi = self._read_state(state, merging=True)
         n_self, n_other = self.batches, int(state["batches"])
         total = n_self + n_other
         self._lo = (n_self * self._lo + n_other * lo) / total
