@@ -63,6 +63,8 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
 
 def _check_writable(path: str | os.PathLike) -> str:
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"cannot export to {path!r}: it is a directory; give a file name such as model.onnx")
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"cannot export to {path!r}: folder {folder!r} does not exist; create it first")

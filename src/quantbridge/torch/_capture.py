@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import linecache
 import os
+import re
 import traceback
 from typing import Any
 
@@ -31,6 +32,11 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
+
+
+def _is_user_file(filename: str) -> bool:
+    return not filename.startswith(_LIBRARY_DIRS) and "/site-packages/" not in filename
 
 
 class CaptureError(RuntimeError):
@@ -92,19 +98,24 @@ def dynamic_shapes(forward, args: tuple, kwargs: dict, dynamic: str) -> Any:
 
 def _explain(model: nn.Module, e: Exception) -> str:
     """The innermost frame of user code in the traceback, with its source line and a fix."""
-    frames = traceback.extract_tb(e.__traceback__)
-    user = [
-        f
-        for f in frames
-        if "site-packages/torch" not in f.filename
-        and "/torch/" not in f.filename
-        and not f.filename.startswith(_OUR_DIR)
-    ]
+    frames = []
+    err: BaseException | None = e
+    while err is not None and len(frames) < 10_000:  # the whole chain: torch re-raises
+        frames = traceback.extract_tb(err.__traceback__) + frames
+        err = err.__cause__ or err.__context__
+    user = [f for f in frames if _is_user_file(f.filename)]
     where = ""
-    if user:
-        f = user[-1]
-        line = (f.line or linecache.getline(f.filename, f.lineno)).strip()
-        where = f' at {f.filename}:{f.lineno} in {f.name}(): "{line}"'
+    located = [(f.filename, f.lineno, f.name) for f in user]
+    # torch.export puts the offending user frame in its message, not in the traceback
+    located += [
+        (fn, int(ln), name)
+        for fn, ln, name in re.findall(r'File "([^"]+)", line (\d+), in (\w+)', str(e))
+        if _is_user_file(fn)
+    ]
+    if located:
+        filename, lineno, func = located[-1]
+        line = linecache.getline(filename, lineno).strip()
+        where = f' at {filename}:{lineno} in {func}(): "{line}"'
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return (
         f"could not capture {type(model).__name__}{where}: {type(e).__name__}: {first}\n"

@@ -1,0 +1,163 @@
+"""Bad input gets a clear error naming the thing and the fix; nothing silently wrong."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quantbridge as qb
+from quantbridge.zoo import DigitsCNN
+
+
+def test_empty_calibration_data():
+    with pytest.raises(ValueError, match="calibration data is empty"):
+        qb.quantize(DigitsCNN(), [])
+
+
+def test_missing_calibration_data():
+    with pytest.raises(ValueError, match="calibration data is missing"):
+        qb.quantize(DigitsCNN(), None)
+
+
+def test_single_tensor_instead_of_batches():
+    with pytest.raises(TypeError, match=r"wrap it: \[batch\]"):
+        qb.quantize(DigitsCNN(), torch.randn(4, 1, 8, 8))
+
+
+def test_batch_of_unknown_type_names_the_batch_and_the_fix():
+    with pytest.raises(TypeError, match=r"calibration batch 0 is a str.*transform="):
+        qb.quantize(DigitsCNN(), ["not a tensor"])
+
+
+def test_wrong_dtype_batch():
+    data = [torch.randn(4, 1, 8, 8), torch.randint(0, 5, (4, 1, 8, 8))]
+    with pytest.raises(ValueError, match=r"calibration batch 1 \(int64\[4, 1, 8, 8\]\).*dtype"):
+        qb.quantize(DigitsCNN(), data)
+
+
+def test_wrong_shape_batch():
+    data = [torch.randn(4, 1, 8, 8), torch.randn(4, 1, 9, 9)]
+    with pytest.raises(ValueError, match=r"calibration batch 1 \(float32\[4, 1, 9, 9\]\).*float32\[4, 1, 8, 8\]"):
+        qb.quantize(DigitsCNN(), data)
+
+
+def test_wrong_rank_batch():
+    data = [torch.randn(4, 1, 8, 8), torch.randn(4, 64)]
+    with pytest.raises(ValueError, match="calibration batch 1.*rank"):
+        qb.quantize(DigitsCNN(), data)
+
+
+def test_nan_in_calibration_names_the_tensor():
+    data = [torch.randn(4, 1, 8, 8), torch.full((4, 1, 8, 8), float("nan"))]
+    with pytest.raises(ValueError, match=r"calibration batch 1: activation 'input/x'.*NaN"):
+        qb.quantize(DigitsCNN(), data)
+
+
+def test_inf_in_calibration_names_the_tensor():
+    x = torch.randn(4, 1, 8, 8)
+    x[0, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"activation 'input/x'.*inf"):
+        qb.quantize(DigitsCNN(), [x])
+
+
+class _ZeroBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.fc(x) * 0.0)
+
+
+def test_all_zero_range_falls_back_to_a_finite_scale():
+    qm = qb.quantize(_ZeroBranch(), [torch.randn(8, 4)])
+    for name, q in qm.quantizers().items():
+        scale = getattr(q, "scale", None)
+        if scale is not None:
+            assert torch.isfinite(scale).all() and (scale > 0).all(), name
+    y = qm(torch.randn(3, 4))
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("bits", [1, 17])
+def test_bit_width_out_of_range(bits):
+    with pytest.raises(ValueError, match=f"bits={bits}.*2..16"):
+        qb.QScheme(bits=bits)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ValueError, match="unknown recipe preset 'int7'.*int8"):
+        qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int7")
+
+
+def test_rule_matching_nothing_warns_with_its_name():
+    recipe = qb.Recipe().with_rules(qb.Rule(pattern="encoder.*", skip=True))
+    with pytest.warns(UserWarning, match=r"pattern='encoder\.\*'.*matches no layer.*conv1"):
+        qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe=recipe)
+
+
+def test_matching_rule_does_not_warn():
+    recipe = qb.Recipe().with_rules(qb.Rule(pattern="conv1", skip=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe=recipe)
+
+
+def test_export_to_missing_folder(tmp_path):
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    with pytest.raises(ValueError, match="does not exist; create it first"):
+        qb.export(qm, tmp_path / "nope" / "m.onnx", torch.randn(2, 1, 8, 8))
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and False, reason="")
+def test_export_to_unwritable_path(tmp_path):
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    target = tmp_path / "m.onnx"
+    target.write_bytes(b"")
+    target.chmod(0o444)
+    readonly_dir = tmp_path / "ro"
+    readonly_dir.mkdir()
+    readonly_dir.chmod(0o555)
+    try:
+        if os.access(readonly_dir, os.W_OK):  # root ignores permission bits
+            pytest.skip("running as root: permission bits are not enforced")
+        with pytest.raises(PermissionError, match="not writable"):
+            qb.export(qm, readonly_dir / "m.onnx", torch.randn(2, 1, 8, 8))
+    finally:
+        readonly_dir.chmod(0o755)
+
+
+def test_export_path_is_a_directory(tmp_path):
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    with pytest.raises(ValueError, match="is a directory"):
+        qb.export(qm, tmp_path, torch.randn(2, 1, 8, 8))
+
+
+def test_export_of_a_plain_module_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="QuantModel returned by quantbridge.quantize"):
+        qb.export(DigitsCNN(), tmp_path / "m.onnx", torch.randn(2, 1, 8, 8))
+
+
+def test_untraceable_model_names_the_users_line():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent Python branch
+                return self.fc(x)
+            return x
+
+    with pytest.raises(qb.CaptureError, match=r"test_bad_input.py:\d+ in forward\(\): \"if x.sum\(\) > 0"):
+        qb.quantize(DataDependent(), [torch.randn(2, 4)])
+
+
+def test_forward_loop_that_never_calls_the_model():
+    with pytest.raises(ValueError, match="forward_loop never called the model"):
+        qb.quantize(DigitsCNN(), forward_loop=lambda m: None)
