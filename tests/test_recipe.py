@@ -62,7 +62,9 @@ def test_skip_with_override_is_contradictory():
 
 def test_last_matching_rule_wins():
     w4 = qb.TensorRecipe(qb.QScheme(4, True, True, True, qb.PerChannel(0)))
-    r = Recipe().with_rules(qb.Rule(pattern="layer*", skip=True), qb.Rule(pattern="layer1.*", weights=w4))
+    r = Recipe().with_rules(
+        qb.Rule(pattern="layer*", skip=True), qb.Rule(pattern="layer1.*", weights=w4)
+    )
     skip, weights, _ = r.for_module("layer1.0.conv1", "Conv2d")
     assert skip is False and weights.scheme.bits == 4
     assert r.for_module("layer2.0.conv1", "Conv2d")[0] is True

@@ -1,14 +1,22 @@
 """quantbridge: INT8 (and lower-bit) quantization that moves losslessly between PyTorch and ONNX.
 
-    import quantbridge as qb
-    qmodel = qb.quantize(model, calib_data, recipe="int8")
-    qb.export(qmodel, "model.int8.onnx", example_inputs=x)
+import quantbridge as qb
+qmodel = qb.quantize(model, calib_data, recipe="int8")
+qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export
 from .recipe import Recipe, Rule, TensorRecipe
-from .torch import CaptureError, QuantModel, float_mode, quantize
+from .torch import (
+    CaptureError,
+    QuantModel,
+    float_mode,
+    freeze_batchnorm,
+    freeze_observers,
+    prepare_qat,
+    quantize,
+)
 
 __version__ = "0.1.0"
 
@@ -23,5 +31,8 @@ __all__ = [
     "TensorRecipe",
     "export",
     "float_mode",
+    "freeze_batchnorm",
+    "freeze_observers",
+    "prepare_qat",
     "quantize",
 ]

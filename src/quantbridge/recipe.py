@@ -49,7 +49,11 @@ class TensorRecipe:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scheme": self.scheme.to_dict(), "method": self.method, "options": dict(self.options)}
+        return {
+            "scheme": self.scheme.to_dict(),
+            "method": self.method,
+            "options": dict(self.options),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> TensorRecipe:
@@ -115,7 +119,9 @@ class Rule:
             module_type=d.get("module_type"),
             skip=bool(d.get("skip", False)),
             weights=TensorRecipe.from_dict(w, f"{where}.weights") if w is not None else None,
-            activations=TensorRecipe.from_dict(a, f"{where}.activations") if a is not None else None,
+            activations=TensorRecipe.from_dict(a, f"{where}.activations")
+            if a is not None
+            else None,
         )
 
 
@@ -152,7 +158,9 @@ class Recipe:
         object.__setattr__(self, "rules", tuple(self.rules))
 
     # -- resolution ---------------------------------------------------------------------------
-    def for_module(self, module_name: str, module_type: str) -> tuple[bool, TensorRecipe, TensorRecipe]:
+    def for_module(
+        self, module_name: str, module_type: str
+    ) -> tuple[bool, TensorRecipe, TensorRecipe]:
         """(skip, weights, activations) for one layer: the last matching rule wins per field."""
         skip, weights, activations = False, self.weights, self.activations
         for rule in self.rules:

@@ -50,7 +50,9 @@ class ResNet18Style(nn.Module):
         cin = w
         for i, c in enumerate(chans):
             stride = 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", nn.Sequential(BasicBlock(cin, c, stride), BasicBlock(c, c)))
+            setattr(
+                self, f"layer{i + 1}", nn.Sequential(BasicBlock(cin, c, stride), BasicBlock(c, c))
+            )
             cin = c
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(cin, num_classes)
@@ -89,13 +91,22 @@ class InvertedResidual(nn.Module):
 
 class MobileNetV2Style(nn.Module):
     # (expand, channels, repeats, stride) as in MobileNetV2, scaled by ``width``
-    CONFIG = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-              (6, 160, 3, 2), (6, 320, 1, 1)]
+    CONFIG = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
 
     def __init__(self, num_classes: int = 1000, width: float = 1.0):
         super().__init__()
         c = max(8, int(32 * width))
-        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, 2, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU6())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, c, 3, 2, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU6()
+        )
         blocks = []
         for t, ch, n, s in self.CONFIG:
             cout = max(8, int(ch * width))
@@ -104,7 +115,9 @@ class MobileNetV2Style(nn.Module):
                 c = cout
         self.features = nn.Sequential(*blocks)
         last = max(64, int(1280 * width))
-        self.head = nn.Sequential(nn.Conv2d(c, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6())
+        self.head = nn.Sequential(
+            nn.Conv2d(c, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6()
+        )
         self.classifier = nn.Linear(last, num_classes)
 
     def forward(self, x):
@@ -112,7 +125,9 @@ class MobileNetV2Style(nn.Module):
         return self.classifier(x.mean((2, 3)))
 
 
-def mobilenetv2_style(num_classes: int = 1000, width: float = 1.0, seed: int = 0) -> MobileNetV2Style:
+def mobilenetv2_style(
+    num_classes: int = 1000, width: float = 1.0, seed: int = 0
+) -> MobileNetV2Style:
     torch.manual_seed(seed)
     return _randomize_bn(MobileNetV2Style(num_classes, width)).eval()
 
@@ -140,8 +155,15 @@ class EncoderBlock(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    def __init__(self, vocab: int = 100, dim: int = 64, heads: int = 4, layers: int = 2,
-                 ff: int = 128, num_classes: int = 10):
+    def __init__(
+        self,
+        vocab: int = 100,
+        dim: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        ff: int = 128,
+        num_classes: int = 10,
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(EncoderBlock(dim, heads, ff) for _ in range(layers))

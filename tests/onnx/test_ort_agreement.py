@@ -68,7 +68,11 @@ def test_mobilenetv2_style(tmp_path):
     model = qb.export(qm, tmp_path / "mbv2.onnx", x[:2])
     assert qb.onnx.float_weights(model) == []
     groups = [
-        a.i for n in model.graph.node if n.op_type == "Conv" for a in n.attribute if a.name == "group"
+        a.i
+        for n in model.graph.node
+        if n.op_type == "Conv"
+        for a in n.attribute
+        if a.name == "group"
     ]
     assert any(g > 1 for g in groups)  # depthwise convolutions are in the graph
     _assert_agrees(_lsb_error(qm, _ort_outputs(tmp_path / "mbv2.onnx", {"x": x.numpy()}), y), 3200)
@@ -90,7 +94,11 @@ def test_tiny_transformer(tmp_path):
 
 def test_two_inputs_and_keyword_input(tmp_path):
     def batch(n):
-        return {"image": torch.randn(n, 3, 8, 8), "extra": torch.randn(n, 6), "scale": torch.rand(n, 1) + 0.5}
+        return {
+            "image": torch.randn(n, 3, 8, 8),
+            "extra": torch.randn(n, 6),
+            "scale": torch.rand(n, 1) + 0.5,
+        }
 
     qm = qb.quantize(TwoInputConcat(), [batch(8) for _ in range(4)])
     x = batch(512)

@@ -41,7 +41,9 @@ def test_wrong_dtype_batch():
 
 def test_wrong_shape_batch():
     data = [torch.randn(4, 1, 8, 8), torch.randn(4, 1, 9, 9)]
-    with pytest.raises(ValueError, match=r"calibration batch 1 \(float32\[4, 1, 9, 9\]\).*float32\[4, 1, 8, 8\]"):
+    with pytest.raises(
+        ValueError, match=r"calibration batch 1 \(float32\[4, 1, 9, 9\]\).*float32\[4, 1, 8, 8\]"
+    ):
         qb.quantize(DigitsCNN(), data)
 
 
@@ -154,7 +156,9 @@ def test_untraceable_model_names_the_users_line():
                 return self.fc(x)
             return x
 
-    with pytest.raises(qb.CaptureError, match=r"test_bad_input.py:\d+ in forward\(\): \"if x.sum\(\) > 0"):
+    with pytest.raises(
+        qb.CaptureError, match=r"test_bad_input.py:\d+ in forward\(\): \"if x.sum\(\) > 0"
+    ):
         qb.quantize(DataDependent(), [torch.randn(2, 4)])
 
 

@@ -26,7 +26,8 @@ def test_ste_forward_is_numerics_and_gradient_is_the_range_mask(values, scale, z
     z = torch.tensor(zero_point, dtype=torch.int32)
     y = FakeQuantizeSTE.apply(x, s, z, 0, 255, None)
     np.testing.assert_array_equal(
-        y.detach().numpy(), fake_quantize(np.asarray(values, np.float32), np.float32(s), zero_point, 0, 255)
+        y.detach().numpy(),
+        fake_quantize(np.asarray(values, np.float32), np.float32(s), zero_point, 0, 255),
     )
     y.backward(torch.arange(len(values), dtype=torch.float32) + 1)
     # float64 reference of the representable interval [(qmin - z) s, (qmax - z) s]
@@ -34,7 +35,7 @@ def test_ste_forward_is_numerics_and_gradient_is_the_range_mask(values, scale, z
     mask = [(lo - 1e-6 * abs(lo) <= v <= hi + 1e-6 * abs(hi)) for v in values]
     inner = [(lo + 1e-5 * (1 + abs(lo)) < v < hi - 1e-5 * (1 + abs(hi))) for v in values]
     grad = x.grad.numpy()
-    for i, (m, n) in enumerate(zip(mask, inner)):
+    for i, (m, n) in enumerate(zip(mask, inner, strict=True)):
         if n:  # strictly inside: gradient passes
             assert grad[i] == i + 1
         elif not m:  # strictly outside: zero

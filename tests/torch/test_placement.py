@@ -14,9 +14,7 @@ from quantbridge.zoo import DigitsCNN, TinyTransformer, TwoInputConcat, resnet18
 
 
 def _graph_targets(qm) -> collections.Counter:
-    return collections.Counter(
-        str(n.target) for n in qm.graph.nodes if n.op == "call_function"
-    )
+    return collections.Counter(str(n.target) for n in qm.graph.nodes if n.op == "call_function")
 
 
 def _callers(qm, quantizer) -> list[torch.fx.Node]:
@@ -38,7 +36,10 @@ def test_resnet_bn_folded_relu_absorbed_and_functional_add_quantized():
     assert len(weights) == 21 and len(biases) == 21  # 20 convs + fc, BN gave each a bias
     # conv -> relu: the output quantizer sits after the relu, none between conv and relu
     for node in qm.graph.nodes:
-        if node.target is torch.ops.aten.relu_.default or node.target is torch.ops.aten.relu.default:
+        if (
+            node.target is torch.ops.aten.relu_.default
+            or node.target is torch.ops.aten.relu.default
+        ):
             assert node.args[0].op == "call_function", f"quantizer before {node.name}"
     # residual adds (8) have both inputs on a grid and a quantized output
     adds = [n for n in qm.graph.nodes if n.target is torch.ops.aten.add.Tensor]

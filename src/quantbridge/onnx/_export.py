@@ -34,6 +34,7 @@ from ..torch._capture import dynamic_shapes, widen_batch
 from ..torch._export_ops import export_mode
 from ..torch._model import QuantModel
 from ..torch._placement import CONTAINER
+from ..torch._qat import folded_copy
 from ._opset import downgrade
 from ._translate import translation_table
 
@@ -64,10 +65,14 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
 def _check_writable(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
-        raise ValueError(f"cannot export to {path!r}: it is a directory; give a file name such as model.onnx")
+        raise ValueError(
+            f"cannot export to {path!r}: it is a directory; give a file name such as model.onnx"
+        )
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
-        raise ValueError(f"cannot export to {path!r}: folder {folder!r} does not exist; create it first")
+        raise ValueError(
+            f"cannot export to {path!r}: folder {folder!r} does not exist; create it first"
+        )
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise PermissionError(f"cannot export to {path!r}: not writable; choose a writable path")
     return path
@@ -87,6 +92,7 @@ def to_onnx(
             f"{type(qmodel).__name__}"
         )
     opset = _choose_opset(qmodel, opset)
+    qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     args, kwargs = as_call(example_inputs, 0)
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
@@ -156,7 +162,8 @@ def float_weights(model: onnx.ModelProto) -> list[str]:
     floats = {
         i.name
         for i in model.graph.initializer
-        if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+        if i.data_type
+        in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
         and len(i.dims) >= 2
     }
     found = []

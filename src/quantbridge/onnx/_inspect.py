@@ -226,9 +226,7 @@ class InspectReport:
         lines.append(f"weights:   {len(self.weights)}")
         lines += [f"  {w.describe()}" for w in self.weights]
         floats = self.float_weights
-        lines.append(
-            "float weights: " + (", ".join(w.name for w in floats) if floats else "none")
-        )
+        lines.append("float weights: " + (", ".join(w.name for w in floats) if floats else "none"))
         return "\n".join(lines)
 
 
@@ -245,7 +243,9 @@ def _human_bytes(n: int) -> str:
 
 
 # -- loading ------------------------------------------------------------------------------------
-def _load(path_or_proto: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None, int]:
+def _load(
+    path_or_proto: str | os.PathLike | onnx.ModelProto,
+) -> tuple[onnx.ModelProto, str | None, int]:
     if isinstance(path_or_proto, onnx.ModelProto):
         return path_or_proto, None, path_or_proto.ByteSize()
     if not isinstance(path_or_proto, (str, os.PathLike)):
@@ -258,27 +258,31 @@ def _load(path_or_proto: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.Mode
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory, not an ONNX file")
     try:
-        model = onnx.load(path)
-    except Exception as e:  # protobuf DecodeError, bad external data, ...
+        model = onnx.load(path, load_external_data=False)
+        size = _size_on_disk(model, path)
+        onnx.external_data_helper.load_external_data_for_model(
+            model, os.path.dirname(os.path.abspath(path))
+        )
+    except Exception as e:  # protobuf DecodeError, missing external data, ...
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: not an ONNX model ({reason})") from None
     if model.ir_version == 0 or not model.HasField("graph"):
         raise ValueError(f"{path}: not an ONNX model (no IR version or graph)")
-    return model, path, _size_on_disk(model, path)
+    return model, path, size
 
 
 def _size_on_disk(model: onnx.ModelProto, path: str) -> int:
-    size = os.path.getsize(path)
+    """The file plus the external data files its initializers name (read before loading them)."""
     folder = os.path.dirname(os.path.abspath(path))
-    files = set()
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            files |= {e.value for e in init.external_data if e.key == "location"}
-    return size + sum(
-        os.path.getsize(os.path.join(folder, f))
-        for f in files
-        if os.path.isfile(os.path.join(folder, f))
-    )
+    files = {
+        e.value
+        for init in model.graph.initializer
+        if init.data_location == TensorProto.EXTERNAL
+        for e in init.external_data
+        if e.key == "location"
+    }
+    extra = [os.path.join(folder, f) for f in files]
+    return os.path.getsize(path) + sum(os.path.getsize(f) for f in extra if os.path.isfile(f))
 
 
 # -- graph facts --------------------------------------------------------------------------------
@@ -383,7 +387,11 @@ def _feeds_quantize(g: _Graph, tensor: str, through_activation: bool = True) -> 
     for user in users:
         if user.op_type == "QuantizeLinear" and user.input[0] == tensor:
             continue
-        if through_activation and user.op_type in _ABSORBED_BY_QUANTIZE and _absorbed_after(g, user):
+        if (
+            through_activation
+            and user.op_type in _ABSORBED_BY_QUANTIZE
+            and _absorbed_after(g, user)
+        ):
             continue
         return False
     return True
@@ -391,9 +399,8 @@ def _feeds_quantize(g: _Graph, tensor: str, through_activation: bool = True) -> 
 
 def _absorbed_after(g: _Graph, act: onnx.NodeProto) -> bool:
     users = g.consumers.get(act.output[0], [])
-    return (
-        _feeds_quantize(g, act.output[0], through_activation=False)
-        and all(_absorbed(g, act, q) for q in users)
+    return _feeds_quantize(g, act.output[0], through_activation=False) and all(
+        _absorbed(g, act, q) for q in users
     )
 
 
@@ -504,7 +511,9 @@ def _granularity(g: _Graph, scale_name: str | None, axis: int | None) -> str:
     return f"per-channel(axis={axis})"
 
 
-def _weight_info(g: _Graph, node: onnx.NodeProto, index: int, slots: _WeightSlots) -> WeightInfo | None:
+def _weight_info(
+    g: _Graph, node: onnx.NodeProto, index: int, slots: _WeightSlots
+) -> WeightInfo | None:
     if len(node.input) <= slots.weight or not node.input[slots.weight]:
         return None
     traced = _trace_weight(g, node.input[slots.weight])

@@ -3,6 +3,17 @@
 
 from ._capture import CaptureError
 from ._model import QuantModel, float_mode
+from ._qat import freeze_batchnorm, freeze_observers, prepare_qat
 from ._quantize import freeze, prepare, quantize
 
-__all__ = ["CaptureError", "QuantModel", "float_mode", "freeze", "prepare", "quantize"]
+__all__ = [
+    "CaptureError",
+    "QuantModel",
+    "float_mode",
+    "freeze",
+    "freeze_batchnorm",
+    "freeze_observers",
+    "prepare",
+    "prepare_qat",
+    "quantize",
+]

@@ -39,7 +39,9 @@ def iter_calls(
     data: Iterable, transform: Callable | None, limit: int | None
 ) -> Iterator[tuple[int, tuple, dict]]:
     if data is None:
-        raise ValueError("calibration data is missing: pass an iterable of batches or forward_loop=")
+        raise ValueError(
+            "calibration data is missing: pass an iterable of batches or forward_loop="
+        )
     if isinstance(data, (torch.Tensor, Mapping)):
         raise TypeError(
             "calib_data must be an iterable of batches (a list or a DataLoader), not a single "
@@ -72,7 +74,7 @@ def check_like(args: tuple, kwargs: dict, ref_args: tuple, ref_kwargs: dict, ind
     if spec != ref_spec:
         problem = "has a different structure"
     else:
-        for a, r in zip(flat, ref_flat):
+        for a, r in zip(flat, ref_flat, strict=False):
             if isinstance(r, torch.Tensor) and (
                 not isinstance(a, torch.Tensor) or a.dtype != r.dtype or a.ndim != r.ndim
             ):

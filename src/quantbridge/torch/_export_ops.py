@@ -87,18 +87,22 @@ def export_mode(model: nn.Module):
 
 def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
     if isinstance(m, WeightQuantizer):
-        if not m.enabled or m.observing:
+        if not m.enabled:
             return []
         w = model.get_parameter(m.weight_name)
+        if m.observing:  # QAT weights follow the weight: take its current parameters
+            m(w)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
-        _set(m, "export_zero_point", m.zero_point.to(dtype))
-        return ["export_qweight", "export_zero_point"]
+        _set(m, "export_scale", m.scale.detach().clone())
+        _set(m, "export_zero_point", m.integer_zero_point().to(dtype))
+        return ["export_qweight", "export_scale", "export_zero_point"]
     if isinstance(m, Quantizer):
         if not m.enabled or m.observing:
             return []
-        _set(m, "export_zero_point", m.zero_point.to(torch_storage_dtype(m)))
-        return ["export_zero_point"]
+        _set(m, "export_scale", m.scale.detach().clone())
+        _set(m, "export_zero_point", m.integer_zero_point().to(torch_storage_dtype(m)))
+        return ["export_scale", "export_zero_point"]
     if isinstance(m, BiasQuantizer):
         if not m.active():
             return []

@@ -22,6 +22,8 @@ ONNX exporter translates into QuantizeLinear / DequantizeLinear, with integer we
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -39,6 +41,7 @@ from ..numerics import (
     quantize_bias,
 )
 from ..recipe import TensorRecipe
+
 
 class FakeQuantizeSTE(torch.autograd.Function):
     """Fake quantization with the clipped straight-through estimator.
@@ -70,6 +73,63 @@ class FakeQuantizeSTE(torch.autograd.Function):
         return grad * mask, None, None, None, None, None
 
 
+def _reduce_to(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """Sum ``t`` down to the shape of a per-tensor (``()``) or per-channel (``(C,)``) parameter."""
+    if like.ndim == 0:
+        return t.sum()
+    dims = [d for d in range(t.ndim) if d != axis % t.ndim]
+    return t.sum(dim=dims)
+
+
+def _along(p: torch.Tensor, ndim: int, axis: int | None) -> torch.Tensor:
+    if p.ndim == 0:
+        return p
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return p.reshape(shape)
+
+
+class LearnedStepSTE(torch.autograd.Function):
+    """Fake quantization with a learned step size and offset (LSQ, Esser et al. 2020; LSQ+,
+    Bhalgat et al. 2020).
+
+    Forward: ``y = numerics.fake_quantize(x, s, z, qmin, qmax)`` with the integer zero point
+    ``z = clip(round(z_f), qmin, qmax)`` of the learned float offset ``z_f``.
+
+    Backward, with ``t = x / s``, ``q = round(t) + z`` and ``inside = qmin <= q <= qmax``:
+
+    * ``dy/dx   = 1[inside]``
+    * ``dy/ds   = g * (round(t) - t)`` inside, ``g * (qmin - z)`` below, ``g * (qmax - z)`` above
+    * ``dy/dz_f = 0`` inside, ``-s`` outside (straight through the rounding of ``z_f``)
+
+    where ``g = 1 / sqrt(n * qmax)`` is LSQ's gradient scale (``n`` = elements per scale).
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point_f, qmin: int, qmax: int, axis: int | None):
+        z = zero_point_f.detach().round().clamp(qmin, qmax)
+        ctx.save_for_backward(x, scale, z)
+        ctx.qmin, ctx.qmax, ctx.axis = qmin, qmax, axis
+        return fake_quantize(x, scale.detach(), z, qmin, qmax, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale, z = ctx.saved_tensors
+        qmin, qmax, axis = ctx.qmin, ctx.qmax, ctx.axis
+        s, zb = _along(scale, x.ndim, axis), _along(z, x.ndim, axis)
+        t = x / s
+        q = torch.round(t) + zb
+        below, above = q < qmin, q > qmax
+        inside = ~(below | above)
+        n = x.numel() / max(scale.numel(), 1)
+        g = 1.0 / math.sqrt(n * max(abs(qmax), 1))
+        ds = torch.where(inside, torch.round(t) - t, torch.where(below, qmin - zb, qmax - zb))
+        dz = torch.where(inside, torch.zeros_like(x), -s.expand_as(x))
+        grad_scale = _reduce_to(grad * ds * g, scale, axis)
+        grad_zero = _reduce_to(grad * dz, scale, axis) if ctx.needs_input_grad[2] else None
+        return grad * inside, grad_scale, grad_zero, None, None, None
+
+
 class Quantizer(nn.Module):
     """One quantization point: observe, then fake-quantize with frozen parameters."""
 
@@ -81,11 +141,63 @@ class Quantizer(nn.Module):
         self.recipe = recipe
         self.axis = axis if isinstance(recipe.scheme.granularity, PerChannel) else None
         self.enabled = True
-        self.observing = True
+        self.observing = True  # calibration: pass through and observe
+        self.tracking = False  # QAT: fake-quantize and follow the batch range (moving average)
+        self.learnable = False  # QAT: scale (and asymmetric zero point) are Parameters (LSQ)
         self.export_mode = False
         self.observer = None
         self.register_buffer("scale", torch.ones(()))
         self.register_buffer("zero_point", torch.zeros((), dtype=torch.int32))
+        # persisted twin of ``observing`` (a Python flag, so that export never branches on data)
+        self.register_buffer("calibrated", torch.zeros((), dtype=torch.uint8))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Accept per-channel shapes from a checkpoint, and restore the calibrated state."""
+        for name in ("scale", "zero_point"):
+            incoming = state_dict.get(prefix + name)
+            current = getattr(self, name)
+            if incoming is not None and incoming.shape != current.shape:
+                setattr(self, name, torch.empty_like(incoming, dtype=current.dtype))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.observing = not bool(self.calibrated)
+
+    # -- QAT ------------------------------------------------------------------------------------
+    def make_learnable(self) -> None:
+        """LSQ: ``scale`` (and an asymmetric scheme's zero point, as a float offset) become
+        Parameters initialised from the calibrated values; state-dict keys stay the same."""
+        if self.learnable:
+            return
+        scale = self.scale.detach().clone()
+        del self.scale
+        self.scale = nn.Parameter(scale)
+        if not self.scheme.symmetric:
+            zero_point = self.zero_point.detach().float()
+            del self.zero_point
+            self.zero_point = nn.Parameter(zero_point)
+        self.learnable = True
+        self.tracking = False
+
+    def integer_zero_point(self) -> torch.Tensor:
+        """The zero point as int32 (a learned float offset rounded and clipped to the grid)."""
+        zp = self.zero_point.detach()
+        if zp.is_floating_point():
+            zp = zp.round().clamp(self.qmin, self.qmax)
+        return zp.to(torch.int32)
+
+    def _track(self, x: torch.Tensor) -> None:
+        """Moving-average min/max of the batch (constant 0.01), then new scale / zero point."""
+        with torch.no_grad():
+            lo, hi = x.detach().min().double(), x.detach().max().double()
+            if not hasattr(self, "_ema"):
+                self._ema = (lo, hi)
+            else:
+                self._ema = tuple(
+                    e + 0.01 * (v - e) for e, v in zip(self._ema, (lo, hi), strict=False)
+                )
+            scale, zero_point = choose_qparams(
+                self._ema[0].cpu().numpy(), self._ema[1].cpu().numpy(), self.scheme
+            )
+            self.set_qparams(scale, zero_point)
 
     @property
     def qmin(self) -> int:
@@ -135,6 +247,7 @@ class Quantizer(nn.Module):
         assert torch.isfinite(scale).all() and (scale > 0).all(), (self.name, scale)
         self.scale = scale.to(self.scale.device)
         self.zero_point = zero_point.to(self.scale.device)
+        self.calibrated.fill_(1)
         self.observing = False
 
     # -- forward --------------------------------------------------------------------------------
@@ -147,13 +260,29 @@ class Quantizer(nn.Module):
             return x
         if self.export_mode:
             return torch.ops.quantbridge.quantize_dequantize(
-                x, self.scale, self.export_zero_point, self.qmin, self.qmax, self.axis
+                x, self.export_scale, self.export_zero_point, self.qmin, self.qmax, self.axis
             )
-        return FakeQuantizeSTE.apply(x, self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+        if self.learnable:
+            zero_point = (
+                self.zero_point if self.zero_point.is_floating_point() else self.zero_point.float()
+            )
+            return LearnedStepSTE.apply(x, self.scale, zero_point, self.qmin, self.qmax, self.axis)
+        if self.tracking and self.training and observe:
+            self._track(x)
+        return FakeQuantizeSTE.apply(
+            x, self.scale, self.zero_point, self.qmin, self.qmax, self.axis
+        )
 
     def quantize_integers(self, x: torch.Tensor) -> torch.Tensor:
-        """Integer codes of ``x`` (float tensor holding integers) with the frozen parameters."""
-        return quantize(x.detach(), self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+        """Integer codes of ``x`` (float tensor holding integers) with the current parameters."""
+        return quantize(
+            x.detach(),
+            self.scale.detach(),
+            self.integer_zero_point(),
+            self.qmin,
+            self.qmax,
+            self.axis,
+        )
 
 
 class WeightQuantizer(Quantizer):
@@ -174,15 +303,22 @@ class WeightQuantizer(Quantizer):
     def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
             return w
-        if self.observing:
-            # weights need no calibration data: parameters follow the current weight
-            scale, zero_point = _weight_qparams(w.detach(), self.scheme, self.axis)
-            return FakeQuantizeSTE.apply(w, scale, zero_point, self.qmin, self.qmax, self.axis)
         if self.export_mode:
             return torch.ops.quantbridge.dequantize(
-                self.export_qweight, self.scale, self.export_zero_point, self.axis
+                self.export_qweight, self.export_scale, self.export_zero_point, self.axis
             )
-        return FakeQuantizeSTE.apply(w, self.scale, self.zero_point, self.qmin, self.qmax, self.axis)
+        if self.learnable:
+            zero_point = (
+                self.zero_point if self.zero_point.is_floating_point() else self.zero_point.float()
+            )
+            return LearnedStepSTE.apply(w, self.scale, zero_point, self.qmin, self.qmax, self.axis)
+        if self.observing:
+            # weights need no calibration data: parameters follow the current weight (QAT)
+            scale, zero_point = _weight_qparams(w.detach(), self.scheme, self.axis)
+            self.scale, self.zero_point = scale, zero_point
+        return FakeQuantizeSTE.apply(
+            w, self.scale, self.zero_point, self.qmin, self.qmax, self.axis
+        )
 
 
 def _weight_qparams(w: torch.Tensor, scheme: QScheme, axis: int | None):
@@ -212,24 +348,19 @@ class BiasQuantizer(nn.Module):
 
     def active(self) -> bool:
         iq, wq = self.input_quantizer, self.weight_quantizer
-        return (
-            self.enabled
-            and iq.enabled
-            and wq.enabled
-            and not iq.observing
-            and iq.axis is None
-            and not wq.observing
-        )
+        return self.enabled and iq.enabled and wq.enabled and not iq.observing and iq.axis is None
 
     def bias_scale(self) -> torch.Tensor:
         return torch.as_tensor(
-            bias_scale(self.input_quantizer.scale, self.weight_quantizer.scale)
+            bias_scale(self.input_quantizer.scale.detach(), self.weight_quantizer.scale.detach())
         )
 
     def integer_bias(self, b: torch.Tensor) -> torch.Tensor:
         """int32 codes by ``numerics.quantize_bias``, exactly what export stores."""
         return torch.as_tensor(
-            quantize_bias(b, self.input_quantizer.scale, self.weight_quantizer.scale)
+            quantize_bias(
+                b, self.input_quantizer.scale.detach(), self.weight_quantizer.scale.detach()
+            )
         )
 
     def forward(self, b: torch.Tensor) -> torch.Tensor:

@@ -29,15 +29,33 @@ class QuantModel(torch.fx.GraphModule):
 
     def __init__(
         self,
-        gm: torch.fx.GraphModule,
-        recipe: Recipe,
-        points: list[QuantPoint],
+        gm: torch.nn.Module,
+        graph: torch.fx.Graph | None = None,
+        recipe: Recipe | None = None,
+        points: list[QuantPoint] | None = None,
         source: nn.Module | None = None,
     ):
-        super().__init__(gm, gm.graph, class_name="QuantModel")
-        self.qb_recipe = recipe
-        self.qb_points = points
-        self.__dict__["_qb_source"] = source  # not a submodule: its float weights are not ours
+        # (gm, graph) is GraphModule's own signature: deepcopy and pickling call it that way and
+        # carry our attributes in gm.__dict__
+        super().__init__(gm, graph if graph is not None else gm.graph, class_name="QuantModel")
+        extra = getattr(gm, "__dict__", {})
+        self.qb_recipe = recipe if recipe is not None else extra.get("qb_recipe")
+        self.qb_points = points if points is not None else extra.get("qb_points", [])
+        self.qb_bn_frozen = extra.get("qb_bn_frozen", False)
+        # not a submodule: its float weights are not ours
+        self.__dict__["_qb_source"] = source if source is not None else extra.get("_qb_source")
+
+    def _deepcopy_init(self):
+        return QuantModel.__init__  # GraphModule.__deepcopy__ re-initialises through this
+
+    def train(self, mode: bool = True) -> QuantModel:
+        """As ``nn.Module.train``; the captured batch-norm and dropout ops follow the mode."""
+        super().train(mode)
+        if "_graph" in self.__dict__:
+            from ._qat import train_mode_hook
+
+            train_mode_hook(self, mode)
+        return self
 
     def __getattr__(self, name: str):
         try:
@@ -58,8 +76,7 @@ class QuantModel(torch.fx.GraphModule):
         return {getattr(container, p.attr).name: getattr(container, p.attr) for p in self.qb_points}
 
     def _all_quantizers(self) -> Iterator[nn.Module]:
-        for m in getattr(self, CONTAINER).children():
-            yield m
+        yield from getattr(self, CONTAINER).children()
 
     def set_quantization(self, enabled: bool) -> None:
         """Persistent switch: INT8 semantics (True) or float (False). Weights never change."""

@@ -99,9 +99,23 @@ KEEP_FLOAT_OUTPUT_OPS: frozenset = frozenset(
 
 
 def keeps_float_output(node) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
-        node.target in KEEP_FLOAT_OUTPUT_OPS
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and (node.target in KEEP_FLOAT_OUTPUT_OPS)
     )
+
+
+# Ops a producer's output quantizer moves past, like the foldable activations: a batch norm kept
+# during QAT is folded into the conv before export, so conv -> bn -> relu has one quantizer.
+EPILOGUE_OPS: frozenset = frozenset({aten.batch_norm.default})
+
+
+def is_epilogue(node: torch.fx.Node, producer: torch.fx.Node) -> bool:
+    """``node`` is absorbed into ``producer``'s output quantization (bn, relu, relu6, clamp)."""
+    if node.op != "call_function" or not node.args or node.args[0] is not producer:
+        return False
+    return node.target in FOLDABLE_ACTIVATIONS or node.target in EPILOGUE_OPS
 
 
 def _arg(node: torch.fx.Node, i: int, default):
@@ -128,4 +142,8 @@ def tensor_args(node: torch.fx.Node) -> list[tuple[object, torch.fx.Node]]:
     spec = ARITHMETIC_OPS[node.target]
     if spec == "list0":
         return [((0, i), a) for i, a in enumerate(node.args[0]) if isinstance(a, torch.fx.Node)]
-    return [(i, node.args[i]) for i in spec if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)]
+    return [
+        (i, node.args[i])
+        for i in spec
+        if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+    ]

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 aten = torch.ops.aten
-_FOLDABLE_PRODUCERS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.linear.default}
+_FOLDABLE_PRODUCERS = {
+    aten.conv1d.default,
+    aten.conv2d.default,
+    aten.conv3d.default,
+    aten.linear.default,
+}
 
 
 def own_parameters(gm: torch.fx.GraphModule) -> None:
@@ -37,7 +42,19 @@ def _owner(gm: nn.Module, fqn: str) -> tuple[nn.Module, str]:
     return (gm.get_submodule(prefix) if prefix else gm), attr
 
 
+def _unwrap(node):
+    """The get_attr behind a quantizer call (QAT graphs quantize weights before the conv)."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_module"
+        and str(node.target).startswith("_quantbridge.")
+    ):
+        node = node.args[0]
+    return node
+
+
 def _param(gm: nn.Module, node) -> torch.Tensor | None:
+    node = _unwrap(node)
     if not isinstance(node, torch.fx.Node):
         return None
     if node.op != "get_attr":
@@ -50,8 +67,12 @@ class _NotFoldable(Exception):
     pass
 
 
-def fold_batchnorm(gm: torch.fx.GraphModule) -> int:
-    """Fold every eligible conv/linear -> batch_norm pair. Returns how many were folded."""
+def fold_batchnorm(gm: torch.fx.GraphModule, on_fold=None) -> int:
+    """Fold every eligible conv/linear -> batch_norm pair. Returns how many were folded.
+
+    ``on_fold(conv_node, k)`` is called after each fold with the per-channel factor ``k``
+    (float64), so quantizers of the weight can follow (QAT folds after training started).
+    """
     folded = 0
     for bn in list(gm.graph.nodes):
         if bn.op != "call_function" or bn.target is not aten.batch_norm.default:
@@ -65,9 +86,11 @@ def fold_batchnorm(gm: torch.fx.GraphModule) -> int:
         ):
             continue
         try:
-            _fold_one(gm, producer, bn)
+            k = _fold_one(gm, producer, bn)
         except _NotFoldable:
             continue
+        if on_fold is not None:
+            on_fold(producer, k)
         folded += 1
     if folded:
         gm.graph.eliminate_dead_code()
@@ -76,14 +99,14 @@ def fold_batchnorm(gm: torch.fx.GraphModule) -> int:
     return folded
 
 
-def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> None:
+def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
     gamma, beta, mean, var = (_param(gm, a) for a in bn.args[1:5])
     eps = float(bn.args[7])
-    w_node = conv.args[1]
+    w_node = _unwrap(conv.args[1])
     w = _param(gm, w_node)
     if w is None or mean is None or var is None:
         raise _NotFoldable
-    b_node = conv.args[2] if len(conv.args) > 2 else None
+    b_node = _unwrap(conv.args[2]) if len(conv.args) > 2 else None
     b = _param(gm, b_node)
     with torch.no_grad():
         k = torch.rsqrt(var.double() + eps)
@@ -108,3 +131,4 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> None:
         conv.args = tuple(args)
     bn.replace_all_uses_with(conv)
     gm.graph.erase_node(bn)
+    return k

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
 from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
-from ._ops import WEIGHTED_OPS, Role, keeps_float_output, op_role, tensor_args
+from ._ops import WEIGHTED_OPS, Role, is_epilogue, keeps_float_output, op_role, tensor_args
 
 CONTAINER = "_quantbridge"
 
@@ -106,7 +106,9 @@ class _Placer:
     ) -> tuple[Quantizer, str]:
         name = f"{module}/{producer.name}" if module else producer.name
         q = Quantizer(name, recipe, "activation")
-        point = QuantPoint("", name, "activation", module, value.name, recipe.scheme.to_dict(), recipe.method)
+        point = QuantPoint(
+            "", name, "activation", module, value.name, recipe.scheme.to_dict(), recipe.method
+        )
         return q, self._add(q, point)
 
     # -- quantizing values ----------------------------------------------------------------------
@@ -125,10 +127,9 @@ class _Placer:
         last = node
         while len(last.users) == 1:
             (user,) = last.users
-            if op_role(user) is Role.FOLDABLE_ACTIVATION and user.args[0] is last:
-                last = user
-            else:
+            if not is_epilogue(user, last):
                 break
+            last = user
         if not _is_float_tensor(last):
             return None
         q, target = self._new_activation(last, recipe, module_of(node)[0], node)
@@ -149,22 +150,45 @@ class _Placer:
         if w not in self.weight_fq:
             wq = WeightQuantizer(w.target, wr, axis)
             wq.weight_name = w.target
-            point = QuantPoint("", w.target, "weight", w.target.rpartition(".")[0], w.name,
-                               wr.scheme.to_dict(), wr.method)
+            point = QuantPoint(
+                "",
+                w.target,
+                "weight",
+                w.target.rpartition(".")[0],
+                w.name,
+                wr.scheme.to_dict(),
+                wr.method,
+            )
             self.weight_fq[w] = self._call(self._add(wq, point), w)
         node.replace_input_with(w, self.weight_fq[w])
-        b = node.args[i_b] if len(node.args) > i_b else None
-        x_q = self.grid.get(node.args[i_x])
-        if isinstance(b, torch.fx.Node) and b.op == "get_attr" and x_q is not None:
-            wq = self.gm.get_submodule(self.weight_fq[w].target)
-            bq = BiasQuantizer(b.target, x_q, wq)
-            bq.bias_name = b.target
-            point = QuantPoint("", b.target, "bias", b.target.rpartition(".")[0], b.name,
-                               {"bits": 32, "signed": True}, "derived")
-            bias_fq = self._call(self._add(bq, point), b)
-            node.replace_input_with(b, bias_fq)
+        bq = self.quantize_bias(node)
+        if bq is not None:
             self.biases.append(bq)
         self.quantize_output(node, ar)
+
+    def quantize_bias(self, node: torch.fx.Node) -> BiasQuantizer | None:
+        """int32 bias quantizer for a WEIGHTED op whose input and weight are quantized."""
+        i_x, i_w, i_b, _ = WEIGHTED_OPS[node.target]
+        b = node.args[i_b] if len(node.args) > i_b else None
+        x_q = self.grid.get(node.args[i_x])
+        w_node = node.args[i_w]
+        if not (isinstance(b, torch.fx.Node) and b.op == "get_attr") or x_q is None:
+            return None
+        if not (w_node.op == "call_module" and w_node.target.startswith(CONTAINER + ".")):
+            return None
+        bq = BiasQuantizer(b.target, x_q, self.gm.get_submodule(w_node.target))
+        bq.bias_name = b.target
+        point = QuantPoint(
+            "",
+            b.target,
+            "bias",
+            b.target.rpartition(".")[0],
+            b.name,
+            {"bits": 32, "signed": True},
+            "derived",
+        )
+        node.replace_input_with(b, self._call(self._add(bq, point), b))
+        return bq
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
         inputs = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
@@ -193,7 +217,9 @@ class _Placer:
                 self._merge(other, keep)
 
     def _merge(self, old: Quantizer, new: Quantizer) -> None:
-        new_target = next(f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is new)
+        new_target = next(
+            f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is new
+        )
         for n in self.graph.nodes:
             if n.op == "call_module" and n.target.startswith(CONTAINER + "."):
                 if self.gm.get_submodule(n.target) is old:
@@ -252,3 +278,21 @@ class _Placer:
 def place_quantizers(gm: torch.fx.GraphModule, recipe: Recipe) -> list[QuantPoint]:
     """Insert quantizers into ``gm`` in place; return the record of what was placed."""
     return _Placer(gm, recipe).run()
+
+
+def quantize_new_bias(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, recipe: Recipe
+) -> QuantPoint | None:
+    """Give a WEIGHTED op a bias quantizer after the fact (a bias created by BN folding)."""
+    placer = _Placer.__new__(_Placer)
+    placer.gm, placer.graph, placer.recipe = gm, gm.graph, recipe
+    placer.container = getattr(gm, CONTAINER)
+    placer.points = {}
+    x = node.args[WEIGHTED_OPS[node.target][0]]
+    placer.grid = {x: gm.get_submodule(x.target)} if x.op == "call_module" else {}
+    bq = placer.quantize_bias(node)
+    if bq is None:
+        return None
+    gm.graph.lint()
+    gm.recompile()
+    return next(iter(placer.points.values()))

@@ -45,6 +45,7 @@ def prepare(
     example_kwargs: dict,
     recipe: Recipe,
     dynamic: str = "batch",
+    fold_bn: bool = True,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet)."""
     was_training = model.training
@@ -54,9 +55,10 @@ def prepare(
     finally:
         model.train(was_training)
     own_parameters(gm)
-    fold_batchnorm(gm)
+    if fold_bn:
+        fold_batchnorm(gm)
     points = place_quantizers(gm, recipe)
-    return QuantModel(gm, recipe, points, source=model)
+    return QuantModel(gm, recipe=recipe, points=points, source=model).eval()
 
 
 def quantize(
@@ -79,9 +81,34 @@ def quantize(
     ``progress=False``. ``dynamic="batch"`` lets the result take any batch size; use
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
     """
+    qmodel = calibrate_and_freeze(
+        model,
+        calib_data,
+        resolve_recipe(recipe),
+        transform,
+        forward_loop,
+        max_batches,
+        progress,
+        dynamic,
+    )
+    return qmodel
+
+
+def calibrate_and_freeze(
+    model: nn.Module,
+    calib_data: Iterable | None,
+    recipe: Recipe,
+    transform: Callable | None,
+    forward_loop: Callable | None,
+    max_batches: int | None,
+    progress: bool | None,
+    dynamic: str,
+    fold_bn: bool = True,
+    freeze_weights: bool = True,
+) -> QuantModel:
+    """Capture, place, run the calibration data, freeze: the part PTQ and QAT share."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    recipe = resolve_recipe(recipe)
     if forward_loop is not None:
         if calib_data is not None:
             raise ValueError("pass either calib_data or forward_loop, not both")
@@ -91,7 +118,7 @@ def quantize(
             example = (first.args_, first.kwargs_)
         else:
             raise ValueError("forward_loop never called the model: no calibration data")
-        qmodel = prepare(model, *example, recipe, dynamic)
+        qmodel = prepare(model, *example, recipe, dynamic, fold_bn)
         with torch.no_grad():
             forward_loop(qmodel)
     else:
@@ -100,12 +127,12 @@ def quantize(
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
-        qmodel = prepare(model, args0, kwargs0, recipe, dynamic)
+        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
-    freeze(qmodel)
+    freeze(qmodel, weights=freeze_weights)
     return qmodel
 
 
@@ -130,12 +157,14 @@ def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
                 ) from e
 
 
-def freeze(qmodel: QuantModel) -> None:
-    """Fix every quantizer's scale and zero point from what it observed (weights from themselves)."""
+def freeze(qmodel: QuantModel, weights: bool = True) -> None:
+    """Fix every quantizer's scale and zero point from what it observed (weights from themselves,
+    unless ``weights=False``: QAT keeps weight ranges following the weights)."""
     container = getattr(qmodel, CONTAINER)
     for m in container.children():
         if isinstance(m, WeightQuantizer):
-            m.compute_from(qmodel.get_parameter(m.weight_name))
+            if weights:
+                m.compute_from(qmodel.get_parameter(m.weight_name))
         elif isinstance(m, Quantizer):
             m.freeze()
 

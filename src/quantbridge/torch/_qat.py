@@ -1,0 +1,151 @@
+"""Quantization-aware training: prepare a float model for QAT, then freeze observers and BN.
+
+The QAT life cycle of a ``QuantModel``:
+
+1. ``prepare_qat(model, recipe, calib_data)`` captures the model *without* folding batch norms,
+   places quantizers (a conv's output quantizer sits after its batch norm and activation),
+   calibrates activation ranges on ``calib_data``, and returns the model in training mode:
+   batch norms use batch statistics, dropout is active (``QuantModel.train`` flips those ops in
+   the captured graph, as ``model.train()`` would in the user's model).
+   Activation ranges then follow the training data by a moving average (``learn_scales=False``)
+   or are learned by LSQ (``learn_scales=True``); weight ranges follow the weights each step.
+2. ``freeze_observers(qmodel)`` fixes every range that is still moving (weights from their
+   current values, activations at their current average).
+3. ``freeze_batchnorm(qmodel)`` stops batch-norm statistics and folds each batch norm into its
+   conv: ``W' = W k``, ``b' = (b - mu) k + beta`` with ``k = gamma / sqrt(var + eps)``. The weight
+   quantizer's per-channel scale is multiplied by ``|k|`` - the same integer weights then
+   represent the folded weights exactly - and a bias created by the fold gets an int32 quantizer.
+
+Training can continue after each step; export folds remaining batch norms itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..recipe import Recipe, resolve_recipe
+from ._fakequant import Quantizer, WeightQuantizer
+from ._model import QuantModel
+from ._passes import fold_batchnorm
+from ._placement import CONTAINER, quantize_new_bias
+
+aten = torch.ops.aten
+
+
+def prepare_qat(
+    model: nn.Module,
+    recipe: Recipe | str | dict | None = "int8",
+    calib_data: Iterable | None = None,
+    *,
+    transform: Callable[[Any], Any] | None = None,
+    forward_loop: Callable[[nn.Module], None] | None = None,
+    learn_scales: bool = False,
+    max_batches: int | None = None,
+    progress: bool | None = None,
+    dynamic: str = "batch",
+) -> QuantModel:
+    """A ``QuantModel`` ready for quantization-aware training (see the module docstring)."""
+    from ._quantize import calibrate_and_freeze
+
+    recipe = resolve_recipe(recipe)
+    qmodel = calibrate_and_freeze(
+        model,
+        calib_data,
+        recipe,
+        transform,
+        forward_loop,
+        max_batches,
+        progress,
+        dynamic,
+        fold_bn=False,
+        freeze_weights=False,
+    )
+    for m in getattr(qmodel, CONTAINER).children():
+        if isinstance(m, WeightQuantizer):
+            if learn_scales:
+                m.compute_from(qmodel.get_parameter(m.weight_name))
+                m.make_learnable()
+        elif isinstance(m, Quantizer):
+            if learn_scales:
+                m.make_learnable()
+            else:
+                m.tracking = True
+    return qmodel.train()
+
+
+def freeze_observers(qmodel: QuantModel) -> QuantModel:
+    """Stop every range from moving: weights fixed from their current values, activations at
+    their current moving average. Learned (LSQ) scales keep learning."""
+    for m in getattr(qmodel, CONTAINER).children():
+        if isinstance(m, WeightQuantizer) and not m.learnable:
+            m.compute_from(qmodel.get_parameter(m.weight_name))
+        elif isinstance(m, Quantizer):
+            m.tracking = False
+    return qmodel
+
+
+def freeze_batchnorm(qmodel: QuantModel) -> QuantModel:
+    """Stop batch-norm statistics and fold every batch norm into its conv (see module docstring)."""
+
+    def follow(conv: torch.fx.Node, k: torch.Tensor) -> None:
+        w_call = conv.args[1]
+        if w_call.op == "call_module" and str(w_call.target).startswith(CONTAINER + "."):
+            wq = qmodel.get_submodule(w_call.target)
+            _rescale(wq, k.abs().float(), qmodel)
+        b = conv.args[2] if len(conv.args) > 2 else None
+        if isinstance(b, torch.fx.Node) and b.op == "get_attr":
+            point = quantize_new_bias(qmodel, conv, qmodel.qb_recipe)
+            if point is not None:
+                qmodel.qb_points.append(point)
+
+    qmodel.qb_bn_frozen = True
+    _set_graph_training(qmodel, bn=False, dropout=qmodel.training)
+    fold_batchnorm(qmodel, on_fold=follow)
+    return qmodel
+
+
+def _rescale(wq: WeightQuantizer, k: torch.Tensor, qmodel: QuantModel) -> None:
+    if wq.axis is None:  # per-tensor: |k| differs per channel, so recompute from the weight
+        if not wq.observing:
+            wq.compute_from(qmodel.get_parameter(wq.weight_name))
+        return
+    with torch.no_grad():
+        if isinstance(wq.scale, nn.Parameter):
+            wq.scale.mul_(k)
+        else:
+            wq.scale = wq.scale * k
+
+
+def _set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:
+    """Flip the ``training`` argument of batch_norm and dropout nodes of the captured graph."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is aten.batch_norm.default and node.args[5] != bn:
+            node.args = node.args[:5] + (bn,) + node.args[6:]
+            changed = True
+        elif node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] != dropout:
+            node.args = node.args[:2] + (dropout,) + node.args[3:]
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+def train_mode_hook(qmodel: QuantModel, mode: bool) -> None:
+    """Called by ``QuantModel.train``: the captured ops follow the module's mode."""
+    bn = mode and not getattr(qmodel, "qb_bn_frozen", False)
+    _set_graph_training(qmodel, bn=bn, dropout=mode)
+
+
+def folded_copy(qmodel: QuantModel) -> QuantModel:
+    """A deep copy with batch norms frozen and folded (for export), the original untouched."""
+    if not any(n.target is aten.batch_norm.default for n in qmodel.graph.nodes):
+        return qmodel
+    clone = copy.deepcopy(qmodel)
+    return freeze_batchnorm(clone.eval())
