@@ -66,6 +66,31 @@ def describe(args: tuple, kwargs: dict) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def input_spec(args: tuple, kwargs: dict) -> dict:
+    """JSON-able description of a model call (shapes, dtypes, plain values) to re-create it."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return {"tensor": {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return {"value": x}
+        raise TypeError(f"cannot record a model input of type {type(x).__name__}")
+
+    return {"args": [one(a) for a in args], "kwargs": {k: one(v) for k, v in kwargs.items()}}
+
+
+def inputs_from_spec(spec: dict) -> tuple[tuple, dict]:
+    """Zero-filled inputs matching ``input_spec`` (enough to capture the model again)."""
+
+    def one(d: dict) -> Any:
+        if "tensor" in d:
+            t = d["tensor"]
+            return torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"]))
+        return d["value"]
+
+    return tuple(one(a) for a in spec["args"]), {k: one(v) for k, v in spec["kwargs"].items()}
+
+
 def check_like(args: tuple, kwargs: dict, ref_args: tuple, ref_kwargs: dict, index: int) -> None:
     """Same structure, dtypes and ranks as the batch the model was captured with."""
     flat, spec = tree_flatten((args, kwargs))

@@ -42,6 +42,8 @@ class QuantModel(torch.fx.GraphModule):
         self.qb_recipe = recipe if recipe is not None else extra.get("qb_recipe")
         self.qb_points = points if points is not None else extra.get("qb_points", [])
         self.qb_bn_frozen = extra.get("qb_bn_frozen", False)
+        # how the model was captured (input spec, dynamic dims, BN folding): enough to redo it
+        self.qb_capture = extra.get("qb_capture", {})
         # not a submodule: its float weights are not ours
         self.__dict__["_qb_source"] = source if source is not None else extra.get("_qb_source")
 

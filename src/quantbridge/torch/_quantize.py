@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
-from ._batches import as_call, check_like, describe, iter_calls, progress_bar
+from ._batches import as_call, check_like, describe, input_spec, iter_calls, progress_bar
 from ._capture import capture
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
@@ -58,7 +58,13 @@ def prepare(
     if fold_bn:
         fold_batchnorm(gm)
     points = place_quantizers(gm, recipe)
-    return QuantModel(gm, recipe=recipe, points=points, source=model).eval()
+    qmodel = QuantModel(gm, recipe=recipe, points=points, source=model)
+    qmodel.qb_capture = {
+        "inputs": input_spec(example_args, example_kwargs),
+        "dynamic": dynamic,
+        "fold_bn": fold_bn,
+    }
+    return qmodel.eval()
 
 
 def quantize(
