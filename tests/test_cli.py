@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 
 from quantbridge import __version__
 from quantbridge.cli import main
+from quantbridge.demo import DemoResult
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,21 @@ def test_demo_two_epochs_numbers(demo_run):
     assert result["latency_ms"]["ort_int8"] > 0 and result["latency_ms"]["ort_float"] > 0
     assert code == (0 if result["ok"] else 1)
     assert set(result["checks"]) and all(isinstance(v, bool) for v in result["checks"].values())
+
+
+def test_demo_result_says_no_when_a_check_fails(demo_run):
+    """A Conv left in float (what an int8-symmetric recipe with ReLU gives in ONNX Runtime)."""
+    _, result, _ = demo_run
+    fields = {k: v for k, v in result.items() if k not in ("checks", "ok")}
+    bad = DemoResult(**{**fields, "float_ops": {"Conv": 3}, "int8_onnx_bytes": 10**9})
+    assert not bad.ok
+    assert [name for name, ok in bad.checks.items() if not ok] == [
+        "every Conv/Gemm of the INT8 file runs in int8",
+        "INT8 file smaller than the float file",
+    ]
+    text = bad.format()
+    assert "every Conv/Gemm of the INT8 file runs in int8: NO" in text
+    assert "result: FAILED" in text and "LARGER" in text
 
 
 def test_demo_keeps_files_in_out(demo_run):
@@ -95,11 +112,11 @@ def test_version_and_usage(capsys):
     assert main(["frobnicate"]) == 2
 
 
-def test_python_dash_m():
-    done = subprocess.run(
-        [sys.executable, "-m", "quantbridge", "--version"], capture_output=True, text=True
-    )
-    assert done.returncode == 0 and __version__ in done.stdout
+def test_python_dash_m(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["quantbridge", "--version"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("quantbridge", run_name="__main__")
+    assert done.value.code == 0 and __version__ in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -109,6 +126,6 @@ def test_full_demo_console_script():
     done = subprocess.run([script, "demo"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "result: OK" in done.stdout
-    assert "INT8 accuracy within 0.5 points of float" in done.stdout
+    assert "INT8 accuracy within 0.5 points of float: yes" in done.stdout
     assert "epoch 8/8" in done.stderr
     assert "torchvision" not in done.stderr and "Warning" not in done.stderr

@@ -42,14 +42,15 @@ def qdq_resnet(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def float_resnet(tmp_path_factory):
-    """A float resnet18_style exported by plain torch.onnx.export (weights in a .data file)."""
-    path = tmp_path_factory.mktemp("float") / "resnet.onnx"
+def float_digits(tmp_path_factory):
+    """A float DigitsCNN exported by plain torch.onnx.export (weights in a .data file)."""
+    path = tmp_path_factory.mktemp("float") / "digits.onnx"
+    torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _resnet(),
-            (torch.randn(2, 3, 32, 32),),
+            DigitsCNN().eval(),
+            (torch.rand(2, 1, 8, 8),),
             path,
             dynamo=True,
             dynamic_shapes=({0: torch.export.Dim("batch")},),
@@ -62,17 +63,18 @@ def float_resnet(tmp_path_factory):
 class _Reader(CalibrationDataReader):
     def __init__(self):
         rng = np.random.default_rng(0)
-        self._it = iter([{"x": rng.random((2, 3, 32, 32), np.float32)} for _ in range(2)])
+        self._it = iter([{"x": rng.random((8, 1, 8, 8), np.float32)} for _ in range(2)])
 
     def get_next(self):
         return next(self._it, None)
 
 
 @pytest.fixture(scope="module")
-def qoperator_resnet(float_resnet):
-    path = float_resnet.with_name("resnet.qop.onnx")
+def qoperator_digits(float_digits):
+    """ONNX Runtime's own static quantization of the float file, in QOperator form."""
+    path = float_digits.with_name("digits.qop.onnx")
     quantize_static(
-        str(float_resnet),
+        str(float_digits),
         str(path),
         _Reader(),
         quant_format=QuantFormat.QOperator,
@@ -196,35 +198,35 @@ def test_relu_rule_matches_onnx_runtime(recipe, tmp_path):
 
 
 # -- a float model --------------------------------------------------------------------------------
-def test_float_model_reports_its_float_weights(float_resnet):
-    report = inspect_model(float_resnet)
+def test_float_model_reports_its_float_weights(float_digits):
+    report = inspect_model(float_digits)
     assert report.form == "float"
     assert report.int8_ops == {}
-    assert report.float_ops["Conv"] == 20 and report.float_ops["Gemm"] == 1
-    assert len(report.float_weights) == 21
-    assert {w.dtype for w in report.weights} == {"float"}
-    assert "fc.weight" in {w.name for w in report.float_weights}
+    assert report.float_ops["Conv"] == 3 and report.float_ops["Gemm"] == 2
+    assert len(report.float_weights) == len(report.weights) == 5
+    assert {(w.dtype, w.bits, w.granularity) for w in report.weights} == {("float", 32, "float")}
+    assert "fc1.weight" in {w.name for w in report.float_weights}
     assert "float weights: none" not in report.format()
-    assert "fc.weight" in report.format().split("float weights:")[1]
-    data = [f for f in os.listdir(float_resnet.parent) if f.endswith(".data")]
+    assert "fc1.weight" in report.format().split("float weights:")[1]
+    data = [f for f in os.listdir(float_digits.parent) if f.endswith(".data")]
     assert data, "expected torch to write external data"
-    on_disk = os.path.getsize(float_resnet) + sum(
-        os.path.getsize(float_resnet.parent / f) for f in data
+    on_disk = os.path.getsize(float_digits) + sum(
+        os.path.getsize(float_digits.parent / f) for f in data
     )
     assert report.size_bytes == on_disk
 
 
 # -- ONNX Runtime's QOperator form ----------------------------------------------------------------
-def test_qoperator_model(qoperator_resnet):
-    report = inspect_model(qoperator_resnet)
+def test_qoperator_model(qoperator_digits):
+    report = inspect_model(qoperator_digits)
     assert report.form == "QOperator"
-    assert report.int8_ops["QLinearConv"] == 20
-    assert report.int8_ops["QLinearAdd"] == 8
-    assert report.int8_ops["QGemm"] == 1
+    assert report.int8_ops["QLinearConv"] == 3
+    assert report.int8_ops["QGemm"] == 2
+    assert report.int8_ops["QLinearAdd"] == 1
     assert report.int8_ops["MaxPool"] == 1  # on uint8 tensors
     assert report.opsets["com.microsoft"] == 1
     assert report.float_weights == []
-    assert len(report.weights) == 21
+    assert len(report.weights) == 5
     assert all(w.dtype == "int8" and w.bias_dtype == "int32" for w in report.weights)
     assert all(w.granularity.startswith("per-channel") for w in report.weights)
     assert report.qdq_pairs == 0
@@ -235,7 +237,9 @@ def _init(name, array):
     return numpy_helper.from_array(np.asarray(array), name)
 
 
-def _conv_graph(activation=None, zero_point=0, zp_type=np.uint8, float_weight=False, clip=(0, 6)):
+def _conv_graph(
+    activation=None, zero_point=0, zp_type=np.uint8, float_weight=False, clip=(0, 6), opset=19
+):
     """x -> Q -> DQ -> Conv(DQ(w_int8) or w_float) [-> activation] -> Q -> DQ -> y."""
     inits = [
         _init("s", np.float32(0.05)),
@@ -262,8 +266,11 @@ def _conv_graph(activation=None, zero_point=0, zp_type=np.uint8, float_weight=Fa
     if activation == "Relu":
         nodes.append(helper.make_node("Relu", ["c"], ["a"], name="act"))
         out = "a"
-    elif activation == "Clip":
+    elif activation == "Clip" and opset >= 11:
         nodes.append(helper.make_node("Clip", ["c", "clip_lo", "clip_hi"], ["a"], name="act"))
+        out = "a"
+    elif activation == "Clip":  # opset 6-10: bounds are attributes
+        nodes.append(helper.make_node("Clip", ["c"], ["a"], name="act", min=clip[0], max=clip[1]))
         out = "a"
     nodes += [
         helper.make_node("QuantizeLinear", [out, "s", "zp"], ["yq"]),
@@ -276,7 +283,7 @@ def _conv_graph(activation=None, zero_point=0, zp_type=np.uint8, float_weight=Fa
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _kinds(report) -> tuple[dict, dict]:
@@ -305,6 +312,14 @@ def test_rule_clip_absorbed_when_quantize_range_is_inside():
     # uint8, scale 0.05, zero point 0: representable [0, 12.75]
     assert _kinds(inspect_model(_conv_graph("Clip", clip=(0, 20))))[1] == {}
     assert _kinds(inspect_model(_conv_graph("Clip", clip=(0, 6)))) == ({}, {"Conv": 1, "Clip": 1})
+
+
+@pytest.mark.parametrize(("clip", "absorbed"), [((0.0, 20.0), True), ((0.0, 6.0), False)])
+def test_rule_clip_bounds_as_attributes(clip, absorbed):
+    report = inspect_model(_conv_graph("Clip", clip=clip, opset=10))
+    assert _kinds(report) == (
+        ({"Conv": 1, "Clip": 1}, {}) if absorbed else ({}, {"Conv": 1, "Clip": 1})
+    )
 
 
 def test_rule_float_weight_makes_conv_float_and_is_reported():
@@ -360,6 +375,20 @@ def test_not_an_onnx_file(tmp_path, content):
     path = tmp_path / "bad.onnx"
     path.write_bytes(content)
     with pytest.raises(ValueError, match="not an ONNX model"):
+        inspect_model(path)
+
+
+def test_missing_external_data(tmp_path):
+    path = tmp_path / "external.onnx"
+    onnx.save_model(
+        _conv_graph(float_weight=True),
+        path,
+        save_as_external_data=True,
+        location="w.data",
+        size_threshold=0,
+    )
+    (tmp_path / "w.data").unlink()
+    with pytest.raises(ValueError, match="cannot read its external data"):
         inspect_model(path)
 
 

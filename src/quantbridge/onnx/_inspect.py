@@ -222,7 +222,8 @@ class InspectReport:
             f"DequantizeLinear, {self.qdq_pairs} Q->DQ pairs"
         )
         if self.activation_quantizers:
-            lines.append("activations: " + _counts(self.activation_quantizers))
+            schemes = sorted(self.activation_quantizers.items(), key=lambda kv: -kv[1])
+            lines.append("activations: " + ", ".join(f"{n} x {k}" for k, n in schemes))
         lines.append(f"weights:   {len(self.weights)}")
         lines += [f"  {w.describe()}" for w in self.weights]
         floats = self.float_weights
@@ -235,11 +236,13 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    return (
+        f"{n} B"
+        if n < 1024
+        else f"{n / 1024:.1f} KiB"
+        if n < 1 << 20
+        else f"{n / (1 << 20):.1f} MiB"
+    )
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -259,16 +262,23 @@ def _load(
         raise IsADirectoryError(f"{path}: is a directory, not an ONNX file")
     try:
         model = onnx.load(path, load_external_data=False)
-        size = _size_on_disk(model, path)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise ValueError(f"{path}: not an ONNX model ({_first_line(e)})") from None
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise ValueError(f"{path}: not an ONNX model (no IR version or graph)")
+    size = _size_on_disk(model, path)
+    try:
         onnx.external_data_helper.load_external_data_for_model(
             model, os.path.dirname(os.path.abspath(path))
         )
-    except Exception as e:  # protobuf DecodeError, missing external data, ...
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path}: not an ONNX model ({reason})") from None
-    if model.ir_version == 0 or not model.HasField("graph"):
-        raise ValueError(f"{path}: not an ONNX model (no IR version or graph)")
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read its external data ({_first_line(e)})") from None
     return model, path, size
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _size_on_disk(model: onnx.ModelProto, path: str) -> int:
@@ -369,8 +379,7 @@ def _absorbed(g: _Graph, act: onnx.NodeProto, quantize: onnx.NodeProto) -> bool:
     qmin, qmax = _type_range(g.quantize_type(quantize))
     if act.op_type == "Relu":
         return bool(np.all(zero_point == qmin))
-    lo = g.array(act.input[1]) if len(act.input) > 1 and act.input[1] else None
-    hi = g.array(act.input[2]) if len(act.input) > 2 and act.input[2] else None
+    lo, hi = _clip_bounds(g, act)
     lo_q = (qmin - zero_point.astype(np.float64)) * scale
     hi_q = (qmax - zero_point.astype(np.float64)) * scale
     half = 0.5 * scale
@@ -422,7 +431,7 @@ def _classify(g: _Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | 
         return None
     if op in _QOPERATOR:
         return "qoperator"
-    data = [t for t in node.input if t and t not in g.constants]
+    data = [t for t in node.input if t] if op == "Concat" else node.input[:1]
     if op in _DATA_MOVEMENT and data and all(g.is_quantized(t) for t in data):
         return "integer-data"
     if _qdq_int8(g, node):
@@ -458,23 +467,38 @@ def _quantize_nodes(g: _Graph) -> tuple[int, Counter]:
         if node.op_type != "QuantizeLinear":
             continue
         dtype = g.quantize_type(node)
+        full = _type_range(dtype) if dtype in _QUANT_TYPES else (None, None)
         for user in g.consumers.get(node.output[0], []):
-            lo, hi = _type_range(dtype) if dtype in _QUANT_TYPES else (None, None)
+            lo, hi = full
+            ends = [user]
             if user.op_type == "Clip":
                 lo, hi = _clip_range(g, user, lo, hi)
-                after = g.consumers.get(user.output[0], [])
-                user = after[0] if after else user
-            if user.op_type != "DequantizeLinear":
-                continue
-            pairs += 1
-            if lo is not None:
-                schemes[f"{_type_name(dtype)} [{lo}, {hi}] {bits_for_range(lo, hi)}-bit"] += 1
+                ends = g.consumers.get(user.output[0], [])
+            for end in ends:
+                if end.op_type == "DequantizeLinear":
+                    pairs += 1
+                    if lo is not None:
+                        bits = bits_for_range(lo, hi)
+                        schemes[f"{_type_name(dtype)} [{lo}, {hi}] {bits}-bit"] += 1
     return pairs, schemes
 
 
+def _clip_bounds(g: _Graph, clip: onnx.NodeProto) -> tuple[Any, Any]:
+    """A Clip's (min, max), None where unbounded: inputs 1 and 2 (opset 11+) or attributes."""
+    attrs = {a.name: a.f for a in clip.attribute}
+    bounds = []
+    for index, name in ((1, "min"), (2, "max")):
+        if len(clip.input) > index and clip.input[index]:
+            value = g.array(clip.input[index])
+            bounds.append(None if value is None else value.item())
+        else:
+            bounds.append(attrs.get(name))
+    return bounds[0], bounds[1]
+
+
 def _clip_range(g: _Graph, clip: onnx.NodeProto, lo, hi) -> tuple[Any, Any]:
-    lo_c = g.array(clip.input[1]) if len(clip.input) > 1 and clip.input[1] else None
-    hi_c = g.array(clip.input[2]) if len(clip.input) > 2 and clip.input[2] else None
+    """``[lo, hi]`` narrowed by an integer Clip's bounds."""
+    lo_c, hi_c = _clip_bounds(g, clip)
     lo = lo if lo_c is None else int(lo_c) if lo is None else max(lo, int(lo_c))
     hi = hi if hi_c is None else int(hi_c) if hi is None else min(hi, int(hi_c))
     return lo, hi
