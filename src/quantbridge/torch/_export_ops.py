@@ -94,13 +94,13 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
             m(w)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
-        _set(m, "export_scale", m.scale.detach().clone())
+        _set(m, "export_scale", m.current_scale().clone())
         _set(m, "export_zero_point", m.integer_zero_point().to(dtype))
         return ["export_qweight", "export_scale", "export_zero_point"]
     if isinstance(m, Quantizer):
         if not m.enabled or m.observing:
             return []
-        _set(m, "export_scale", m.scale.detach().clone())
+        _set(m, "export_scale", m.current_scale().clone())
         _set(m, "export_zero_point", m.integer_zero_point().to(torch_storage_dtype(m)))
         return ["export_scale", "export_zero_point"]
     if isinstance(m, BiasQuantizer):

@@ -153,29 +153,45 @@ class Quantizer(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Accept per-channel shapes from a checkpoint, and restore the calibrated state."""
-        for name in ("scale", "zero_point"):
+        for name in ("scale", "zero_point", "log_scale"):
             incoming = state_dict.get(prefix + name)
+            if incoming is None or not hasattr(self, name):
+                continue
             current = getattr(self, name)
-            if incoming is not None and incoming.shape != current.shape:
-                setattr(self, name, torch.empty_like(incoming, dtype=current.dtype))
+            if incoming.shape != current.shape:
+                fresh = torch.empty_like(incoming, dtype=current.dtype)
+                if isinstance(current, nn.Parameter):
+                    current.data = fresh
+                else:
+                    setattr(self, name, fresh)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self.observing = not bool(self.calibrated)
 
     # -- QAT ------------------------------------------------------------------------------------
     def make_learnable(self) -> None:
-        """LSQ: ``scale`` (and an asymmetric scheme's zero point, as a float offset) become
-        Parameters initialised from the calibrated values; state-dict keys stay the same."""
+        """LSQ: learn the step size, as ``log_scale`` (a Parameter; ``scale = exp(log_scale)``
+        stays positive and Adam's per-step change is relative, as in TQT, Jain et al. 2020),
+        and an asymmetric scheme's zero point as a float offset. Initialised from the current
+        values; the ``scale`` buffer keeps the value in use for export and the int32 bias."""
         if self.learnable:
             return
-        scale = self.scale.detach().clone()
-        del self.scale
-        self.scale = nn.Parameter(scale)
+        self.log_scale = nn.Parameter(torch.log(self.scale.detach().clone()))
         if not self.scheme.symmetric:
             zero_point = self.zero_point.detach().float()
             del self.zero_point
             self.zero_point = nn.Parameter(zero_point)
         self.learnable = True
         self.tracking = False
+
+    def learned_scale(self) -> torch.Tensor:
+        """``exp(log_scale)``, differentiable; also refreshes the ``scale`` buffer."""
+        scale = self.log_scale.exp()
+        self.scale = scale.detach()
+        return scale
+
+    def current_scale(self) -> torch.Tensor:
+        """The scale in use, detached (what export and the int32 bias see)."""
+        return self.log_scale.detach().exp() if self.learnable else self.scale.detach()
 
     def integer_zero_point(self) -> torch.Tensor:
         """The zero point as int32 (a learned float offset rounded and clipped to the grid)."""
@@ -188,6 +204,9 @@ class Quantizer(nn.Module):
         """Moving-average min/max of the batch (constant 0.01), then new scale / zero point."""
         with torch.no_grad():
             lo, hi = x.detach().min().double(), x.detach().max().double()
+            from ._distributed import ddp_batch_range  # here: _distributed imports this module
+
+            lo, hi = ddp_batch_range(lo, hi)  # inside DDP: min / max over every rank's batch
             if not hasattr(self, "_ema"):
                 self._ema = (lo, hi)
             else:
@@ -266,7 +285,9 @@ class Quantizer(nn.Module):
             zero_point = (
                 self.zero_point if self.zero_point.is_floating_point() else self.zero_point.float()
             )
-            return LearnedStepSTE.apply(x, self.scale, zero_point, self.qmin, self.qmax, self.axis)
+            return LearnedStepSTE.apply(
+                x, self.learned_scale(), zero_point, self.qmin, self.qmax, self.axis
+            )
         if self.tracking and self.training and observe:
             self._track(x)
         return FakeQuantizeSTE.apply(
@@ -277,7 +298,7 @@ class Quantizer(nn.Module):
         """Integer codes of ``x`` (float tensor holding integers) with the current parameters."""
         return quantize(
             x.detach(),
-            self.scale.detach(),
+            self.current_scale(),
             self.integer_zero_point(),
             self.qmin,
             self.qmax,
@@ -311,7 +332,9 @@ class WeightQuantizer(Quantizer):
             zero_point = (
                 self.zero_point if self.zero_point.is_floating_point() else self.zero_point.float()
             )
-            return LearnedStepSTE.apply(w, self.scale, zero_point, self.qmin, self.qmax, self.axis)
+            return LearnedStepSTE.apply(
+                w, self.learned_scale(), zero_point, self.qmin, self.qmax, self.axis
+            )
         if self.observing:
             # weights need no calibration data: parameters follow the current weight (QAT)
             scale, zero_point = _weight_qparams(w.detach(), self.scheme, self.axis)
@@ -352,14 +375,14 @@ class BiasQuantizer(nn.Module):
 
     def bias_scale(self) -> torch.Tensor:
         return torch.as_tensor(
-            bias_scale(self.input_quantizer.scale.detach(), self.weight_quantizer.scale.detach())
+            bias_scale(self.input_quantizer.current_scale(), self.weight_quantizer.current_scale())
         )
 
     def integer_bias(self, b: torch.Tensor) -> torch.Tensor:
         """int32 codes by ``numerics.quantize_bias``, exactly what export stores."""
         return torch.as_tensor(
             quantize_bias(
-                b, self.input_quantizer.scale.detach(), self.weight_quantizer.scale.detach()
+                b, self.input_quantizer.current_scale(), self.weight_quantizer.current_scale()
             )
         )
 

@@ -49,7 +49,13 @@ def prepare_qat(
     progress: bool | None = None,
     dynamic: str = "batch",
 ) -> QuantModel:
-    """A ``QuantModel`` ready for quantization-aware training (see the module docstring)."""
+    """A ``QuantModel`` ready for quantization-aware training (see the module docstring).
+
+    Under ``torch.distributed``, call it on every rank with that rank's shard of ``calib_data``:
+    the calibration statistics are combined across ranks as in ``quantize``. Wrapped in
+    ``DistributedDataParallel``, the moving-average ranges follow the min / max over every
+    rank's batch, so scales stay equal on all ranks (``quantbridge.torch._distributed``).
+    """
     from ._quantize import calibrate_and_freeze
 
     recipe = resolve_recipe(recipe)

@@ -11,6 +11,7 @@ from torch import nn
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls, progress_bar
 from ._capture import capture
+from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._passes import fold_batchnorm, own_parameters
@@ -86,6 +87,12 @@ def quantize(
     calibration forward passes itself. The progress bar shows on a terminal unless
     ``progress=False``. ``dynamic="batch"`` lets the result take any batch size; use
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
+
+    Under ``torch.distributed`` (a process group of more than one rank), call it on every rank
+    with that rank's shard of the data: the ranks' statistics are combined before the scales are
+    frozen, so all ranks get the same scales and zero points (those of one process over all the
+    shards for minmax and the histogram methods). Only some ranks quantizing? Wrap the call in
+    ``quantbridge.torch._distributed.local_statistics()``.
     """
     qmodel = calibrate_and_freeze(
         model,
@@ -138,6 +145,7 @@ def calibrate_and_freeze(
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
+    sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
     return qmodel
 

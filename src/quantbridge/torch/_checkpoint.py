@@ -1,0 +1,365 @@
+"""Save and load a ``QuantModel``: one safetensors file, never a pickle.
+
+``save(qmodel, "m.qb")`` writes a safetensors file whose
+
+* tensors are ``qmodel.state_dict()``: the user's weights at their own keys (after BN folding)
+  and the quantizer state under ``_quantbridge.*``;
+* metadata (str -> str) holds ``format = "quantbridge"``, ``format_version = "1"`` and, under
+  ``"quantbridge"``, a JSON object: the recipe, the placement record, how the model was captured
+  (input spec, dynamic dims, BN folding), whether BN was frozen, the training mode, per-quantizer
+  flags (enabled, observing, tracking, learnable and the moving-average range of a tracking
+  quantizer), the model class, the quantbridge and torch versions and a SHA-256 of the tensors.
+
+``load(path, model)`` captures the user's fresh ``model`` again from the recorded input spec,
+re-places quantizers with the saved recipe, redoes ``freeze_batchnorm`` and ``make_learnable``
+where the saved model had them, checks that the placement record matches the saved one (the first
+mismatching quantizer is named), then loads the tensors with ``strict=True``. The result computes
+bit-identical outputs. Every check runs before anything is returned; ``model`` is never modified.
+
+Not saved: statistics of observers still calibrating (they observe afresh). Tensors load on CPU.
+
+Reading never runs code from the file: safetensors parses a JSON header and raw bytes; foreign
+files are recognised by their pickle opcodes (``pickletools.genops`` decodes, never executes) and
+refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
+does not help): use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
+``torch.save(qmodel.state_dict())`` + ``qmodel.load_state_dict`` works onto a QuantModel made the
+same way; ``QuantModel.load_state_dict`` refuses a float state dict (``check_state_dict``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickletools
+import warnings
+import zipfile
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from ..recipe import Recipe
+from ._batches import describe, inputs_from_spec
+from ._fakequant import Quantizer
+from ._model import QuantModel
+from ._placement import CONTAINER
+
+FORMAT = "quantbridge"
+FORMAT_VERSION = 1
+_PREFIX = CONTAINER + "."
+_SCAN_LIMIT = 16 << 20  # bytes of a foreign pickle scanned for its strings
+_HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as asked; the message says why and what to do."""
+
+
+# -- save -----------------------------------------------------------------------------------------
+def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
+    """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
+    from .. import __version__
+
+    if not isinstance(qmodel, QuantModel):
+        raise TypeError(
+            f"qb.save saves the QuantModel returned by quantbridge.quantize or prepare_qat, got a "
+            f"{type(qmodel).__name__}; save a float model with torch.save(model.state_dict(), path)"
+        )
+    if not qmodel.qb_capture:
+        raise ValueError(
+            "this QuantModel does not record how it was captured, so it cannot be re-created on "
+            "load; make it with quantbridge.quantize or prepare_qat"
+        )
+    path = _check_writable(path)
+    tensors = {
+        k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+        for k, v in qmodel.state_dict().items()
+    }
+    header = {
+        "recipe": qmodel.qb_recipe.to_dict(),
+        "points": [p.to_dict() for p in qmodel.qb_points],
+        "capture": qmodel.qb_capture,
+        "bn_frozen": bool(qmodel.qb_bn_frozen),
+        "training": qmodel.training,
+        "quantizers": {a: _flags(q) for a, q in getattr(qmodel, CONTAINER).named_children()},
+        "model_class": _class_name(qmodel.__dict__.get("_qb_source")),
+        "versions": {"quantbridge": __version__, "torch": torch.__version__},
+        "sha256": _digest(tensors),
+    }
+    text = json.dumps(header, sort_keys=True)
+    metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "quantbridge": text}
+    tmp = f"{path}.tmp-{os.getpid()}"  # never leave a half-written file at ``path``
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _flags(q: nn.Module) -> dict:
+    flags = {"enabled": bool(q.enabled)}
+    if isinstance(q, Quantizer):
+        flags.update(observing=q.observing, tracking=q.tracking, learnable=q.learnable)
+        ema = q.__dict__.get("_ema")  # moving-average range of a tracking quantizer (QAT)
+        if ema is not None:
+            flags["ema"] = [float(v) for v in ema]  # float64: exact through JSON
+    return flags
+
+
+def _class_name(model: nn.Module | None) -> str:
+    return "" if model is None else f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        t = tensors[key]
+        h.update(f"{key}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def _check_writable(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"cannot save to {path!r}: it is a directory; give a file name (m.qb)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"cannot save to {path!r}: folder {folder!r} does not exist; create it")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PermissionError(f"cannot save to {path!r}: not writable; choose a writable path")
+    return path
+
+
+# -- load -----------------------------------------------------------------------------------------
+def load(path: str | os.PathLike, model: nn.Module) -> QuantModel:
+    """The QuantModel saved at ``path``, re-created on ``model`` (a fresh instance of the user's
+    class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible."""
+    if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
+        raise TypeError(
+            f"qb.load needs a fresh instance of your float model class (model=MyModel()) to "
+            f"re-create the QuantModel on, got a {type(model).__name__}"
+        )
+    header, tensors = _read(os.fspath(path))
+    qmodel = _rebuild(header, model)
+    _load_tensors(qmodel, header, tensors)
+    return qmodel.train(bool(header.get("training", False)))
+
+
+def _read(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            metadata, keys = f.metadata() or {}, list(f.keys())
+            ours = metadata.get("format") == FORMAT
+            if ours and _format_version(metadata, path) <= FORMAT_VERSION:
+                tensors = {k: f.get_tensor(k) for k in keys}
+    except SafetensorError as e:
+        raise _foreign_or_corrupt(path, e) from None
+    if not ours:
+        raise _foreign(path, keys, "a safetensors file", "safetensors.torch.load_file(path)")
+    try:
+        header = json.loads(metadata["quantbridge"])
+        missing = _HEADER_KEYS - set(header)
+    except (KeyError, TypeError, ValueError) as e:
+        missing = {str(e)}
+    if missing:
+        raise CheckpointError(f"{path!r} is corrupted: its header lacks {sorted(missing)}")
+    if _digest(tensors) != header["sha256"]:
+        raise CheckpointError(
+            f"{path!r} is corrupted: its tensors do not match the checksum written by qb.save; "
+            "save the model again or restore the file from a copy"
+        )
+    return header, tensors
+
+
+def _format_version(metadata: dict, path: str) -> int:
+    try:
+        version = int(metadata.get("format_version", ""))
+    except ValueError:
+        raise CheckpointError(f"{path!r} is corrupted: no readable format_version") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path!r} was written by a newer quantbridge (format {version}; this one reads "
+            f"format {FORMAT_VERSION}); upgrade: pip install -U quantbridge"
+        )
+    return version
+
+
+def _foreign_or_corrupt(path: str, error: Exception) -> CheckpointError:
+    strings = _pickle_strings(path)
+    if strings is None:
+        return CheckpointError(
+            f"{path!r} is truncated or corrupted, or not a checkpoint ({error}); "
+            "save the model again with qb.save"
+        )
+    if any("_rebuild_tensor" in s or s.startswith(_PREFIX) for s in strings):
+        return _foreign(path, strings, "a torch.save file", "torch.load(path, weights_only=True)")
+    return CheckpointError(
+        f"refused {path!r}: it is a pickle file, not a qb.save checkpoint; quantbridge never "
+        "unpickles a file (unpickling can run code from it). Load checkpoints written by qb.save"
+    )
+
+
+def _foreign(path: str, keys, what: str, read: str) -> CheckpointError:
+    if any(k.startswith(_PREFIX) for k in keys):
+        return CheckpointError(
+            f"{path!r} is {what} holding a QuantModel state_dict without the recipe and placement "
+            "qb.load needs: re-create the QuantModel the way you made it (qb.quantize or "
+            f"qb.prepare_qat) and call qmodel.load_state_dict({read}); qb.save writes a "
+            "self-contained file"
+        )
+    return CheckpointError(
+        f"this is a float checkpoint ({path!r} is {what}, with no quantizer state), not a "
+        f"quantbridge one: load it with model.load_state_dict({read}), then qb.quantize(model, "
+        "calib_data)"
+    )
+
+
+def _pickle_strings(path: str) -> set[str] | None:
+    """Strings in a torch.save zip archive or a raw pickle, by ``pickletools.genops`` (decodes
+    opcodes, executes nothing); None when the file is neither."""
+    with open(path, "rb") as f:
+        raw = f.read(_SCAN_LIMIT)
+    if zipfile.is_zipfile(path):  # torch.save's format: the pickle is <archive>/data.pkl
+        with contextlib.suppress(Exception), zipfile.ZipFile(path) as z:
+            raw = b""
+            name = next(n for n in z.namelist() if n.endswith("data.pkl"))
+            with z.open(name) as member:
+                raw = member.read(_SCAN_LIMIT)
+    elif not raw.startswith(b"\x80"):  # pickle protocol 2+ opens with PROTO
+        return None
+    strings, stream = set(), io.BytesIO(raw)
+    with contextlib.suppress(Exception):  # stops at the first byte that is not an opcode
+        while stream.tell() < len(raw):
+            strings.update(a for _, a, _ in pickletools.genops(stream) if isinstance(a, str))
+    return strings
+
+
+def _rebuild(header: dict, model: nn.Module) -> QuantModel:
+    """Capture ``model`` again and place quantizers as the checkpoint's record says."""
+    from ._qat import freeze_batchnorm
+    from ._quantize import prepare
+
+    try:
+        recipe = Recipe.from_dict(header["recipe"])
+        capture = header["capture"]
+        args, kwargs = inputs_from_spec(capture["inputs"])
+        dynamic, fold_bn = capture["dynamic"], capture["fold_bn"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
+    saved_class, this_class = header.get("model_class", "?"), _class_name(model)
+    try:
+        with warnings.catch_warnings():  # a different model is reported below, by name
+            warnings.simplefilter("ignore")
+            qmodel = prepare(model, args, kwargs, recipe, dynamic, fold_bn)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(
+            f"the checkpoint was made from a {saved_class} called with {describe(args, kwargs)}; "
+            f"this {this_class} cannot be captured that way ({first}); pass a fresh instance of "
+            "the class the checkpoint was saved from"
+        ) from e
+    if header.get("bn_frozen"):
+        freeze_batchnorm(qmodel)
+    _compare_points(header["points"], [p.to_dict() for p in qmodel.qb_points], header, model)
+    return qmodel
+
+
+def _compare_points(saved: list[dict], rebuilt: list[dict], header: dict, model) -> None:
+    rebuilt = json.loads(json.dumps(rebuilt))  # the same normalisation as the saved record
+    arch = "checkpoint was made with a different architecture"
+    origin = f"(checkpoint from a {header.get('model_class', '?')}, this is a {_class_name(model)})"
+    for ours, theirs in zip(saved, rebuilt, strict=False):
+        if ours == theirs:
+            continue
+        name, field = ours["name"], next(k for k in ours if ours[k] != theirs.get(k))
+        if (name, ours["kind"]) != (theirs["name"], theirs["kind"]):
+            msg = f"{arch}: quantizer {name!r} in the checkpoint, {theirs['name']!r} in this model"
+        elif field in ("scheme", "method"):
+            diff = _scheme(ours[field], theirs[field]) if field == "scheme" else ""
+            msg = (
+                f"checkpoint was made with a different recipe for this model: quantizer {name!r}: "
+                f"{field} {diff or f'{ours[field]} vs {theirs[field]}'} (checkpoint vs this "
+                "model); the recipe's rules resolve differently here (layer names or types changed)"
+            )
+        else:
+            msg = f"{arch}: quantizer {name!r}: {field} {ours[field]!r} vs {theirs[field]!r}"
+        raise CheckpointError(f"{msg} {origin}; load it onto the model class it was saved from")
+    if len(saved) != len(rebuilt):
+        n = min(len(saved), len(rebuilt))
+        only = (
+            f"{saved[n]['name']!r} only in the checkpoint"
+            if len(saved) > n
+            else (f"{rebuilt[n]['name']!r} only in this model")
+        )
+        raise CheckpointError(
+            f"{arch}: {len(saved)} quantizers in the checkpoint, {len(rebuilt)} in this model, "
+            f"{only} {origin}"
+        )
+
+
+def _scheme(a: dict, b: dict) -> str:
+    bits_a, bits_b = (f"{'int' if s.get('signed') else 'uint'}{s.get('bits')}" for s in (a, b))
+    key = next(k for k in a if a[k] != b.get(k))
+    return f"{bits_a} vs {bits_b}" if bits_a != bits_b else f"{key}={a[key]} vs {b.get(key)}"
+
+
+def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Learnable quantizers first (so parameter/buffer kinds match), then a strict load."""
+    flags = header["quantizers"]
+    container = getattr(qmodel, CONTAINER)
+    for attr, q in container.named_children():
+        if isinstance(q, Quantizer) and flags.get(attr, {}).get("learnable"):
+            for name in ("scale", "zero_point"):  # learnable per-channel: take the saved shape
+                saved = tensors.get(f"{_PREFIX}{attr}.{name}")
+                if saved is not None and saved.shape != getattr(q, name).shape:
+                    setattr(q, name, torch.zeros(saved.shape, dtype=getattr(q, name).dtype))
+            q.make_learnable()
+    own = qmodel.state_dict()
+    problem = None
+    if own.keys() != tensors.keys():
+        problem = (
+            f"tensors missing from the checkpoint {sorted(own.keys() - tensors.keys())[:5]}, "
+            f"not in this model {sorted(tensors.keys() - own.keys())[:5]}"
+        )
+    for key in own if problem is None else ():  # quantizers adapt their own shapes on load
+        mine, theirs = own[key], tensors[key]
+        if not key.startswith(_PREFIX) and (mine.shape, mine.dtype) != (theirs.shape, theirs.dtype):
+            problem = (
+                f"tensor {key!r} is {_describe(theirs)} in the checkpoint, {_describe(mine)} in "
+                "this model"
+            )
+            break
+    if problem is not None:
+        raise CheckpointError(f"checkpoint was made with a different architecture: {problem}")
+    qmodel.load_state_dict(tensors, strict=True)
+    for attr, q in container.named_children():
+        f = flags.get(attr, {})
+        q.enabled = f.get("enabled", True)
+        if isinstance(q, Quantizer):
+            q.observing, q.tracking = f.get("observing", q.observing), f.get("tracking", False)
+            if "ema" in f:
+                q._ema = tuple(torch.tensor(v, dtype=torch.float64) for v in f["ema"])
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def check_state_dict(qmodel: QuantModel, state_dict, strict: bool) -> None:
+    """Called by ``QuantModel.load_state_dict``: refuse a float state dict with the fix."""
+    if not strict or any(k.startswith(_PREFIX) for k in state_dict):
+        return
+    if any(k.startswith(_PREFIX) for k in qmodel.state_dict()):
+        raise CheckpointError(
+            "this is a float checkpoint (no '_quantbridge.*' quantizer state), not a QuantModel "
+            "state_dict: load it with model.load_state_dict on your float model, then "
+            "qb.quantize(model, calib_data) (or qb.prepare_qat); strict=False loads some weights"
+        )
