@@ -131,3 +131,24 @@ def test_opset_override(tmp_path, opset):
         y = qm(x)
     err = _lsb_error(qm, _ort_outputs(tmp_path / "m.onnx", {"x": x.numpy()}), y)
     assert err.max() <= 2.0 + 1e-3
+
+
+def test_slow_forms_warn_and_default_does_not(tmp_path):
+    import warnings
+
+    m = resnet18_style(num_classes=10, width=8)
+    data = [torch.randn(4, 3, 32, 32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qb.onnx.PerformanceWarning)
+        qb.export(qb.quantize(m, data), tmp_path / "fast.onnx", data[0])
+    with pytest.warns(qb.onnx.PerformanceWarning, match="int8 \\(signed\\) activations"):
+        qb.export(qb.quantize(m, data, recipe="int8_symmetric"), tmp_path / "slow.onnx", data[0])
+
+
+def test_exported_file_carries_no_debug_metadata(tmp_path):
+    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)])
+    model = qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 3, 32, 32))
+    assert all(len(n.metadata_props) == 0 for n in model.graph.node)
+    assert len(model.graph.value_info) == 0
+    props = {p.key for p in model.metadata_props}
+    assert {"quantbridge.recipe", "quantbridge.quantizers"} <= props

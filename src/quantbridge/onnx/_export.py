@@ -38,6 +38,11 @@ from ..torch._qat import folded_copy
 from ._opset import downgrade
 from ._translate import translation_table
 
+
+class PerformanceWarning(UserWarning):
+    """The exported form is correct but runs slowly on common engines."""
+
+
 DEFAULT_OPSET = 18  # the torch exporter's native opset; lower targets go through _opset.downgrade
 _WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
 
@@ -92,6 +97,8 @@ def to_onnx(
             f"{type(qmodel).__name__}"
         )
     opset = _choose_opset(qmodel, opset)
+    for message in slow_form_warnings(qmodel):
+        warnings.warn(message, PerformanceWarning, stacklevel=3)
     qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     args, kwargs = as_call(example_inputs, 0)
     if dynamic != "none":
@@ -116,9 +123,37 @@ def to_onnx(
     finally:
         qmodel.train(was_training)
     model = downgrade(program.model_proto, opset)
+    _strip_debug_info(model)
     _name_dynamic_dims(model)
     _record(model, qmodel)
     return model
+
+
+def slow_form_warnings(qmodel: QuantModel) -> list[str]:
+    """Forms that x86 engines run slowly (measured in bench/forms_study/FINDINGS.md)."""
+    found = []
+    acts = [q for q in qmodel.quantizers().values() if getattr(q, "kind", "") == "activation"]
+    weights = [q for q in qmodel.quantizers().values() if getattr(q, "kind", "") == "weight"]
+    if any(q.scheme.signed and q.scheme.bits == 8 for q in acts):
+        found.append(
+            "int8 (signed) activations: ONNX Runtime on x86 fuses only some convolutions into "
+            "int8 kernels with them (ResNet-18: 0.82x of float time vs 0.27x with uint8). For x86 "
+            "CPUs use the 'int8' recipe (uint8 activations)."
+        )
+    if any(not q.scheme.signed for q in weights):
+        found.append(
+            "uint8 weights: OpenVINO runs no int8 kernel for them and ONNX Runtime is 2.5x "
+            "slower than with int8 weights. Use signed symmetric weights."
+        )
+    return found
+
+
+def _strip_debug_info(model: onnx.ModelProto) -> None:
+    """Drop the exporter's per-node metadata (stack traces, fx names) and intermediate
+    value_info: a third of a small model's file, and nothing an engine reads."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    del model.graph.value_info[:]
 
 
 def _name_dynamic_dims(model: onnx.ModelProto) -> None:
