@@ -10,18 +10,22 @@ from .onnx import export
 from .recipe import Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
+    CheckpointError,
     QuantModel,
     float_mode,
     freeze_batchnorm,
     freeze_observers,
+    load,
     prepare_qat,
     quantize,
+    save,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CaptureError",
+    "CheckpointError",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -33,6 +37,8 @@ __all__ = [
     "float_mode",
     "freeze_batchnorm",
     "freeze_observers",
+    "load",
     "prepare_qat",
     "quantize",
+    "save",
 ]

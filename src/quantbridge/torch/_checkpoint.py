@@ -297,7 +297,7 @@ def _compare_points(saved: list[dict], rebuilt: list[dict], header: dict, model)
         only = (
             f"{saved[n]['name']!r} only in the checkpoint"
             if len(saved) > n
-            else (f"{rebuilt[n]['name']!r} only in this model")
+            else f"{rebuilt[n]['name']!r} only in this model"
         )
         raise CheckpointError(
             f"{arch}: {len(saved)} quantizers in the checkpoint, {len(rebuilt)} in this model, "
@@ -307,7 +307,7 @@ def _compare_points(saved: list[dict], rebuilt: list[dict], header: dict, model)
 
 def _scheme(a: dict, b: dict) -> str:
     bits_a, bits_b = (f"{'int' if s.get('signed') else 'uint'}{s.get('bits')}" for s in (a, b))
-    key = next(k for k in a if a[k] != b.get(k))
+    key = next((k for k in a if a[k] != b.get(k)), "scheme")
     return f"{bits_a} vs {bits_b}" if bits_a != bits_b else f"{key}={a[key]} vs {b.get(key)}"
 
 
@@ -317,11 +317,7 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     container = getattr(qmodel, CONTAINER)
     for attr, q in container.named_children():
         if isinstance(q, Quantizer) and flags.get(attr, {}).get("learnable"):
-            for name in ("scale", "zero_point"):  # learnable per-channel: take the saved shape
-                saved = tensors.get(f"{_PREFIX}{attr}.{name}")
-                if saved is not None and saved.shape != getattr(q, name).shape:
-                    setattr(q, name, torch.zeros(saved.shape, dtype=getattr(q, name).dtype))
-            q.make_learnable()
+            q.make_learnable()  # per-channel shapes follow on load (Quantizer._load_from_state_dict)
     own = qmodel.state_dict()
     problem = None
     if own.keys() != tensors.keys():
