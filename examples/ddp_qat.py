@@ -1,6 +1,6 @@
 """Quantization-aware training of the digits CNN under DistributedDataParallel (gloo, CPU).
 
-    torchrun --nproc_per_node=2 examples/ddp_qat.py [--epochs 3] [--out digits_qat.pt]
+    torchrun --nproc_per_node=2 examples/ddp_qat.py [--epochs 3] [--out digits_qat.qb]
 
 (``python examples/ddp_qat.py`` runs the same as one process.) Every rank:
 
@@ -14,11 +14,9 @@
 4. freezes the ranges (``qb.freeze_observers``) for the last epoch;
 5. measures INT8 accuracy on the held-out images (each rank half of them, counts all-reduced).
 
-Rank 0 saves the checkpoint. To load it in a single process, build the model the same way and
-load the state dict::
+Rank 0 saves the checkpoint; any single process loads it (no process group needed)::
 
-    qmodel = qb.prepare_qat(DigitsCNN(), "int8", [x[:64]])
-    qmodel.load_state_dict(torch.load("digits_qat.pt"))
+    qmodel = qb.load("digits_qat.qb", DigitsCNN())
 """
 
 from __future__ import annotations
@@ -79,7 +77,7 @@ def accuracy(model: torch.nn.Module, test: TensorDataset) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3, help="float epochs, then QAT epochs")
-    parser.add_argument("--out", default="digits_qat.pt", help="rank 0 saves the QAT model here")
+    parser.add_argument("--out", default="digits_qat.qb", help="rank 0 saves the QAT model here")
     args = parser.parse_args()
 
     if "RANK" not in os.environ:  # plain `python examples/ddp_qat.py`: a group of one
@@ -119,8 +117,7 @@ def main() -> None:
     print(f"rank {rank}: scale of {name!r} = {logits.scale.item():.9g}", flush=True)
     if rank == 0:
         print(f"accuracy: float {float_accuracy:.4f}, INT8 after QAT {int8_accuracy:.4f}")
-        # TODO(qb.save): save with qb.save(qmodel, ...) once the checkpoint module lands
-        torch.save(qmodel.state_dict(), args.out)
+        qb.save(qmodel, args.out)
         print(f"rank 0 saved {args.out}")
     dist.destroy_process_group()
 

@@ -72,7 +72,7 @@ def _calibration_batches() -> list[torch.Tensor]:
 
 def _qparams(model) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return {
-        name: (q.scale.detach().clone(), q.zero_point.detach().clone())
+        name: (q.current_scale().clone(), q.zero_point.detach().clone())
         for name, q in model.quantizers().items()
         if hasattr(q, "zero_point")
     }
@@ -247,8 +247,7 @@ def _ddp_qat(rank: int, out: Path) -> dict:
     with torch.no_grad():
         outputs = qmodel(probe)
     if rank == 0:
-        # TODO(qb.save): save with qb.save once the checkpoint module lands
-        torch.save(qmodel.state_dict(), out / "qat.pt")
+        qb.save(qmodel, out / "qat.qb")
     return {
         "losses": losses,
         "output_scales": scales_seen,
@@ -264,6 +263,7 @@ def _ddp_lsq(rank: int) -> dict:
     qmodel = qb.prepare_qat(
         _model(), "int8", list(x[:128].split(BATCH)), learn_scales=True, progress=False
     )
+    initial = {k: v.detach().clone() for k, v in qmodel.named_parameters()}
     ddp = DistributedDataParallel(qmodel)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=3e-3)
     losses = []
@@ -277,6 +277,7 @@ def _ddp_lsq(rank: int) -> dict:
     assert_quantizers_synchronized(ddp)
     return {
         "losses": losses,
+        "initial": initial,
         "parameters": {k: v.detach().clone() for k, v in qmodel.named_parameters()},
     }
 
@@ -293,10 +294,7 @@ def _references(rank: int, out: Path) -> dict:
         qmodel = qb.quantize(_model(), union[rank::WORLD], progress=False)
         references["rank0_alone"] = _qparams(qmodel)
     if rank == 1:  # the QAT checkpoint, loaded by a process outside any group
-        x, _ = _shard(0)
-        qmodel = qb.prepare_qat(_model(), "int8", list(x[:64].split(BATCH)), progress=False)
-        qmodel.load_state_dict(torch.load(out / "qat.pt"))
-        qmodel.eval()
+        qmodel = qb.load(out / "qat.qb", _model()).eval()
         with torch.no_grad():
             references["qat_outputs"] = qmodel(_digits()[0][-64:])
         references["qat_qparams"] = _qparams(qmodel)
@@ -397,8 +395,9 @@ def test_ddp_qat_trains_and_keeps_ranks_identical(ranks):
 
 def test_ddp_lsq_keeps_learned_scales_identical(ranks):
     lsq = [r["lsq"] for r in ranks]
-    scales = [k for k in lsq[0]["parameters"] if k.endswith(".scale")]
+    scales = [k for k in lsq[0]["parameters"] if k.endswith(".log_scale")]
     assert scales, "LSQ scales are parameters"
+    assert any(not torch.equal(lsq[0]["initial"][k], lsq[0]["parameters"][k]) for k in scales)
     for name, p in lsq[0]["parameters"].items():
         assert torch.equal(p, lsq[1]["parameters"][name]), name
     assert lsq[0]["losses"][-1] < lsq[0]["losses"][0]

@@ -340,8 +340,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def assert_quantizers_synchronized(
     qmodel: nn.Module, group: dist.ProcessGroup | None = None
 ) -> None:
-    """``AssertionError`` naming the first quantizer whose scale or zero point is not bitwise
-    equal on every rank of ``group``. No-op unless ``is_distributed(group)``.
+    """``AssertionError`` naming the first quantizer whose scale (the one in use, learned or
+    not) or zero point is not bitwise equal on every rank of ``group``. No-op unless
+    ``is_distributed(group)``.
 
     Run it on every rank (it all-gathers); ``qmodel`` may be wrapped in DDP.
     """
@@ -353,7 +354,7 @@ def assert_quantizers_synchronized(
         if isinstance(q, Quantizer)
     ]
     _check_same_layout([name for name, _ in quantizers], group)
-    values = [(_bits(q.scale), _bits(q.zero_point)) for _, q in quantizers]
+    values = [(_bits(q.current_scale()), _bits(q.zero_point)) for _, q in quantizers]
     lengths = torch.tensor([len(s) + len(z) for s, z in values], dtype=torch.int64)
     every_length = _all_gather(lengths, group)
     for rank, other in enumerate(every_length.tolist()):
