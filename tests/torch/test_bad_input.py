@@ -165,3 +165,9 @@ def test_untraceable_model_names_the_users_line():
 def test_forward_loop_that_never_calls_the_model():
     with pytest.raises(ValueError, match="forward_loop never called the model"):
         qb.quantize(DigitsCNN(), forward_loop=lambda m: None)
+
+
+def test_strided_first_batch_does_not_pin_strides():
+    x = torch.randn(16, 1, 8, 8)
+    qm = qb.quantize(DigitsCNN(), [x[::2], torch.randn(8, 1, 8, 8)])  # x[::2] is not contiguous
+    assert qm(torch.randn(5, 1, 8, 8)).shape == (5, 10)

@@ -2,8 +2,9 @@
 
 The form (see DESIGN.md "one canonical form"):
 
-* weights: integer initializers (int8, or int16 at opset 21) -> DequantizeLinear (per channel,
-  ``axis`` = output channels); never a float weight followed by QuantizeLinear;
+* weights: integer initializers (int8; int16 for 9-16 bits and INT4/UINT4 for <= 4 bits at
+  opset 21, see ``_int4``) -> DequantizeLinear (per channel, ``axis`` = output channels); never a
+  float weight followed by QuantizeLinear;
 * biases: int32 initializers -> DequantizeLinear with ``scale = input scale x weight scale``;
 * activations: QuantizeLinear -> DequantizeLinear pairs (QuantizeLinear -> Clip -> DequantizeLinear
   for narrow-range or sub-8-bit activations, see ``_translate``);
@@ -35,6 +36,7 @@ from ..torch._export_ops import export_mode
 from ..torch._model import QuantModel
 from ..torch._placement import CONTAINER
 from ..torch._qat import folded_copy
+from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._translate import translation_table
 
@@ -123,6 +125,8 @@ def to_onnx(
     finally:
         qmodel.train(was_training)
     model = downgrade(program.model_proto, opset)
+    if opset >= 21:
+        pack_4bit_weights(model, _weight_bits(qmodel))
     _strip_debug_info(model)
     _name_dynamic_dims(model)
     _record(model, qmodel)
@@ -145,6 +149,17 @@ def slow_form_warnings(qmodel: QuantModel) -> list[str]:
             "uint8 weights: OpenVINO runs no int8 kernel for them and ONNX Runtime is 2.5x "
             "slower than with int8 weights. Use signed symmetric weights."
         )
+    return found
+
+
+def _weight_bits(qmodel: QuantModel) -> dict[str, tuple[int, bool]]:
+    """Exported integer-weight initializer name -> (bits, signed)."""
+    container = getattr(qmodel, CONTAINER)
+    found = {}
+    for p in qmodel.qb_points:
+        if p.kind == "weight":
+            q = getattr(container, p.attr)
+            found[f"{CONTAINER}.{p.attr}.export_qweight"] = (q.scheme.bits, q.scheme.signed)
     return found
 
 

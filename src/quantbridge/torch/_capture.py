@@ -49,6 +49,11 @@ def _widen_batch(x: Any) -> Any:
     return x
 
 
+def _contiguous(x: Any) -> Any:
+    # a strided example (x[::2]) would make export guard on its strides and refuse later batches
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
 DYNAMIC_CHOICES = ("batch", "all", "none")
 
 
@@ -61,6 +66,7 @@ def capture(
     model: nn.Module, args: tuple, kwargs: dict, dynamic: str = "batch"
 ) -> torch.fx.GraphModule:
     """Export ``model(*args, **kwargs)`` to a GraphModule with dynamic dimensions."""
+    args, kwargs = tree_map(_contiguous, tuple(args)), tree_map(_contiguous, dict(kwargs))
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
     spec = dynamic_shapes(model.forward, args, kwargs, dynamic)
