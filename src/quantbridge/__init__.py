@@ -12,13 +12,16 @@ from .torch import (
     CaptureError,
     CheckpointError,
     QuantModel,
+    assert_quantizers_synchronized,
     float_mode,
     freeze_batchnorm,
     freeze_observers,
     load,
+    local_statistics,
     prepare_qat,
     quantize,
     save,
+    sync_observers,
 )
 
 __version__ = "0.1.0"
@@ -33,12 +36,15 @@ __all__ = [
     "Recipe",
     "Rule",
     "TensorRecipe",
+    "assert_quantizers_synchronized",
     "export",
     "float_mode",
     "freeze_batchnorm",
     "freeze_observers",
     "load",
+    "local_statistics",
     "prepare_qat",
     "quantize",
     "save",
+    "sync_observers",
 ]

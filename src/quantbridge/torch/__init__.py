@@ -3,6 +3,7 @@
 
 from ._capture import CaptureError
 from ._checkpoint import CheckpointError, load, save
+from ._distributed import assert_quantizers_synchronized, local_statistics, sync_observers
 from ._model import QuantModel, float_mode
 from ._qat import freeze_batchnorm, freeze_observers, prepare_qat
 from ._quantize import freeze, prepare, quantize
@@ -11,13 +12,16 @@ __all__ = [
     "CaptureError",
     "CheckpointError",
     "QuantModel",
+    "assert_quantizers_synchronized",
     "float_mode",
     "freeze",
     "freeze_batchnorm",
     "freeze_observers",
     "load",
+    "local_statistics",
     "prepare",
     "prepare_qat",
     "quantize",
     "save",
+    "sync_observers",
 ]
