@@ -111,8 +111,26 @@ def freeze_batchnorm(qmodel: QuantModel) -> QuantModel:
 
     qmodel.qb_bn_frozen = True
     _set_graph_training(qmodel, bn=False, dropout=qmodel.training)
+    _broadcast_batchnorm_statistics(qmodel)
     fold_batchnorm(qmodel, on_fold=follow)
     return qmodel
+
+
+def _broadcast_batchnorm_statistics(qmodel: QuantModel) -> None:
+    """Under torch.distributed every rank's running statistics differ (each saw its own batches);
+    take rank 0's so that the folded weights are identical everywhere. A collective: every rank
+    must call ``freeze_batchnorm``. Wrap the model in a new DDP afterwards (parameters changed)."""
+    import torch.distributed as dist
+
+    from ._distributed import is_distributed
+
+    if not is_distributed():
+        return
+    for node in qmodel.graph.nodes:
+        if node.target is aten.batch_norm.default:
+            for stat in node.args[3:5]:  # running_mean, running_var
+                if isinstance(stat, torch.fx.Node) and stat.op == "get_attr":
+                    dist.broadcast(qmodel.get_buffer(stat.target), src=0)
 
 
 def _rescale(wq: WeightQuantizer, k: torch.Tensor, qmodel: QuantModel) -> None:
