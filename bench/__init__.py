@@ -1,0 +1,1 @@
+"""Benchmarks and peer comparisons (issue #3); never imported by the package."""
