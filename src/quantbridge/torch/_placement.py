@@ -52,6 +52,12 @@ class QuantPoint:
         return asdict(self)
 
 
+def _parameter_point(param: torch.fx.Node, kind: str, scheme: dict, method: str) -> QuantPoint:
+    """Record of a quantizer on a parameter (a get_attr node), named by the parameter."""
+    module = param.target.rpartition(".")[0]
+    return QuantPoint("", param.target, kind, module, param.name, scheme, method)
+
+
 def module_of(node: torch.fx.Node) -> tuple[str, str]:
     """(module path, module class name) of the innermost user module that produced ``node``."""
     stack = node.meta.get("nn_module_stack")
@@ -150,15 +156,7 @@ class _Placer:
         if w not in self.weight_fq:
             wq = WeightQuantizer(w.target, wr, axis)
             wq.weight_name = w.target
-            point = QuantPoint(
-                "",
-                w.target,
-                "weight",
-                w.target.rpartition(".")[0],
-                w.name,
-                wr.scheme.to_dict(),
-                wr.method,
-            )
+            point = _parameter_point(w, "weight", wr.scheme.to_dict(), wr.method)
             self.weight_fq[w] = self._call(self._add(wq, point), w)
         node.replace_input_with(w, self.weight_fq[w])
         bq = self.quantize_bias(node)
@@ -178,15 +176,7 @@ class _Placer:
             return None
         bq = BiasQuantizer(b.target, x_q, self.gm.get_submodule(w_node.target))
         bq.bias_name = b.target
-        point = QuantPoint(
-            "",
-            b.target,
-            "bias",
-            b.target.rpartition(".")[0],
-            b.name,
-            {"bits": 32, "signed": True},
-            "derived",
-        )
+        point = _parameter_point(b, "bias", {"bits": 32, "signed": True}, "derived")
         node.replace_input_with(b, self._call(self._add(bq, point), b))
         return bq
 
