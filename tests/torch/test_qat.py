@@ -80,10 +80,12 @@ def test_train_and_eval_flip_captured_batchnorm_and_dropout():
     assert flags() == ([], [True])  # folded away; dropout still follows the mode
 
 
-def test_freeze_batchnorm_keeps_outputs_and_integer_weights(digits):
+@pytest.mark.parametrize("learn_scales", [False, True], ids=["moving_average", "lsq"])
+def test_freeze_batchnorm_keeps_outputs_and_integer_weights(digits, learn_scales):
+    # regression (lsq): the fold must move |k| into the learned log_scale too
     x, _ = digits
     torch.manual_seed(0)
-    qm = qb.prepare_qat(DigitsCNN(), "int8", [x[:128]])
+    qm = qb.prepare_qat(DigitsCNN(), "int8", [x[:128]], learn_scales=learn_scales)
     qm.train()
     with torch.no_grad():
         for i in range(0, 512, 64):  # move BN statistics away from their initial values

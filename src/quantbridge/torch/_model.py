@@ -50,34 +50,19 @@ class QuantModel(torch.fx.GraphModule):
     def _deepcopy_init(self):
         return QuantModel.__init__  # GraphModule.__deepcopy__ re-initialises through this
 
-    def train(self, mode: bool = True) -> QuantModel:
-        """As ``nn.Module.train``; the captured batch-norm and dropout ops follow the mode."""
-        super().train(mode)
+    @property
+    def training(self) -> bool:
+        return self.__dict__.get("_qb_training", True)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        """The captured batch-norm and dropout ops follow the mode, however it is set
+        (``model.train()``, or ``module.training = ...`` as Lightning does)."""
+        self.__dict__["_qb_training"] = bool(mode)
         if "_graph" in self.__dict__:
             from ._qat import train_mode_hook
 
-            train_mode_hook(self, mode)
-        return self
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            source = self.__dict__.get("_qb_source")
-            if source is not None and not name.startswith("__"):
-                try:
-                    return getattr(source, name)
-                except AttributeError:
-                    pass
-            raise
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """As ``nn.Module.load_state_dict``; a float state dict (no quantizer state) is refused
-        with the fix (``quantbridge.torch._checkpoint.check_state_dict``)."""
-        from ._checkpoint import check_state_dict
-
-        check_state_dict(self, state_dict, strict)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+            train_mode_hook(self, bool(mode))
 
     # -- quantizers -------------------------------------------------------------------------------
     def quantizers(self) -> dict[str, Quantizer | BiasQuantizer]:

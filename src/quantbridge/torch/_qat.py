@@ -134,15 +134,18 @@ def _broadcast_batchnorm_statistics(qmodel: QuantModel) -> None:
 
 
 def _rescale(wq: WeightQuantizer, k: torch.Tensor, qmodel: QuantModel) -> None:
-    if wq.axis is None:  # per-tensor: |k| differs per channel, so recompute from the weight
-        if not wq.observing:
-            wq.compute_from(qmodel.get_parameter(wq.weight_name))
-        return
+    """The weight was multiplied by ``k`` per output channel: move ``|k|`` into the scale (and
+    the learned ``log_scale``) so the integer codes stay the same."""
     with torch.no_grad():
-        if isinstance(wq.scale, nn.Parameter):
-            wq.scale.mul_(k)
-        else:
-            wq.scale = wq.scale * k
+        if wq.axis is None:  # per-tensor: |k| differs per channel, so recompute from the weight
+            if not wq.observing:
+                wq.compute_from(qmodel.get_parameter(wq.weight_name))
+            if wq.learnable:
+                wq.log_scale.copy_(torch.log(wq.scale))
+            return
+        wq.scale = wq.scale * k
+        if wq.learnable:
+            wq.log_scale.add_(torch.log(k))
 
 
 def _set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:
