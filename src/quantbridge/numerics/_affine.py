@@ -56,9 +56,15 @@ def quantize(
     x = as_compute_float(x)
     scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis)
     zero_point = broadcast_param(as_like(zero_point, x), "zero_point", tuple(x.shape), axis)
+    # step 6 first: NaN -> 0, so that round(0 / s) + z = z (z lies in [qmin, qmax]); +-inf kept.
+    # Steps 2-5 then run in place on the one new array: the same operations in the same order.
+    x = xp.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
     with np.errstate(over="ignore"):  # x / scale -> +-inf is the saturation path, not an error
-        q = xp.clip(xp.round(x / scale) + zero_point, qmin, qmax)
-    return xp.where(xp.isnan(x), zero_point, q)
+        q = xp.asarray(x / scale)  # numpy turns 0-d results into scalars; keep an array
+    xp.round(q, out=q)
+    q += zero_point
+    xp.clip(q, qmin, qmax, out=q)
+    return q
 
 
 def dequantize(q: Array, scale: Array, zero_point: Array, axis: int | None = None) -> Array:
@@ -90,4 +96,7 @@ def fake_quantize(
     instead of dividing, which can differ by one code near ties; this function follows ONNX.
     """
     q = quantize(x, scale, zero_point, qmin, qmax, axis)
-    return dequantize(q, scale, zero_point, axis)
+    # dequantize in place on the fresh codes: (q - z) * s, as ``dequantize`` computes it
+    q -= broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis)
+    q *= broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis)
+    return q

@@ -55,21 +55,17 @@ class FakeQuantizeSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, scale, zero_point, qmin: int, qmax: int, axis: int | None):
-        param_axis = None if scale.ndim == 0 else 0
-        lo = dequantize(torch.full_like(scale, qmin), scale, zero_point, param_axis)
-        hi = dequantize(torch.full_like(scale, qmax), scale, zero_point, param_axis)
-        ctx.save_for_backward(x, lo, hi)
-        ctx.axis = axis
+        if ctx.needs_input_grad[0]:  # the mask is all backward needs: one bool per element
+            param_axis = None if scale.ndim == 0 else 0
+            lo = dequantize(torch.full_like(scale, qmin), scale, zero_point, param_axis)
+            hi = dequantize(torch.full_like(scale, qmax), scale, zero_point, param_axis)
+            lo, hi = _along(lo, x.ndim, axis), _along(hi, x.ndim, axis)
+            ctx.save_for_backward((x >= lo) & (x <= hi))
         return fake_quantize(x, scale, zero_point, qmin, qmax, axis)
 
     @staticmethod
     def backward(ctx, grad):
-        x, lo, hi = ctx.saved_tensors
-        if lo.numel() > 1:
-            shape = [1] * x.ndim
-            shape[ctx.axis % x.ndim] = -1
-            lo, hi = lo.reshape(shape), hi.reshape(shape)
-        mask = (x >= lo) & (x <= hi)
+        (mask,) = ctx.saved_tensors
         return grad * mask, None, None, None, None, None
 
 
@@ -108,25 +104,33 @@ class LearnedStepSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, zero_point_f, qmin: int, qmax: int, axis: int | None):
         z = zero_point_f.detach().round().clamp(qmin, qmax)
-        ctx.save_for_backward(x, scale, z)
+        s = scale.detach()
+        y = fake_quantize(x, s, z, qmin, qmax, axis)
+        if any(ctx.needs_input_grad[:3]):
+            sb, zb = _along(s, x.ndim, axis), _along(z, x.ndim, axis)
+            t = x.detach() / sb
+            codes = torch.round(t) + zb
+            below, above = codes < qmin, codes > qmax
+            codes.clamp_(qmin, qmax)
+            ctx.save_for_backward(t, codes, below, above, s, z)
         ctx.qmin, ctx.qmax, ctx.axis = qmin, qmax, axis
-        return fake_quantize(x, scale.detach(), z, qmin, qmax, axis)
+        return y
 
     @staticmethod
     def backward(ctx, grad):
-        x, scale, z = ctx.saved_tensors
-        qmin, qmax, axis = ctx.qmin, ctx.qmax, ctx.axis
-        s, zb = _along(scale, x.ndim, axis), _along(z, x.ndim, axis)
-        t = x / s
-        q = torch.round(t) + zb
-        below, above = q < qmin, q > qmax
-        inside = ~(below | above)
-        n = x.numel() / max(scale.numel(), 1)
+        t, codes, below, above, scale, z = ctx.saved_tensors
+        axis, qmax = ctx.axis, ctx.qmax
+        outside = below | above
+        inside = ~outside
+        zb = _along(z, t.ndim, axis)
+        # inside: round(t) - t = (codes - z) - t ; outside: codes - z is qmin - z or qmax - z
+        ds = (codes - zb) - t * inside
+        n = t.numel() / max(scale.numel(), 1)
         g = 1.0 / math.sqrt(n * max(abs(qmax), 1))
-        ds = torch.where(inside, torch.round(t) - t, torch.where(below, qmin - zb, qmax - zb))
-        dz = torch.where(inside, torch.zeros_like(x), -s.expand_as(x))
-        grad_scale = _reduce_to(grad * ds * g, scale, axis)
-        grad_zero = _reduce_to(grad * dz, scale, axis) if ctx.needs_input_grad[2] else None
+        grad_scale = _reduce_to(grad * ds, scale, axis) * g
+        grad_zero = None
+        if ctx.needs_input_grad[2]:
+            grad_zero = -_reduce_to(grad * outside, scale, axis) * scale
         return grad * inside, grad_scale, grad_zero, None, None, None
 
 

@@ -64,6 +64,26 @@ class QuantModel(torch.fx.GraphModule):
 
             train_mode_hook(self, bool(mode))
 
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            source = self.__dict__.get("_qb_source")
+            if source is not None and not name.startswith("__"):
+                try:
+                    return getattr(source, name)
+                except AttributeError:
+                    pass
+            raise
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As ``nn.Module.load_state_dict``; a float state dict (no quantizer state) is refused
+        with the fix (``quantbridge.torch._checkpoint.check_state_dict``)."""
+        from ._checkpoint import check_state_dict
+
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     # -- quantizers -------------------------------------------------------------------------------
     def quantizers(self) -> dict[str, Quantizer | BiasQuantizer]:
         """User-facing name -> quantizer module, in placement order."""
