@@ -1,0 +1,213 @@
+"""``python -m bench``: the benchmark suite of issue #4; writes BENCHMARKS.md and JSON.
+
+    python -m bench                  # full run (< 30 min on 2 cores): BENCHMARKS.md, bench/results/full.json
+    python -m bench --quick          # < 5 min: fewer samples, repeats and methods; same models and inputs
+    python -m bench --quick --only digits --figures accuracy   # the smoke test's run
+    python -m bench --help
+
+Figures: accuracy (ours vs ONNX Runtime quantize_static vs PyTorch FX), speed (ONNX Runtime and
+OpenVINO, INT8 vs float), cost (time and peak memory of quantizing, fresh process per run), qat
+(training-step time, from bench/qat_step.py). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+FIGURES = ("accuracy", "speed", "cost", "qat")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from bench.suite.workloads import NAMES
+
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="the < 5 minute mode")
+    p.add_argument("--only", help=f"comma-separated workloads of {list(NAMES)}")
+    p.add_argument("--figures", help=f"comma-separated figures of {list(FIGURES)}")
+    p.add_argument("--json", type=Path, help="results file (default bench/results/<mode>.json)")
+    p.add_argument(
+        "--markdown",
+        type=Path,
+        help="report file (default BENCHMARKS.md for whole runs; none with --only/--figures)",
+    )
+    p.add_argument("--work", type=Path, help="folder for the ONNX files (default: a temp folder)")
+    p.add_argument(
+        "--boost",
+        action="store_true",
+        help="run in an own session with autogroup nice -10 (needs root; a shared machine)",
+    )
+    args = p.parse_args(argv)
+    args.workloads = _pick(p, args.only, NAMES, "--only")
+    args.figures_ = _pick(p, args.figures, FIGURES, "--figures")
+    return args
+
+
+def _pick(p: argparse.ArgumentParser, text: str | None, allowed, flag: str) -> tuple[str, ...]:
+    if not text:
+        return tuple(allowed)
+    picked = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in picked if t not in allowed]
+    if bad:
+        p.error(f"{flag}: unknown {bad}; choose from {list(allowed)}")
+    return picked
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import logging
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed"
+    from bench.suite import machine, report
+
+    root = Path(__file__).resolve().parents[1]
+    boost = machine.boost_priority() if args.boost else "off"
+    mode = "quick" if args.quick else "full"
+    partial = bool(args.only or args.figures)
+    json_path = args.json or root / "bench" / "results" / (
+        f"{mode}-partial.json" if partial else f"{mode}.json"
+    )
+    md_path = args.markdown or (None if partial else root / "BENCHMARKS.md")
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+
+    started = time.time()
+    results: dict = {
+        "mode": mode,
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
+        "machine": {**machine.describe(root), "priority": boost},
+        "workloads": {},
+        "stage_seconds": {},
+    }
+    if args.work:
+        args.work.mkdir(parents=True, exist_ok=True)
+        run_suite(args, args.work, results, log)
+    else:
+        with tempfile.TemporaryDirectory(prefix="qb-bench-") as work:
+            run_suite(args, Path(work), results, log)
+    results["total_seconds"] = time.time() - started
+    try:
+        results["json"] = str(json_path.resolve().relative_to(root))
+    except ValueError:
+        results["json"] = str(json_path)
+    results["machine"]["load_average_end"] = list(os.getloadavg())
+    results["machine"]["git_end"] = machine._git(root)  # the library may change under a long run
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1, default=str))
+    log(f"wrote {json_path}")
+    text = report.render(results)
+    if md_path is not None:
+        md_path.write_text(text)
+        log(f"wrote {md_path}")
+    else:
+        print(text)
+    return 0
+
+
+def plan(quick: bool) -> dict:
+    """What a mode runs (figure 1 methods, cost sizes, timing rounds)."""
+    from bench.suite import tools, workloads
+
+    if quick:
+        return {
+            "sizes": workloads.QUICK,
+            "methods": ("minmax",),
+            "fx_kinds": ("x86",),
+            "ort_only": (),
+            "variants": False,
+            "cost_methods": ("percentile", "entropy"),
+            "cost_samples": 16,
+            "cost_repeats": 1,
+            "rounds": 6,
+            "speed_budget_s": 12.0,
+        }
+    return {
+        "sizes": workloads.FULL,
+        "methods": ("minmax", "percentile", "entropy"),
+        "fx_kinds": ("x86", "minmax"),
+        "ort_only": (tools.ENTROPY_2048,),
+        "variants": True,
+        "cost_methods": ("minmax", "percentile", "entropy"),
+        "cost_samples": 64,
+        "cost_repeats": 3,
+        "rounds": 15,
+        "speed_budget_s": 60.0,
+    }
+
+
+def run_suite(args, work: Path, results: dict, log) -> None:
+    from bench.suite import accuracy, cost, qat, speed, workloads
+
+    p = plan(args.quick)
+    results["plan"] = {**p, "sizes": asdict(p["sizes"])}
+    figures = args.figures_
+    for name in args.workloads:
+        entry: dict = {}
+        results["workloads"][name] = entry
+        t0 = time.time()
+        log(f"[{name}] building")
+        try:
+            w = workloads.BUILDERS[name](work, p["sizes"], log)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+            entry["trace"] = traceback.format_exc(limit=4)[-1500:]
+            log(f"[{name}] unavailable: {entry['error']}")
+            continue
+        if not p["variants"]:
+            w.variants = {}
+        entry["title"], entry["notes"], entry["metric"] = w.title, w.notes, w.metric
+        prebuilt = None
+        if name == "resnet18" and "cost" in figures:
+            log(f"[{name}] figure 3: cost of quantizing (fresh process per run)")
+            c = cost.run(work, p["cost_methods"], p["cost_samples"], p["cost_repeats"], log)
+            prebuilt = c.pop("files")
+            results["cost"] = c
+            results["stage_seconds"]["cost"] = time.time() - t0
+        methods = p["methods"]
+        if prebuilt:
+            methods = tuple(dict.fromkeys(m for _, m in prebuilt))
+        files: dict[str, str] = {}
+        if "accuracy" in figures or "speed" in figures:
+            log(f"[{name}] figure 1: accuracy")
+            ort_only = p["ort_only"] if name in ("digits", "resnet18", "mobilenetv2") else ()
+            a = accuracy.run(w, work, methods, log, prebuilt, p["fx_kinds"], ort_only)
+            files = a.pop("files")
+            if "accuracy" in figures:
+                entry["accuracy"] = a
+        if "speed" in figures and w.speed_feeds:
+            log(f"[{name}] figure 2: speed")
+            files = _prefer_minmax(files)
+            entry["speed"] = speed.run(w, files, work, p["rounds"], p["speed_budget_s"], log)
+        results["stage_seconds"][name] = time.time() - t0
+    if "qat" in figures:
+        t0 = time.time()
+        log("[qat] figure 4: QAT training step (bench/qat_step.py)")
+        try:
+            results["qat"] = qat.run(args.quick, log)
+        except Exception as e:
+            results["qat"] = {"error": f"{type(e).__name__}: {e}"}
+        results["stage_seconds"]["qat"] = time.time() - t0
+
+
+def _prefer_minmax(files: dict[str, str]) -> dict[str, str]:
+    """Speed rows use the minmax files; when a run made none (quick cost), any method's file
+    (the graph form, hence the speed, does not depend on the calibration method)."""
+    out = dict(files)
+    for tool in ("ours", "ort"):
+        if f"{tool}/minmax" not in out:
+            for method in ("percentile", "entropy"):
+                if f"{tool}/{method}" in out:
+                    out[f"{tool}/minmax"] = out[f"{tool}/{method}"]
+                    break
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

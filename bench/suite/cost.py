@@ -1,0 +1,157 @@
+"""Figure 3: cost of quantizing - wall time and peak memory, ours vs ONNX Runtime.
+
+Each measurement is a fresh process (``bench.suite.cost_child``); its peak resident set size is
+the ``VmHWM`` of its own address space (see ``cost_child`` for why not ``ru_maxrss``). Runs are
+interleaved: for each repeat and method, ours and ONNX Runtime's run back to back, the order
+alternating, and time ratios are paired within a repeat.
+
+What is timed: calibration + export from the torch model for ours; ``quantize_static`` from the
+float ONNX file for ONNX Runtime (the float export it needs is timed once apart and reported
+beside, since a torch user pays it too). Peak memory includes each process's baseline: torch
+(imported by ours, not by the ONNX Runtime child) and the calibration arrays; the baseline after
+setup is reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .timing import paired_ratio
+from .workloads import ROOT, export_float
+
+
+def _run_child(spec: dict, timeout_s: float) -> dict:
+    """Run one child (fresh interpreter) and collect its report."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out_path = Path(spec["out"]).with_suffix(".child.json")
+    err_path = Path(spec["out"]).with_suffix(".child.err")
+    t0 = time.perf_counter()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.suite.cost_child", json.dumps(spec)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=err,
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return {"error": f"timed out after {timeout_s:.0f} s"}
+        except BaseException:  # Ctrl-C / kill of the suite: no orphaned child
+            proc.kill()
+            proc.wait()
+            raise
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        lines = [ln for ln in err_path.read_text().splitlines() if ln.strip()]
+        return {"error": f"exit {proc.returncode}: {lines[-1][:300] if lines else ''}"}
+    report = json.loads(out_path.read_text().strip().splitlines()[-1])
+    return {
+        "seconds": report["seconds"]["total_s"],
+        "steps_s": report["seconds"],
+        "peak_mib": report["peak_kib"] / 1024,
+        "setup_peak_mib": report["peak_setup_kib"] / 1024,
+        "setup_s": report["setup_s"],
+        "process_wall_s": wall,
+    }
+
+
+def run(
+    work: Path,
+    methods: tuple[str, ...],
+    samples: int,
+    repeats: int,
+    log: Callable[[str], None],
+    timeout_s: float = 600,
+) -> dict:
+    """ResNet-18-style at 3x224x224, ``samples`` calibration samples in batches of 8."""
+    import torch
+
+    from quantbridge.zoo import resnet18_style
+
+    float_path = work / "resnet18.cost.float.onnx"
+    t0 = time.perf_counter()
+    export_float(resnet18_style(), float_path, torch.zeros(1, 3, 224, 224))
+    float_export_s = time.perf_counter() - t0
+    runs: dict[str, list[dict]] = {}
+    files: dict[tuple[str, str], Path] = {}
+    for rep in range(repeats):
+        for i, method in enumerate(methods):
+            order = ("ours", "ort") if (rep + i) % 2 == 0 else ("ort", "ours")
+            for tool in order:
+                out = work / f"resnet18.{tool}.{method}.onnx"
+                spec = {
+                    "tool": tool,
+                    "method": method,
+                    "samples": samples,
+                    "float_onnx": str(float_path),
+                    "out": str(out),
+                }
+                log(f"  cost: repeat {rep + 1}/{repeats}, {tool} {method}")
+                r = _run_child(spec, timeout_s)
+                r["repeat"] = rep
+                runs.setdefault(f"{tool}/{method}", []).append(r)
+                if "error" not in r:
+                    files[(tool, method)] = out
+                else:
+                    log(f"    {r['error']}")
+    return {
+        "model": "ResNet-18-style (quantbridge.zoo.resnet18_style), 3x224x224",
+        "samples": samples,
+        "batch": 8,
+        "repeats": repeats,
+        "float_export_s": float_export_s,
+        "runs": runs,
+        "summary": summarize(runs, methods, float_export_s),
+        "files": files,
+    }
+
+
+def summarize(runs: dict[str, list[dict]], methods, float_export_s: float) -> dict:
+    out = {}
+    for method in methods:
+        ours = [r for r in runs.get(f"ours/{method}", []) if "error" not in r]
+        ort = [r for r in runs.get(f"ort/{method}", []) if "error" not in r]
+        if not ours or not ort:
+            out[method] = {"error": "missing runs"}
+            continue
+        pairs = {r["repeat"]: r for r in ort}
+        matched = [(o, pairs[o["repeat"]]) for o in ours if o["repeat"] in pairs]
+        speedup = paired_ratio(
+            [b["seconds"] for _, b in matched], [a["seconds"] for a, _ in matched]
+        )
+        speedup_e2e = paired_ratio(
+            [b["seconds"] + float_export_s for _, b in matched], [a["seconds"] for a, _ in matched]
+        )
+        memory = paired_ratio(
+            [a["peak_mib"] for a, _ in matched], [b["peak_mib"] for _, b in matched]
+        )
+        out[method] = {
+            "ours_s": _stats([r["seconds"] for r in ours]),
+            "ort_s": _stats([r["seconds"] for r in ort]),
+            "ours_peak_mib": _stats([r["peak_mib"] for r in ours]),
+            "ort_peak_mib": _stats([r["peak_mib"] for r in ort]),
+            "ours_setup_peak_mib": statistics.median(r["setup_peak_mib"] for r in ours),
+            "ort_setup_peak_mib": statistics.median(r["setup_peak_mib"] for r in ort),
+            "ours_steps_s": {
+                k: statistics.median(r["steps_s"][k] for r in ours) for k in ours[0]["steps_s"]
+            },
+            "speedup": speedup,  # ORT time / our time, per repeat
+            "speedup_incl_float_export": speedup_e2e,
+            "memory_ratio": memory,  # our peak / ORT's peak, per repeat
+        }
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}

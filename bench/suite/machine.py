@@ -1,0 +1,106 @@
+"""What the numbers were measured on: CPU model and ISA flags, cores, memory, load, versions."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+# ISA features that decide which INT8 / BF16 kernels the engines pick on x86.
+FLAGS_OF_INTEREST = (
+    "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+    "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+)  # fmt: skip
+PACKAGES = (
+    "quantbridge", "torch", "onnx", "onnxruntime", "openvino", "numpy", "onnxscript",
+    "transformers", "scikit-learn", "pillow",
+)  # fmt: skip
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "flags") and key not in info:
+                info[key] = value.strip()
+    except OSError:
+        pass
+    return info
+
+
+def _mem_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(root: Path) -> dict[str, object]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return {"commit": commit or None, "library_modified": bool(dirty)}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "library_modified": None}
+
+
+def describe(root: Path) -> dict[str, object]:
+    info = _cpuinfo()
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "isa": {f: (f in flags) for f in FLAGS_OF_INTEREST},
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": _mem_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in PACKAGES},
+        "git": _git(root),
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def boost_priority(nice: int = -10) -> str:
+    """Own session + niced autogroup so other jobs on a shared box disturb timing less (as in
+    ``bench/forms_study``). With CONFIG_SCHED_AUTOGROUP a plain ``nice`` only ranks threads inside
+    one session, hence the autogroup write. Needs root or CAP_SYS_NICE; returns what it applied."""
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    try:
+        Path("/proc/self/autogroup").write_text(str(nice))
+        return f"autogroup nice {nice}"
+    except OSError:
+        try:
+            os.nice(nice)
+            return f"nice {nice}"
+        except OSError as e:
+            return f"none ({e.strerror})"

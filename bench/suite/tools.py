@@ -1,0 +1,205 @@
+"""The three INT8 quantizers side by side, each given the same calibration batches.
+
+* ``ours``: ``qb.quantize`` (int8 preset: per-channel int8 symmetric narrow-range weights, uint8
+  asymmetric activations) + ``qb.export`` (QDQ), run in ONNX Runtime / OpenVINO;
+* ``ort``: ONNX Runtime's ``quantize_static`` on the float ONNX export, in its fastest x86 form
+  (bench/forms_study): QDQ, ``ActivationType=QUInt8``, ``WeightType=QInt8``, ``per_channel=True``;
+  no ``quant_pre_process`` (the float export is already shape-inferred and optimized);
+* ``pytorch``: FX graph mode PTQ (``prepare_fx`` / ``convert_fx``), run by torch's own quantized
+  CPU kernels (engine ``x86``). torch 2.13 still ships ``torch.ao.quantization.quantize_fx``
+  (deprecated); PT2E (``quantize_pt2e``) has moved to torchao, which is not installed.
+
+Calibration methods are matched by name: ``minmax``; ``percentile`` at the same percentile for
+both (``PERCENTILE``, ONNX Runtime's default, which is finer than quantbridge's 99.99 default);
+``entropy`` with each tool's own defaults (quantbridge: 8192-bin histogram; ONNX Runtime: 128
+bins and 128 quantized bins, which leaves a single candidate window - the full range - so ORT's
+default "entropy" is max-abs calibration). ``ENTROPY_2048`` is ONNX Runtime's KL search with
+TensorRT's 2048 bins, reachable only around ``quantize_static`` (see ``_entropy_cache``).
+PyTorch rows use their own observers (named in ``FX_QCONFIGS``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PERCENTILE = 99.999
+METHODS = ("minmax", "percentile", "entropy")
+ENTROPY_2048 = "entropy (2048 bins)"  # ONNX Runtime only: its entropy with TensorRT's bin count
+FX_QCONFIGS = {
+    "x86": "get_default_qconfig_mapping('x86'): HistogramObserver activations (reduce_range, "
+    "7-bit), per-channel int8 weights",
+    "minmax": "MinMaxObserver quint8 activations (full 8-bit), per-channel int8 symmetric weights",
+}
+
+
+# -- quantbridge --------------------------------------------------------------------------------
+def ours_recipe(method: str, rules: tuple = ()):
+    import quantbridge as qb
+
+    base = qb.Recipe.preset("int8")
+    options = (("percentile", PERCENTILE),) if method == "percentile" else ()
+    return qb.Recipe(
+        weights=base.weights,
+        activations=qb.TensorRecipe(base.activations.scheme, method, options),
+        rules=tuple(rules),
+    )
+
+
+def quantize_ours(
+    model, calib: list, method: str, path: Path, example: Any, rules: tuple = ()
+) -> dict[str, float]:
+    """Calibrate, freeze and export; seconds per step."""
+    import quantbridge as qb
+
+    t0 = time.perf_counter()
+    qmodel = qb.quantize(model, calib, recipe=ours_recipe(method, rules), progress=False)
+    t1 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qb.export(qmodel, path, example_inputs=example)
+    t2 = time.perf_counter()
+    return {"calibrate_s": t1 - t0, "export_s": t2 - t1, "total_s": t2 - t0}
+
+
+# -- ONNX Runtime -------------------------------------------------------------------------------
+class _Reader:
+    """``CalibrationDataReader`` over a list of feed dicts (numpy arrays by input name)."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # not used by quantize_static; part of the protocol
+        pass
+
+
+def quantize_ort(
+    float_path: Path,
+    calib_feeds: list[dict[str, np.ndarray]],
+    method: str,
+    path: Path,
+    nodes_to_exclude: tuple[str, ...] = (),
+) -> dict[str, float]:
+    import logging
+
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    calibrate_method = {
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+        ENTROPY_2048: CalibrationMethod.Entropy,
+    }[method]
+    extra = {"CalibPercentile": PERCENTILE} if method == "percentile" else {}
+    logging.getLogger().setLevel(logging.ERROR)  # "please consider pre-processing" warnings
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qb-bench-ort-") as tmp:
+        reader, cache = Reader(calib_feeds), None
+        if method == ENTROPY_2048:
+            cache, reader = _entropy_cache(float_path, reader, Path(tmp)), None
+        quantize_static(
+            str(float_path),
+            str(path),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            calibrate_method=calibrate_method,
+            nodes_to_exclude=list(nodes_to_exclude),
+            extra_options=extra,
+            calibration_cache_path=cache,
+        )
+    return {"total_s": time.perf_counter() - t0}
+
+
+def _entropy_cache(float_path: Path, reader, tmp: Path) -> Path:
+    """ORT's entropy calibrator with TensorRT's 2048 histogram bins (128 quantized bins), its
+    ranges handed to ``quantize_static`` through a calibration cache: ``quantize_static`` itself
+    has no option for the bin count, and its default of 128 bins = 128 quantized bins leaves a
+    single candidate window (the full range)."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    calibrator = create_calibrator(
+        float_path,
+        None,
+        augmented_model_path=str(tmp / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.Entropy,
+        extra_options={"num_bins": 2048, "num_quantized_bins": 128},
+    )
+    calibrator.collect_data(reader)
+    cache = tmp / "ranges.json"
+    save_tensors_data(calibrator.compute_data(), cache)
+    return cache
+
+
+# -- PyTorch FX ---------------------------------------------------------------------------------
+def _fx_qconfig_mapping(kind: str):
+    import torch
+    from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig_mapping
+    from torch.ao.quantization.observer import MinMaxObserver, default_per_channel_weight_observer
+
+    if kind == "x86":
+        return get_default_qconfig_mapping("x86")
+    qconfig = QConfig(
+        activation=MinMaxObserver.with_args(dtype=torch.quint8, reduce_range=False),
+        weight=default_per_channel_weight_observer,
+    )
+    return QConfigMapping().set_global(qconfig)
+
+
+def quantize_fx(model, calib: list, kind: str):
+    """FX PTQ of a copy of ``model``; returns (converted model, seconds)."""
+    import copy
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+        torch.backends.quantized.engine = "x86"
+        t0 = time.perf_counter()
+        first = calib[0]
+        example = tuple(first.values()) if isinstance(first, dict) else (first,)
+        prepared = prepare_fx(copy.deepcopy(model).eval(), _fx_qconfig_mapping(kind), example)
+        with torch.no_grad():
+            for batch in calib:
+                prepared(**batch) if isinstance(batch, dict) else prepared(batch)
+        converted = convert_fx(prepared)
+    return converted, time.perf_counter() - t0
+
+
+def torch_outputs(model, batches: list) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        outs = [model(**b) if isinstance(b, dict) else model(b) for b in batches]
+    return np.concatenate([o.float().numpy() for o in outs])
+
+
+def short_error(e: BaseException) -> str:
+    """Type and the informative part of a message (OpenVINO's start with "Exception from"
+    location lines; its cause is further down)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith("Exception from")] or lines
+    text = " ".join(useful[:2])
+    return f"{type(e).__name__}: {text[:300]}"

@@ -1,0 +1,311 @@
+"""Models and data of the suite. Each ``Workload`` carries the float torch model (None for the
+ONNX-only OCR model), its float ONNX export (what ONNX Runtime's ``quantize_static`` starts from),
+calibration batches for torch and the same batches as ONNX Runtime feeds, evaluation batches, the
+metric, and the inputs of the latency rows.
+
+Sizes per mode (``Sizes``): the full run uses the issue's sizes; ``--quick`` uses fewer
+calibration/evaluation samples and fewer training epochs, never smaller models or inputs, so
+the speed rows mean the same thing in both modes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+OCR_DET = (ROOT / ".." / "shared" / "models" / "ppocr" / "ch_PP-OCRv4_det_infer.onnx").resolve()
+NAMES = ("digits", "resnet18", "mobilenetv2", "minilm", "ocr_det")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    digits_epochs: int
+    digits_calib: int  # images (the demo's 256)
+    cnn_calib: int  # 224x224 samples, batches of 8
+    cnn_eval: int
+    minilm_eval: int | None  # sentences (None = all 222 held-out ones)
+    ocr_calib: int  # rendered images
+    ocr_eval: int
+    ocr_size: int
+
+
+FULL = Sizes(8, 256, 64, 16, None, 32, 8, 480)
+QUICK = Sizes(3, 256, 16, 8, 64, 8, 4, 480)
+
+
+@dataclass
+class Workload:
+    name: str
+    title: str
+    metric: str  # "top1" | "cosine" | "sqnr"
+    float_onnx: Path
+    calib: list  # torch batches (tensor or dict of tensors) for qb.quantize / FX
+    calib_feeds: list[dict[str, np.ndarray]]  # the same batches for ONNX Runtime
+    eval_feeds: list[dict[str, np.ndarray]]
+    eval_torch: list = field(default_factory=list)
+    model: Any = None  # float torch model (None: ONNX only)
+    example: Any = None  # example input for qb.export
+    labels: np.ndarray | None = None
+    speed_feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    variants: dict[str, tuple] = field(
+        default_factory=dict
+    )  # extra rows: name -> (ours rules, ORT excluded nodes)
+
+
+def _feeds(batches: list, names: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    out = []
+    for b in batches:
+        if isinstance(b, dict):
+            out.append({k: v.numpy() for k, v in b.items()})
+        else:
+            out.append({names[0]: b.numpy()})
+    return out
+
+
+def export_float(model, path: Path, example) -> Path:
+    """Float ONNX as users export it (dynamo exporter, dynamic batch) - quantize_static's input."""
+    import torch
+
+    from quantbridge.demo import export_float as demo_export_float
+
+    if isinstance(example, torch.Tensor):
+        demo_export_float(model, str(path), example)
+    else:
+        raise TypeError(example)
+    return path
+
+
+def _input_name(path: Path) -> str:
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False).graph.input[0].name
+
+
+def seeded_randn(seed: int, n: int, batch: int, shape=(3, 224, 224)) -> list[np.ndarray]:
+    data = np.random.default_rng(seed).standard_normal((n, *shape), dtype=np.float32)
+    return [data[i : i + batch].copy() for i in range(0, n, batch)]
+
+
+CALIB_SEED = 1234
+
+
+def cnn_calibration(n: int, batch: int = 8) -> list:
+    """The CNNs' calibration batches as torch tensors (N(0,1) images; the weights are random
+    too). The cost children build the same arrays with ``seeded_randn(CALIB_SEED, ...)``."""
+    import torch
+
+    return [torch.from_numpy(b) for b in seeded_randn(CALIB_SEED, n, batch)]
+
+
+# -- digits -------------------------------------------------------------------------------------
+def digits(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    import torch
+
+    from quantbridge.demo import load_digits_split, train
+
+    x_train, y_train, x_test, y_test = load_digits_split(0)
+    model = train(x_train, y_train, sizes.digits_epochs, 0, lambda line: None)
+    pick = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(0))
+    calib = list(x_train[pick[: sizes.digits_calib]].split(64))  # as quantbridge.demo does
+    path = export_float(model, work / "digits.float.onnx", x_test[:64])
+    name = _input_name(path)
+    return Workload(
+        name="digits",
+        title="DigitsCNN on scikit-learn digits (8x8, trained as quantbridge.demo does)",
+        metric="top1",
+        float_onnx=path,
+        calib=calib,
+        calib_feeds=_feeds(calib, (name,)),
+        eval_feeds=_feeds([x_test], (name,)),
+        eval_torch=[x_test],
+        model=model,
+        example=x_test[:64],
+        labels=y_test.numpy(),
+        notes=[
+            f"{sizes.digits_epochs} epochs, {len(x_test)} held-out images, "
+            f"{sizes.digits_calib} calibration images (batches of 64)"
+        ],
+    )
+
+
+# -- CNNs ---------------------------------------------------------------------------------------
+def _cnn(name: str, title: str, model, work: Path, sizes: Sizes) -> Workload:
+    import torch
+
+    x1 = torch.from_numpy(np.random.default_rng(7).standard_normal((1, 3, 224, 224), np.float32))
+    path = export_float(model, work / f"{name}.float.onnx", x1)
+    input_name = _input_name(path)
+    cal = cnn_calibration(sizes.cnn_calib)
+    ev = [torch.from_numpy(b) for b in seeded_randn(99, sizes.cnn_eval, 8)]
+    x8 = np.random.default_rng(8).standard_normal((8, 3, 224, 224), np.float32)
+    return Workload(
+        name=name,
+        title=title,
+        metric="sqnr",
+        float_onnx=path,
+        calib=cal,
+        calib_feeds=_feeds(cal, (input_name,)),
+        eval_feeds=_feeds(ev, (input_name,)),
+        eval_torch=ev,
+        model=model,
+        example=x1,
+        speed_feeds={"batch 1": {input_name: x1.numpy()}, "batch 8": {input_name: x8}},
+        notes=[
+            f"random weights (seeded), BN with random statistics; inputs N(0,1); "
+            f"{sizes.cnn_calib} calibration samples (batches of 8), {sizes.cnn_eval} evaluation "
+            "samples; SQNR of the logits vs the float model in ONNX Runtime"
+        ],
+    )
+
+
+def resnet18(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    from quantbridge.zoo import resnet18_style
+
+    return _cnn(
+        "resnet18",
+        "ResNet-18-style CNN (quantbridge.zoo.resnet18_style), 3x224x224",
+        resnet18_style(),
+        work,
+        sizes,
+    )  # ours and ONNX Runtime's INT8 files come from the cost figure's fresh processes
+
+
+def mobilenetv2(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    from quantbridge.zoo import mobilenetv2_style
+
+    return _cnn(
+        "mobilenetv2",
+        "MobileNetV2-style CNN (quantbridge.zoo.mobilenetv2_style), 3x224x224",
+        mobilenetv2_style(),
+        work,
+        sizes,
+    )
+
+
+# -- MiniLM -------------------------------------------------------------------------------------
+def _example_module(name: str):
+    """``examples/<name>.py`` as a module (the MiniLM example's functions are reused)."""
+    path = ROOT / "examples" / f"{name}.py"
+    if not path.exists():
+        return None
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def onnx_nodes_in_modules(path: Path, patterns: tuple[str, ...]) -> list[str]:
+    """Nodes of a dynamo-exported ONNX file whose innermost torch module matches a pattern (the
+    exporter's ``pkg.torch.onnx.name_scopes`` metadata): the ONNX side of a quantbridge skip
+    Rule, for ONNX Runtime's ``nodes_to_exclude``."""
+    import ast
+
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found = []
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        scopes = meta.get("pkg.torch.onnx.name_scopes")
+        if not scopes:
+            continue
+        modules = ast.literal_eval(scopes)[:-1]
+        if modules and any(fnmatch.fnmatchcase(modules[-1], p) for p in patterns):
+            found.append(node.name)
+    return found
+
+
+def minilm(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    example = _example_module("minilm")
+    if example is None:
+        raise RuntimeError("examples/minilm.py is not in this checkout (its functions are reused)")
+    embedder, tokenizer = example.load_embedder("sdpa")
+    calib_sentences, eval_sentences = example.split(48, sizes.minilm_eval)
+    calib = example.batched(tokenizer, calib_sentences, 16, 64, "max_length")
+    evaluation = example.batched(tokenizer, eval_sentences, 32, 64, "max_length")
+    path = work / "minilm.float.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        example.export_float(embedder, path, calib[0], "max_length")
+    speed = {}
+    for batch in (1, 32):
+        feeds = example.tokenize(tokenizer, (eval_sentences * 32)[:batch], 64, "max_length")
+        speed[f"batch {batch}"] = {k: v.numpy() for k, v in feeds.items()}
+    skip = tuple(example.DEFAULT_SKIP)
+    return Workload(
+        name="minilm",
+        title="MiniLM-L6 (all-MiniLM-L6-v2, real weights), seq 64, sentence embeddings",
+        metric="cosine",
+        float_onnx=path,
+        calib=calib,
+        calib_feeds=_feeds(calib, ()),
+        eval_feeds=_feeds(evaluation, ()),
+        eval_torch=evaluation,
+        model=embedder,
+        example=calib[0],
+        speed_feeds=speed,
+        notes=[
+            f"examples/minilm.py's SentenceEmbedder (BERT + mean pooling + L2 norm, sdpa "
+            f"attention); {len(calib_sentences)} calibration sentences (batches of 16), "
+            f"{len(eval_sentences)} held-out sentences; mean cosine of int8 vs float embeddings",
+        ],
+        variants={
+            "FFN outputs float": (skip, tuple(onnx_nodes_in_modules(path, skip))),
+        },
+    )
+
+
+# -- PP-OCRv4 detection -------------------------------------------------------------------------
+def ocr_det(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    from . import ocr_data
+
+    reason = ocr_data.missing()
+    if reason:
+        raise RuntimeError(reason)
+    if not OCR_DET.exists():
+        raise RuntimeError(f"{OCR_DET} not found (see ../shared/models/README.md)")
+    name = _input_name(OCR_DET)
+    calib = [{name: ocr_data.batch([i], sizes.ocr_size)} for i in range(sizes.ocr_calib)]
+    ev = [{name: ocr_data.batch([10_000 + i], sizes.ocr_size)} for i in range(sizes.ocr_eval)]
+    return Workload(
+        name="ocr_det",
+        title=f"PP-OCRv4 detection (real ONNX, opset 12), 1x3x{sizes.ocr_size}x{sizes.ocr_size} "
+        "rendered text",
+        metric="sqnr",
+        float_onnx=OCR_DET,
+        calib=[],
+        calib_feeds=calib,
+        eval_feeds=ev,
+        speed_feeds={"batch 1": ev[0]},
+        notes=[
+            f"{sizes.ocr_calib} calibration / {sizes.ocr_eval} evaluation images rendered with "
+            "Pillow + DejaVu fonts (bench/suite/ocr_data.py); SQNR of the text-probability map vs "
+            "float, and IoU of the text masks (p > 0.3)"
+        ],
+    )
+
+
+BUILDERS: dict[str, Callable[[Path, Sizes, Callable], Workload]] = {
+    "digits": digits,
+    "resnet18": resnet18,
+    "mobilenetv2": mobilenetv2,
+    "minilm": minilm,
+    "ocr_det": ocr_det,
+}
