@@ -49,7 +49,6 @@ import numpy as np
 from quantbridge.numerics import PerChannel, PerTensor, QScheme, choose_qparams
 
 from ._histogram import (
-    DEFAULT_NUM_BINS,
     Histogram,
     HistogramObserver,
     bin_of,
@@ -155,12 +154,18 @@ def entropy_threshold(hist: Histogram, scheme: QScheme) -> float:
     return float(thresholds[best])
 
 
+# TensorRT's (and ONNX Runtime's KL) bin count. With the 8192 bins of the other histogram
+# observers the KL search picked windows far too small on trained models (a conv output clipped
+# at 0.48 of a 3.95 range; digits CNN top-1 99.3% -> 59%); 2048 bins give 98.9%.
+ENTROPY_NUM_BINS = 2048
+
+
 @register_observer("entropy")
 class EntropyObserver(HistogramObserver):
     """Range minimising the KL divergence between clipped and quantized histograms."""
 
     def __init__(
-        self, granularity: PerTensor | PerChannel | None = None, num_bins: int = DEFAULT_NUM_BINS
+        self, granularity: PerTensor | PerChannel | None = None, num_bins: int = ENTROPY_NUM_BINS
     ) -> None:
         super().__init__(granularity, num_bins)
 
