@@ -170,11 +170,7 @@ class EntropyObserver(HistogramObserver):
         super().__init__(granularity, num_bins)
 
     def _range(self, scheme: QScheme | None) -> tuple[np.ndarray, np.ndarray]:
-        if scheme is None:
-            raise ValueError(
-                "the 'entropy' observer needs the quantization scheme: call range(scheme) "
-                "or qparams(scheme)"
-            )
+        scheme = self._require_scheme(scheme)
         hist = self.histogram
         if hist.min == hist.max:
             return np.asarray(hist.min), np.asarray(hist.max)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from quantbridge.numerics import PerChannel, PerTensor
+from quantbridge.numerics import PerChannel, PerTensor, QScheme
 
 from ._base import Observer, StateDict, StateValue
 
@@ -182,6 +182,15 @@ class HistogramObserver(Observer):
                 f"calibration is available with 'minmax' and 'moving_average_minmax'"
             )
         self.histogram = Histogram(num_bins)
+
+    def _require_scheme(self, scheme: QScheme | None) -> QScheme:
+        """Scheme-dependent ranges (entropy, mse) cannot be computed without the scheme."""
+        if scheme is None:
+            raise ValueError(
+                f"the {self.method!r} observer needs the quantization scheme: call range(scheme) "
+                "or qparams(scheme)"
+            )
+        return scheme
 
     def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
         self.histogram.add(arr, lo, hi)

@@ -35,10 +35,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from quantbridge.numerics import PerChannel, PerTensor, QScheme, choose_qparams
+from quantbridge.numerics import PerChannel, QScheme, choose_qparams
 
 from ._histogram import (
-    DEFAULT_NUM_BINS,
     Histogram,
     HistogramObserver,
     bin_of,
@@ -170,17 +169,8 @@ def mse_range(hist: Histogram, scheme: QScheme) -> tuple[float, float]:
 class MSEObserver(HistogramObserver):
     """Range minimising the expected quantize-dequantize MSE for the scheme."""
 
-    def __init__(
-        self, granularity: PerTensor | PerChannel | None = None, num_bins: int = DEFAULT_NUM_BINS
-    ) -> None:
-        super().__init__(granularity, num_bins)
-
     def _range(self, scheme: QScheme | None) -> tuple[float, float]:
-        if scheme is None:
-            raise ValueError(
-                "the 'mse' observer needs the quantization scheme: call range(scheme) "
-                "or qparams(scheme)"
-            )
+        scheme = self._require_scheme(scheme)
         hist = self.histogram
         if hist.min == hist.max:
             return hist.min, hist.max
