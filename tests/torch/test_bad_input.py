@@ -171,3 +171,10 @@ def test_strided_first_batch_does_not_pin_strides():
     x = torch.randn(16, 1, 8, 8)
     qm = qb.quantize(DigitsCNN(), [x[::2], torch.randn(8, 1, 8, 8)])  # x[::2] is not contiguous
     assert qm(torch.randn(5, 1, 8, 8)).shape == (5, 10)
+
+
+def test_export_below_opset_13_names_the_real_reason(tmp_path):
+    # regression: an 8-bit model at opset 11 was told that 16-bit quantization needs opset 13
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    with pytest.raises(ValueError, match="opset 11: QDQ export needs opset >= 13"):
+        qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 1, 8, 8), opset=11)

@@ -59,13 +59,13 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
             need = 21
     if opset is None:
         return max(DEFAULT_OPSET, need)
+    if opset < 13:  # checked first: below 13 the 16-bit message below would be the wrong reason
+        raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
     if opset < need:
         raise ValueError(
             f"opset {opset} cannot hold this recipe: 16-bit quantization needs opset >= {need}; "
             f"pass opset={need} or more"
         )
-    if opset < 13:
-        raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
     return opset
 
 
