@@ -145,3 +145,40 @@ def test_all_reduce_recipe_is_exact(laplacian: np.ndarray) -> None:
     whole.update(np.concatenate(parts))
     total = sum(obs.histogram.counts for obs in ranks)  # all-reduce SUM
     np.testing.assert_array_equal(total, whole.histogram.counts)
+
+
+# Large float batches are counted with torch's kernels (calibrate/_base.torch_view): the bins must
+# be exactly those of the float64 numpy path, i.e. of np.histogram over [-R, R] in float64.
+big_pool = hnp.arrays(np.float32, st.integers(1, 64), elements=magnitudes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(big_pool, st.sampled_from([64, 2048, 8192]), st.integers(0, 2**32 - 1))
+def test_torch_counting_equals_np_histogram(pool: np.ndarray, num_bins: int, seed: int) -> None:
+    torch = pytest.importorskip("torch")
+    assert torch.from_numpy(np.zeros(1)) is not None  # torch loaded: the fast path is taken
+    data = np.random.default_rng(seed).choice(pool, size=70_000)  # above the torch threshold
+    hist = fed([data], num_bins)
+    np.testing.assert_array_equal(hist.counts, reference_counts(data, hist))
+
+
+def test_torch_counting_float32_underflow_and_signed_zero() -> None:
+    pytest.importorskip("torch")
+    tiny = np.float32(1.4e-45)  # the smallest float32 subnormal
+    # R = 2**21: bin width 2**9 with 8192 bins, so x / w underflows to -0.0 for -tiny
+    edge = [2.0**21 - 1, -tiny, tiny, -0.0, 0.0, -512.0, 512.0, -(2.0**21) + 1, -1.0]
+    data = np.resize(np.array(edge, dtype=np.float32), 70_000)
+    hist = fed([data], 8192)
+    np.testing.assert_array_equal(hist.counts, reference_counts(data, hist))
+    wide = data.astype(np.float64)
+    assert hist.counts[8192 // 2 - 1] == np.count_nonzero((wide >= -512.0) & (wide < 0.0))
+
+
+def test_torch_extrema_propagate_nan_like_numpy() -> None:
+    pytest.importorskip("torch")
+    obs = make_observer("percentile")
+    data = np.ones(70_000, dtype=np.float32)
+    data[12_345] = np.nan
+    with pytest.raises(ValueError, match="1 NaN"):
+        obs.update(data)
+    assert obs.values_seen == 0

@@ -80,3 +80,36 @@ def test_integer_weights_dequantize_to_the_fake_quantized_weights():
     assert codes.abs().max() <= 127  # narrow range int8
     deq = (codes - wq.zero_point.reshape(-1, 1, 1, 1)) * wq.scale.reshape(-1, 1, 1, 1)
     assert torch.equal(deq, wq(w))
+
+
+def test_observing_weight_cache_is_bit_identical_and_follows_in_place_writes():
+    """Calibration reuses a weight's fake-quantized copy while the weight is unchanged; any
+    in-place write (version counter) or a gradient-enabled call recomputes it."""
+    from quantbridge.torch._fakequant import WeightQuantizer
+    from quantbridge.recipe import resolve_recipe
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3)
+    wq = WeightQuantizer("conv.weight", resolve_recipe("int8").weights, axis=0)
+    w = conv.weight
+
+    def fresh():  # an uncached quantizer's answer for the current weight
+        other = WeightQuantizer("conv.weight", resolve_recipe("int8").weights, axis=0)
+        with torch.no_grad():
+            return other(w)
+
+    with torch.no_grad():
+        first = wq(w)
+        assert wq(w) is first  # cached
+        torch.testing.assert_close(first, fresh(), rtol=0, atol=0)
+        w.mul_(3.0)  # in-place write: the cached copy is stale
+        third = wq(w)
+    assert third is not first
+    torch.testing.assert_close(third, fresh(), rtol=0, atol=0)
+    with torch.no_grad():  # the scale follows the written weight too: max |w| / 127 per channel
+        expected_scale = (w.detach().abs().amax(dim=(1, 2, 3)) / 127).float()
+    torch.testing.assert_close(wq.scale.float(), expected_scale, rtol=1e-6, atol=0)
+    out = wq(w)  # gradients enabled: never served from the cache
+    assert out is not third and out.requires_grad
+    wq.set_qparams(wq.scale, wq.zero_point)
+    assert "_cache" not in wq.__dict__  # frozen quantizers hold no copy

@@ -37,6 +37,7 @@ import numpy as np
 from quantbridge.numerics import PerChannel, PerTensor, QScheme, choose_qparams
 
 StateValue = np.ndarray | float | int | str
+_TORCH_MIN_SIZE = 1 << 16  # below this, numpy's call overhead is the smaller one
 StateDict = dict[str, StateValue]
 
 
@@ -53,6 +54,33 @@ def as_numpy(x: Any) -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"observers take real numeric arrays or tensors, got dtype {arr.dtype}")
     return arr
+
+
+def torch_view(arr: np.ndarray) -> Any:
+    """A torch tensor sharing ``arr``'s memory, or None where numpy should do the work.
+
+    Large float32/float64 batches go through torch's multi-threaded kernels (one pass where
+    numpy needs several) -- only when torch is already loaded, which it is whenever the batch
+    came from a tensor. Small or read-only arrays stay with numpy.
+    """
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        or arr.size < _TORCH_MIN_SIZE
+        or arr.dtype not in (np.float32, np.float64)
+        or not arr.flags.writeable
+    ):
+        return None
+    return torch.from_numpy(arr)
+
+
+def extrema(arr: np.ndarray) -> tuple[float, float]:
+    """``(min, max)`` of a non-empty array as floats; NaN if the array holds a NaN."""
+    t = torch_view(arr)
+    if t is None:
+        return float(arr.min()), float(arr.max())
+    lo, hi = sys.modules["torch"].aminmax(t)
+    return float(lo), float(hi)
 
 
 def describe_nonfinite(arr: np.ndarray) -> str:
@@ -102,7 +130,7 @@ class Observer(abc.ABC):
         self._check_batch(arr)
         if arr.size == 0:
             return
-        lo, hi = float(arr.min()), float(arr.max())
+        lo, hi = extrema(arr)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError(describe_nonfinite(arr))
         self._update(arr, lo, hi)

@@ -272,6 +272,7 @@ class Quantizer(nn.Module):
         self.zero_point = zero_point.to(self.scale.device)
         self.calibrated.fill_(1)
         self.observing = False
+        self.__dict__.pop("_cache", None)  # WeightQuantizer's calibration-time copy
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, observe: bool = True) -> torch.Tensor:
@@ -340,12 +341,36 @@ class WeightQuantizer(Quantizer):
                 w, self.learned_scale(), zero_point, self.qmin, self.qmax, self.axis
             )
         if self.observing:
+            cached = self._observed_cache(w)
+            if cached is not None:
+                return cached
             # weights need no calibration data: parameters follow the current weight (QAT)
             scale, zero_point = _weight_qparams(w.detach(), self.scheme, self.axis)
             self.scale, self.zero_point = scale, zero_point
+            out = FakeQuantizeSTE.apply(w, scale, zero_point, self.qmin, self.qmax, self.axis)
+            if not torch.is_grad_enabled() and w.is_leaf:
+                self.__dict__["_cache"] = (w, w._version, w.data_ptr(), scale, zero_point, out)
+            return out
         return FakeQuantizeSTE.apply(
             w, self.scale, self.zero_point, self.qmin, self.qmax, self.axis
         )
+
+    def _observed_cache(self, w: torch.Tensor) -> torch.Tensor | None:
+        """The fake-quantized weight of the previous no-grad call, if ``w`` is unchanged since.
+
+        Calibration runs many batches through weights that do not change: their range and
+        fake-quantized copy are computed once (bit-identical; 10-20% of a ResNet-18 calibration).
+        "Unchanged" = the same leaf tensor, same version counter (bumped by every in-place
+        write), same storage. Gradient-enabled calls (QAT) never use or fill the cache.
+        """
+        cache = self.__dict__.get("_cache")
+        if cache is None or torch.is_grad_enabled():
+            return None
+        if cache[0] is not w or cache[1] != w._version or cache[2] != w.data_ptr():
+            self.__dict__.pop("_cache", None)
+            return None
+        self.scale, self.zero_point = cache[3], cache[4]
+        return cache[5]
 
 
 def _weight_qparams(w: torch.Tensor, scheme: QScheme, axis: int | None):
