@@ -15,7 +15,8 @@ Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 Qu
 else 18 (the torch exporter's native opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are
 reached by ``_opset.downgrade`` from 18.
 
-Export goes through ``torch.onnx.export(dynamo=True)`` with our translation table; the quantizers
+Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: one trace,
+no decomposition re-trace where the graph needs none); the quantizers
 are switched to export mode first (``quantbridge.torch._export_ops``), so the integers in the file
 are computed by the same ``numerics`` functions torch used.
 """
@@ -38,6 +39,7 @@ from ..torch._placement import CONTAINER
 from ..torch._qat import folded_copy
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
+from ._torch_onnx import export_program
 from ._translate import translation_table
 
 
@@ -111,20 +113,10 @@ def to_onnx(
     try:
         with export_mode(qmodel), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                qmodel,
-                args,
-                kwargs=kwargs,
-                dynamo=True,
-                custom_translation_table=translation_table(max(opset, DEFAULT_OPSET)),
-                opset_version=max(opset, DEFAULT_OPSET),
-                dynamic_shapes=shapes,
-                optimize=True,
-                verbose=False,
-            )
+            model = export_program(qmodel, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
     finally:
         qmodel.train(was_training)
-    model = downgrade(program.model_proto, opset)
+    model = downgrade(model, opset)
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _strip_debug_info(model)

