@@ -133,6 +133,53 @@ def test_onnxruntime_agrees_with_torch_int8(result):
     assert 1.0 - agree["mean"] < int8_error / 3, (agree, int8_error)
 
 
+@pytest.fixture(scope="module")
+def openvino_run(minilm, result):
+    """(OpenVINO int8, ONNX Runtime int8, torch float) embeddings of the 40 evaluation sentences,
+    one sentence per call (see ``test_openvino_batch_rows_after_the_first``)."""
+    ov = pytest.importorskip("openvino")  # the 'bench' extra
+    import numpy as np
+    from sentences import split
+
+    out, _ = result
+    # regression: a Q/DQ pair on the position-embedding lookup (a constant) made OpenVINO fail
+    # to compile the model ("[AddTransformation] ... Check 'index < m_inputs.size()' failed")
+    compiled = ov.Core().compile_model(str(out / "minilm.int8.onnx"), "CPU")
+    embedder, tokenizer = minilm.load_embedder()
+    _, evaluation = split(16, 40)
+    singles = minilm.batched(tokenizer, evaluation, 1, 64, "max_length")
+    y_ov = np.concatenate([compiled({k: v.numpy() for k, v in b.items()})[0] for b in singles])
+    y_ort = minilm.embed_ort(minilm.ort_session(out / "minilm.int8.onnx"), singles)
+    return compiled, tokenizer, evaluation, y_ov, y_ort, minilm.embed_torch(embedder, singles)
+
+
+def test_openvino_compiles_and_runs_the_int8_export(minilm, openvino_run):
+    """OpenVINO's int8 embeddings are as close to float as ONNX Runtime's. Measured (16
+    calibration sentences): OpenVINO vs float mean cosine 0.9925, ORT vs float 0.9924, OpenVINO
+    vs ORT mean 0.991, min 0.979 (OpenVINO runs the QDQ graph through its own fusions)."""
+    _, _, _, y_ov, y_ort, y_float = openvino_run
+    ov_cos = minilm.cosine_stats(y_ov, y_float)
+    agree = minilm.cosine_stats(y_ov, y_ort)
+    assert ov_cos["n"] == 40
+    assert ov_cos["mean"] >= 0.985 and ov_cos["min"] >= 0.9, ov_cos
+    assert agree["mean"] >= 0.985 and agree["min"] >= 0.95, agree
+
+
+@pytest.mark.xfail(strict=True, reason="OpenVINO 2026.4: DQ -> ReduceSum zeroes batch rows >= 1")
+def test_openvino_batch_rows_after_the_first(minilm, openvino_run):
+    """Known OpenVINO CPU bug, not ours: ``ReduceSum(DequantizeLinear(QuantizeLinear(x)),
+    axes=[1])`` on a (2, 64, 384) input returns zeros for row 1 (static or dynamic batch, uint8
+    or int8; ReduceMean too, ReduceMax is right; ONNX Runtime is right). The mean pooling sums
+    the quantized ``hidden * mask``, so every sentence after the first of a batch embeds to 0.
+    Strict: this starts failing when OpenVINO fixes it, and the batch-1 workaround can go."""
+    import numpy as np
+
+    compiled, tokenizer, evaluation, y_ov, _, _ = openvino_run
+    batch = minilm.tokenize(tokenizer, evaluation[:2], 64, "max_length")
+    y = compiled({k: v.numpy() for k, v in batch.items()})[0]
+    np.testing.assert_allclose(y, y_ov[:2], atol=1e-4)
+
+
 def test_recipe_skip_patterns_match_only_ffn_outputs(minilm):
     """'?' keeps the rules off 'layer.N.attention.output' (a '*' would match it too)."""
     recipe = minilm.make_recipe()

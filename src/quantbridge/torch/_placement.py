@@ -4,9 +4,10 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 
 1. WEIGHTED (conv, linear): quantize the activation input, the weight (per channel along the
    op's output-channel axis), the bias (int32, scale = input scale x weight scale) and the output.
-2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input and the output. With
-   ``recipe.align_concat_inputs`` the inputs of ``cat`` share one quantizer with its output (the
-   concat then only moves integers); with ``recipe.align_add_inputs`` the same for ``add`` inputs.
+2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input (constants excepted,
+   see below) and the output. With ``recipe.align_concat_inputs`` the inputs of ``cat`` share one
+   quantizer with its output (the concat then only moves integers); with
+   ``recipe.align_add_inputs`` the same for ``add`` inputs.
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
    *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
    exported graph its DQ -> op -> Q pattern with identical parameters).
@@ -15,6 +16,17 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 
 "Quantized" is tracked per value: ``self.grid[node]`` is the quantizer whose grid ``node``'s
 output lies on. Inputs already on a grid are not quantized twice.
+
+Values that depend on no graph input (``constant_values``: computed only from parameters,
+buffers and literals, such as BERT's position-embedding lookup ``embedding(weight,
+position_ids)``) get no activation quantizer: they are the same on every run, so there is nothing
+to observe, and engines fold them - OpenVINO constant-folds a Q/DQ pair on such a value and then
+fails to compile the model (MiniLM: "[AddTransformation] ... index < m_inputs.size()"). An op
+with such an input quantizes its other inputs and its output as usual; a ``cat`` with one does
+not share its inputs' quantizer with its output (the float constant would be clipped to a grid
+observed without it). The weight slot of a WEIGHTED op is the exception: a parameter gets its
+weight quantizer, and a weight computed from parameters (``w.t()``, a parametrization) keeps the
+activation-style quantizer it had, so the op still runs on int8 weights.
 
 The result is recorded as plain data (``QuantPoint``) - which user module and tensor each
 quantizer serves - so export and debug tools use the record, not name guessing.
@@ -68,6 +80,30 @@ def module_of(node: torch.fx.Node) -> tuple[str, str]:
     return path, type_name.rsplit(".", 1)[-1]
 
 
+def constant_values(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value depends on no graph input: parameters, buffers, and ops computing only
+    from them and from literals. A dependence on an input's shape (``sym_size`` under dynamic
+    shapes) counts as depending on the input; random ops (``randn``, ``dropout``: torch tags them
+    ``nondeterministic_seeded``) are sources of run-time values like an input."""
+    dependent: set[torch.fx.Node] = set()
+    constant: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        if node.op == "placeholder" or _is_random(node):
+            dependent.add(node)
+        elif any(a in dependent for a in node.all_input_nodes):
+            dependent.add(node)
+        else:
+            constant.add(node)
+    return constant
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+
+
 def _is_float_tensor(node) -> bool:
     if not isinstance(node, torch.fx.Node):
         return False
@@ -86,6 +122,7 @@ class _Placer:
         self.weight_fq: dict[torch.fx.Node, torch.fx.Node] = {}
         self.biases: list[BiasQuantizer] = []
         self.seen_modules: set[tuple[str, str]] = set()
+        self.constant = constant_values(self.graph)  # of the graph before any insertion
 
     # -- module bookkeeping ---------------------------------------------------------------------
     def _add(self, module: nn.Module, point: QuantPoint) -> str:
@@ -118,8 +155,14 @@ class _Placer:
         return q, self._add(q, point)
 
     # -- quantizing values ----------------------------------------------------------------------
-    def quantize_input(self, consumer: torch.fx.Node, value, recipe: TensorRecipe) -> None:
+    def quantize_input(
+        self, consumer: torch.fx.Node, value, recipe: TensorRecipe, constant_too: bool = False
+    ) -> None:
+        """Quantize ``value`` where ``consumer`` reads it (one quantizer per value). A value that
+        depends on no input stays float unless ``constant_too`` (a computed weight)."""
         if not _is_float_tensor(value) or value in self.grid or keeps_float_output(value):
+            return
+        if value in self.constant and not constant_too:
             return
         if value not in self.input_fq:
             module = "input" if value.op == "placeholder" else module_of(value)[0]
@@ -130,6 +173,8 @@ class _Placer:
         consumer.replace_input_with(value, self.input_fq[value])
 
     def quantize_output(self, node: torch.fx.Node, recipe: TensorRecipe) -> Quantizer | None:
+        if node in self.constant:
+            return None
         last = node
         while len(last.users) == 1:
             (user,) = last.users
@@ -150,7 +195,8 @@ class _Placer:
         self.quantize_input(node, node.args[i_x], ar)
         w = node.args[i_w]
         if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
-            self.quantize_input(node, w, ar)  # computed weight: quantized like an activation
+            # computed weight: quantized like an activation, even when it is constant
+            self.quantize_input(node, w, ar, constant_too=True)
             self.quantize_output(node, ar)
             return
         if w not in self.weight_fq:
@@ -181,14 +227,15 @@ class _Placer:
         return bq
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
-        inputs = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
+        floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
+        inputs = [v for v in floats if v not in self.constant]  # constants stay float
         align = (node.target is torch.ops.aten.cat.default and self.recipe.align_concat_inputs) or (
             node.target is torch.ops.aten.add.Tensor and self.recipe.align_add_inputs
         )
         if align and len(inputs) > 1:
-            self._aligned_inputs(node, inputs, ar)
-            if node.target is torch.ops.aten.cat.default:
-                shared = self.grid[node.all_input_nodes[0]] if node.all_input_nodes else None
+            shared = self._aligned_inputs(node, inputs, ar)
+            # a float constant among the inputs would be clipped to a grid observed without it
+            if node.target is torch.ops.aten.cat.default and len(inputs) == len(floats):
                 self._share(node, shared)
                 return
         else:
@@ -196,15 +243,21 @@ class _Placer:
                 self.quantize_input(node, v, ar)
         self.quantize_output(node, ar)
 
-    def _aligned_inputs(self, node: torch.fx.Node, inputs: list, ar: TensorRecipe) -> None:
-        """One quantizer for all inputs: merge existing input quantizers into the first."""
+    def _aligned_inputs(
+        self, node: torch.fx.Node, inputs: list, ar: TensorRecipe
+    ) -> Quantizer | None:
+        """One quantizer for all inputs: merge existing input quantizers into the first; return
+        it (None when no input is on a grid)."""
         for v in inputs:
             self.quantize_input(node, v, ar)
         qs = [self.grid[v] for v in node.all_input_nodes if v in self.grid]
+        if not qs:
+            return None
         keep = qs[0]
         for other in qs[1:]:
             if other is not keep and other.scheme == keep.scheme:
                 self._merge(other, keep)
+        return keep
 
     def _merge(self, old: Quantizer, new: Quantizer) -> None:
         new_target = next(
