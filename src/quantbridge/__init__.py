@@ -6,7 +6,7 @@ qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export
+from .onnx import export, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -41,6 +41,7 @@ __all__ = [
     "float_mode",
     "freeze_batchnorm",
     "freeze_observers",
+    "import_onnx",
     "load",
     "local_statistics",
     "prepare_qat",

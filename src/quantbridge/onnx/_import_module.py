@@ -1,0 +1,212 @@
+"""``OnnxModule``: the ``nn.Module`` that ``import_onnx`` returns, and how it runs the graph.
+
+``forward`` walks the import's steps in topological order. Each step knows where its inputs come
+from (``_Step.sources``): a value computed earlier (``env``), a registered buffer, or a numpy
+constant passed as a value (shapes, axes, scalars); and how it runs: as a layer (the submodule
+is called, so ``torch.export`` records it in ``nn_module_stack``), in numpy on python sizes
+(``host``: shape arithmetic), or as torch ops. Values are dropped after their last use.
+
+``forward`` is generated with one parameter per graph input (``x`` for PP-OCR), because
+``torch.export``'s dynamic shapes, ``torch.fx`` and ``qb.quantize(..., dynamic=)`` read the
+argument names from the signature.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._import_registry import OnnxNode, OpHandler, as_tensor
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name).strip("_") or "node"
+    if base[0].isdigit() or keyword.iskeyword(base) or hasattr(nn.Module, base):
+        base = f"n_{base}"
+    attr, i = base, 1
+    while attr in taken:
+        i += 1
+        attr = f"{base}_{i}"
+    taken.add(attr)
+    return attr
+
+
+@dataclass
+class _Step:
+    node: OnnxNode
+    handler: OpHandler
+    sources: list  # per input: ("env", name) | ("buffer", attr) | ("value", array) | None
+    outputs: list[str]
+    mode: str  # "layer" | "host" | "torch"
+    layer: str | None = None
+    release: list[str] = field(default_factory=list)
+
+
+class OnnxModule(nn.Module):
+    """A float torch model imported from ONNX by ``quantbridge.import_onnx``.
+
+    ``onnx_names`` maps each submodule and buffer attribute to the ONNX node or constant it came
+    from; ``input_names`` / ``output_names`` are the graph's. ``forward`` takes the graph inputs
+    (positionally or by their python-identifier names) and returns one tensor or a tuple.
+    """
+
+    def __init__(self, graph, layers: dict):
+        super().__init__()
+        taken = set(dir(self))
+        self.onnx_names: dict[str, str] = {}
+        self.input_names = list(graph.inputs)
+        self.output_names = list(graph.outputs)
+        self.arg_names = _identifiers(graph.inputs)
+        layer_attr = {}
+        for node in graph.nodes:
+            if node.name in layers:
+                attr = _identifier(node.name, taken)
+                self.add_module(attr, layers[node.name][0])
+                self.onnx_names[attr] = node.name
+                layer_attr[node.name] = attr
+        self._steps = []
+        buffers: dict[str, str] = {}
+        host_values = set()
+        for node in graph.nodes:
+            handler = graph.handler(node)
+            layer = layer_attr.get(node.name)
+            consumed = layers[node.name][1] if layer else ()
+            kinds = [_kind(i, graph.consts, host_values) for i in node.inputs]
+            data_kinds = [k for p, k in enumerate(kinds) if p not in handler.static and k]
+            host = handler.always_host or (
+                handler.host is not None
+                and not layer
+                and all(k in ("const", "host") for k in data_kinds)
+            )
+            if host:
+                host_values.update(o for o in node.outputs if o)
+            sources = []
+            for p, name in enumerate(node.inputs):
+                if layer and p in consumed:
+                    continue
+                sources.append(self._source(name, p, node, handler, graph, host, buffers, taken))
+            mode = "layer" if layer else ("host" if host else "torch")
+            self._steps.append(_Step(node, handler, sources, node.outputs, mode, layer))
+        self._outputs = [
+            self._source(n, 0, None, None, graph, True, buffers, taken) for n in graph.outputs
+        ]
+        _schedule_release(self._steps, set(graph.outputs))
+        self.eval()
+
+    def _source(self, name, position, node, handler, graph, host, buffers, taken):
+        if not name:
+            return None
+        if name not in graph.consts:
+            return ("env", name)
+        value = graph.consts[name]
+        if (
+            host
+            or position in handler.static
+            or (handler.elementwise and _scalar_ok(value, node, position))
+        ):
+            return ("value", value)
+        if name not in buffers:
+            attr = _identifier(name, taken)
+            self.register_buffer(attr, torch.from_numpy(np.array(value, copy=True)))
+            self.onnx_names[attr] = name
+            buffers[name] = attr
+        return ("buffer", buffers[name])
+
+    def _fetch(self, env: dict, source):
+        if source is None:
+            return None
+        kind, ref = source
+        if kind == "env":
+            return env[ref]
+        if kind == "buffer":
+            return getattr(self, ref)
+        return ref
+
+    def run(self, values: dict[str, Any]):
+        """Evaluate the graph on ``{onnx input name: tensor}``."""
+        env = dict(values)
+        for step in self._steps:
+            args = [self._fetch(env, s) for s in step.sources]
+            if step.mode == "layer":
+                out = step.handler.layer.call(step.node, getattr(self, step.layer), *args)
+            elif step.mode == "host":
+                out = (step.handler.fn if step.handler.always_host else step.handler.host)(
+                    step.node, *args
+                )
+            else:
+                out = step.handler.fn(step.node, *args)
+            outs = out if isinstance(out, tuple) else (out,)
+            for name, value in zip(step.outputs, outs, strict=False):  # optional outputs
+                if name:
+                    env[name] = value
+            for name in step.release:
+                env.pop(name, None)
+        results = tuple(as_tensor(self._fetch(env, s)) for s in self._outputs)
+        return results[0] if len(results) == 1 else results
+
+    def extra_repr(self) -> str:
+        return f"inputs={self.input_names}, outputs={self.output_names}, nodes={len(self._steps)}"
+
+
+def _kind(name: str, consts: dict, host_values: set) -> str | None:
+    if not name:
+        return None
+    if name in consts:
+        return "const"
+    return "host" if name in host_values else "tensor"
+
+
+def _scalar_ok(value: np.ndarray, node: OnnxNode, position: int) -> bool:
+    """A size-1 constant can be a python scalar when that does not change the output's rank."""
+    if value.size != 1 or value.dtype == object:
+        return False
+    if value.ndim == 0:
+        return True
+    others = [r for p, r in enumerate(node.ranks) if p != position and node.inputs[p]]
+    if others and all(r is not None for r in others):
+        return value.ndim <= max(others)
+    return value.ndim <= 1
+
+
+def _schedule_release(steps: list[_Step], keep: set[str]) -> None:
+    """Drop each intermediate value from the environment after its last use."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for s in step.sources:
+            if s is not None and s[0] == "env":
+                last[s[1]] = i
+    for name, i in last.items():
+        if name not in keep:
+            steps[i].release.append(name)
+
+
+def new_module(graph, layers: dict) -> OnnxModule:
+    """An ``OnnxModule`` whose ``forward`` signature names the graph inputs (``torch.export``
+    and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name)."""
+    forward = _forward_function(_identifiers(graph.inputs))
+    cls = type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
+    return cls(graph, layers)
+
+
+def _identifiers(names: list[str]) -> list[str]:
+    taken = set(dir(OnnxModule))
+    return [_identifier(n, taken) for n in names]
+
+
+def _forward_function(arg_names: list[str]):
+    """``def forward(self, <one parameter per graph input>)``, generated so that every tracer
+    (``torch.export``, ``torch.fx.symbolic_trace``, ``inspect.signature``) sees the real names."""
+    args = ", ".join(arg_names)
+    source = (
+        f"def forward(self{', ' if args else ''}{args}):\n"
+        f"    return self.run(dict(zip(self.input_names, [{args}])))\n"
+    )
+    namespace: dict = {}
+    exec(compile(source, "<quantbridge.import_onnx>", "exec"), namespace)  # noqa: S102 - identifiers only
+    return namespace["forward"]
