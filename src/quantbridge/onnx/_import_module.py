@@ -142,6 +142,8 @@ class OnnxModule(nn.Module):
             else:
                 out = step.handler.fn(step.node, *args)
             outs = out if isinstance(out, tuple) else (out,)
+            if step.mode == "host":  # numpy returns scalars for 0-d results; keep arrays
+                outs = tuple(o if isinstance(o, np.ndarray) else _array(o) for o in outs)
             for name, value in zip(step.outputs, outs, strict=False):  # optional outputs
                 if name:
                     env[name] = value
@@ -152,6 +154,15 @@ class OnnxModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"inputs={self.input_names}, outputs={self.output_names}, nodes={len(self._steps)}"
+
+
+def _array(value) -> np.ndarray:
+    """A 0-d array for a python / numpy scalar or a SymInt (object dtype)."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        out = np.empty((), dtype=object)
+        out[()] = value
+        return out
+    return np.asarray(value)
 
 
 def _kind(name: str, consts: dict, host_values: set) -> str | None:

@@ -149,8 +149,13 @@ def _transpose_pads(node: OnnxNode, x, w_shape) -> tuple[list, list]:
         n = x.shape[2 + i]
         target = shape[i] if shape is not None else n * strides[i]
         total = strides[i] * (n - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1 - target
-        small, big = total // 2, total - total // 2
-        upper = auto != "SAME_LOWER"
+        if isinstance(total, int) and total < 0:
+            raise ValueError(
+                f"{node.where()}: output_shape {shape} is larger than the transposed "
+                "convolution's full output; use output_padding instead"
+            )
+        small, big = total // 2, total - total // 2  # ONNX: SAME_UPPER puts the odd pixel last
+        upper = auto == "SAME_UPPER" or (shape is None and auto != "SAME_LOWER")
         begin.append(small if upper else big)
         end.append(big if upper else small)
     return begin + end, out_pad

@@ -142,7 +142,8 @@ def as_tensor(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype == object:  # sizes under torch.export: python ints and SymInts
             return torch.tensor(value.tolist(), dtype=torch.int64)
-        return torch.from_numpy(np.ascontiguousarray(value))
+        value = np.ascontiguousarray(value)
+        return torch.from_numpy(value if value.flags.writeable else value.copy())
     if isinstance(value, (bool, int, float)):
         return torch.tensor(value)
     return value  # tensors, None, and torch.fx proxies
