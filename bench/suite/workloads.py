@@ -1,5 +1,5 @@
-"""Models and data of the suite. Each ``Workload`` carries the float torch model (None for the
-ONNX-only OCR model), its float ONNX export (what ONNX Runtime's ``quantize_static`` starts from),
+"""Models and data of the suite. Each ``Workload`` carries the float torch model (for the OCR
+model, the ONNX file that ``qb.import_onnx`` turns into one), its float ONNX export (what ONNX Runtime's ``quantize_static`` starts from),
 calibration batches for torch and the same batches as ONNX Runtime feeds, evaluation batches, the
 metric, and the inputs of the latency rows.
 
@@ -53,7 +53,9 @@ class Workload:
     calib_feeds: list[dict[str, np.ndarray]]  # the same batches for ONNX Runtime
     eval_feeds: list[dict[str, np.ndarray]]
     eval_torch: list = field(default_factory=list)
-    model: Any = None  # float torch model (None: ONNX only)
+    model: Any = (
+        None  # float torch model, or a float ONNX path for qb.import_onnx (None: ONNX only)
+    )
     example: Any = None  # example input for qb.export
     labels: np.ndarray | None = None
     speed_feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -281,23 +283,33 @@ def ocr_det(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
         raise RuntimeError(reason)
     if not OCR_DET.exists():
         raise RuntimeError(f"{OCR_DET} not found (see ../shared/models/README.md)")
+    import torch
+
     name = _input_name(OCR_DET)
     calib = [{name: ocr_data.batch([i], sizes.ocr_size)} for i in range(sizes.ocr_calib)]
     ev = [{name: ocr_data.batch([10_000 + i], sizes.ocr_size)} for i in range(sizes.ocr_eval)]
+    as_torch = lambda feeds: [{k: torch.from_numpy(v) for k, v in f.items()} for f in feeds]  # noqa: E731
+    calib_torch = as_torch(calib)
     return Workload(
         name="ocr_det",
         title=f"PP-OCRv4 detection (real ONNX, opset 12), 1x3x{sizes.ocr_size}x{sizes.ocr_size} "
         "rendered text",
         metric="sqnr",
         float_onnx=OCR_DET,
-        calib=[],
+        calib=calib_torch,
         calib_feeds=calib,
         eval_feeds=ev,
+        eval_torch=as_torch(ev),
+        model=OCR_DET,  # an ONNX file: ours and FX start from qb.import_onnx (timed with them)
+        example=calib_torch[0],
         speed_feeds={"batch 1": ev[0]},
         notes=[
             f"{sizes.ocr_calib} calibration / {sizes.ocr_eval} evaluation images rendered with "
             "Pillow + DejaVu fonts (bench/suite/ocr_data.py); SQNR of the text-probability map vs "
-            "float, and IoU of the text masks (p > 0.3)"
+            "float, and IoU of the text masks (p > 0.3)",
+            "quantbridge and PyTorch FX start from the same float ONNX file as ONNX Runtime: "
+            "`qb.import_onnx` turns it into a torch module first (its time is in their 'quantize "
+            "s'), then the same calibration images as ONNX Runtime's",
         ],
     )
 
