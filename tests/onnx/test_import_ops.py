@@ -234,3 +234,25 @@ def test_shape_arithmetic_runs_on_python_sizes():
     assert integer_tensors == []  # no shape tensors: sizes stayed python / SymInt
     y = program.module()(torch.ones(7, 3, 4))
     assert tuple(y.shape) == (7, 12) and float(y.min()) == 2.0
+
+
+def test_duplicate_node_names_get_their_own_layers():
+    """ONNX does not enforce unique node names; two MatMuls called 'dense' are two layers."""
+    w1, w2 = _rand(4, 5, seed=30), _rand(5, 3, seed=31)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="dense"),
+            helper.make_node("MatMul", ["h", "w2"], ["y"], name="dense"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F32, [2, 4])],
+        [helper.make_tensor_value_info("y", F32, [2, 3])],
+        initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = _rand(2, 4, seed=32)
+    _compare(model, {"x": x})
+    module = qb.import_onnx(model)
+    layers = dict(module.named_children())
+    assert len(layers) == 2 and all(isinstance(m, torch.nn.Linear) for m in layers.values())

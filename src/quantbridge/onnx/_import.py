@@ -166,15 +166,20 @@ class _Graph:
         self.outputs = [o.name for o in g.output]
         ranks = _ranks(proto)
         self.nodes = []
+        names: set[str] = set()
         for index, node in enumerate(g.node):
             attrs = _attributes(node)
             if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
                 self.consts[node.output[0]] = _constant_value(node, attrs)
                 continue
             domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
+            name = node.name or node.output[0] or f"{node.op_type}_{index}"
+            if name in names:  # node names should be unique; layers are keyed by them
+                name = f"{name}_{index}"
+            names.add(name)
             self.nodes.append(
                 OnnxNode(
-                    name=node.name or node.output[0] or f"{node.op_type}_{index}",
+                    name=name,
                     op_type=node.op_type,
                     opset=self.opsets.get(domain, 0),
                     inputs=list(node.input),

@@ -23,8 +23,10 @@ from ._import_registry import (
     as_tensor,
     ints,
     normalize_axes,
+    numpy_dtype,
     operand,
     register,
+    torch_dtype,
 )
 
 
@@ -227,8 +229,6 @@ def _bound(v):
 
 # -- cast ----------------------------------------------------------------------------------------
 def _host_cast(node, x):
-    from ._import_registry import numpy_dtype
-
     dtype = numpy_dtype(node.attr("to"))
     if x.dtype == object:
         if np.issubdtype(dtype, np.integer):
@@ -241,8 +241,6 @@ def _host_cast(node, x):
 
 @register("Cast", host=_host_cast)
 def _cast(node, x):
-    from ._import_registry import torch_dtype
-
     return as_tensor(x).to(torch_dtype(node.attr("to"), node))
 
 

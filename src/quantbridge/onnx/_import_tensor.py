@@ -19,8 +19,6 @@ Semantics worth stating:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -33,7 +31,6 @@ from ._import_registry import (
     normalize_axes,
     register,
     size_array,
-    torch_dtype,
 )
 
 
@@ -363,7 +360,14 @@ def _resize(node, x, roi=None, scales=None, sizes=None):
         kwargs = {"scale_factor": factors[2:]}
     if align is not None:
         kwargs["align_corners"] = align
-    return F.interpolate(x, mode=mode, **kwargs)
+    y = F.interpolate(x, mode=mode, **kwargs)
+    if node.attr("coordinate_transformation_mode") == "pytorch_half_pixel":
+        if any(isinstance(d, int) and d == 1 for d in y.shape[2:]):
+            raise ValueError(
+                f"{node.where()}: pytorch_half_pixel with an output length of 1 samples the "
+                "first pixel, which no torch interpolation mode does; use half_pixel"
+            )
+    return y
 
 
 def _check_resize(node: OnnxNode) -> None:
@@ -390,6 +394,3 @@ def _upsample(node, x, scales):
 @register("Upsample", since=7, check=_check_upsample)
 def _upsample_attributes(node, x):
     return F.interpolate(x, scale_factor=node.attr("scales")[2:], mode="nearest")
-
-
-__all__ = ["torch_dtype", "math"]
