@@ -58,48 +58,49 @@ class OnnxModule(nn.Module):
 
     def __init__(self, graph, layers: dict):
         super().__init__()
-        taken = set(dir(self))
         self.onnx_names: dict[str, str] = {}
         self.input_names = list(graph.inputs)
         self.output_names = list(graph.outputs)
         self.arg_names = _identifiers(graph.inputs)
-        layer_attr = {}
+        self._taken = set(dir(self))
+        self._buffer_of: dict[str, str] = {}  # constant name -> buffer attribute
+        self._steps: list[_Step] = []
+        host_values: set[str] = set()
         for node in graph.nodes:
-            if node.name in layers:
-                attr = _identifier(node.name, taken)
-                self.add_module(attr, layers[node.name][0])
+            layer, attr = layers.get(node.name), None
+            if layer is not None:
+                attr = _identifier(node.name, self._taken)
+                self.add_module(attr, layer[0])
                 self.onnx_names[attr] = node.name
-                layer_attr[node.name] = attr
-        self._steps = []
-        buffers: dict[str, str] = {}
-        host_values = set()
-        for node in graph.nodes:
-            handler = graph.handler(node)
-            layer = layer_attr.get(node.name)
-            consumed = layers[node.name][1] if layer else ()
-            kinds = [_kind(i, graph.consts, host_values) for i in node.inputs]
-            data_kinds = [k for p, k in enumerate(kinds) if p not in handler.static and k]
-            host = handler.always_host or (
-                handler.host is not None
-                and not layer
-                and all(k in ("const", "host") for k in data_kinds)
-            )
-            if host:
-                host_values.update(o for o in node.outputs if o)
-            sources = []
-            for p, name in enumerate(node.inputs):
-                if layer and p in consumed:
-                    continue
-                sources.append(self._source(name, p, node, handler, graph, host, buffers, taken))
-            mode = "layer" if layer else ("host" if host else "torch")
-            self._steps.append(_Step(node, handler, sources, node.outputs, mode, layer))
-        self._outputs = [
-            self._source(n, 0, None, None, graph, True, buffers, taken) for n in graph.outputs
-        ]
+            self._steps.append(self._plan(node, graph, layer, attr, host_values))
+        self._outputs = [self._source(n, 0, None, None, graph, True) for n in graph.outputs]
         _schedule_release(self._steps, set(graph.outputs))
+        del self._taken, self._buffer_of
         self.eval()
 
-    def _source(self, name, position, node, handler, graph, host, buffers, taken):
+    def _plan(self, node, graph, layer, attr, host_values: set) -> _Step:
+        """How ``node`` runs: as a layer, in numpy on sizes (all its data inputs are constants
+        or sizes and the op has a numpy form), or in torch; and where each input comes from."""
+        handler = graph.handler(node)
+        consumed = layer[1] if layer else ()
+        kinds = [_kind(i, graph.consts, host_values) for i in node.inputs]
+        data_kinds = [k for p, k in enumerate(kinds) if p not in handler.static and k]
+        host = handler.always_host or (
+            handler.host is not None
+            and layer is None
+            and all(k in ("const", "host") for k in data_kinds)
+        )
+        if host:
+            host_values.update(o for o in node.outputs if o)
+        sources = [
+            self._source(name, p, node, handler, graph, host)
+            for p, name in enumerate(node.inputs)
+            if not (layer and p in consumed)
+        ]
+        mode = "layer" if layer else ("host" if host else "torch")
+        return _Step(node, handler, sources, node.outputs, mode, attr)
+
+    def _source(self, name, position, node, handler, graph, host):
         if not name:
             return None
         if name not in graph.consts:
@@ -111,12 +112,12 @@ class OnnxModule(nn.Module):
             or (handler.elementwise and _scalar_ok(value, node, position))
         ):
             return ("value", value)
-        if name not in buffers:
-            attr = _identifier(name, taken)
+        if name not in self._buffer_of:
+            attr = _identifier(name, self._taken)
             self.register_buffer(attr, torch.from_numpy(np.array(value, copy=True)))
             self.onnx_names[attr] = name
-            buffers[name] = attr
-        return ("buffer", buffers[name])
+            self._buffer_of[name] = attr
+        return ("buffer", self._buffer_of[name])
 
     def _fetch(self, env: dict, source):
         if source is None:
