@@ -274,16 +274,18 @@ def test_det_int8_end_to_end(det, tmp_path):
     """Import -> quantize (dynamic batch, height and width) -> export -> ONNX Runtime.
 
     Agreement with ONNX Runtime is measured on the last quantized tensor (the detector's output
-    is a float Sigmoid after two float ConvTranspose layers, so it has no output quantizer), in
-    units of that quantizer's step. The 99.9%-within-1-LSB criterion of the zoo-model agreement
-    tests does not hold for this model, for a reason of the model, not of the import: its SE
-    blocks average whole feature maps and then scale every pixel of a channel by the quantized
-    result, and its FPN upsamples the 1/32 map 8x, so one rounding tie resolved differently
-    (float32 summation order, or ONNX Runtime's fused QLinearAdd/QLinearMul kernels, which add the
-    zero point before rounding) moves whole channels and 8x8 blocks by a step. Measured on
-    these inputs: 97.6-98.5% within 1 step, 80-88% identical, max 4 steps; text-mask IoU between
-    the engines 0.986-0.997. The assertions leave margin below that; a wrong translation (an op,
-    a scale, a layout) puts most elements several steps apart and fails them.
+    is a float Sigmoid; the tensor before it, the second ConvTranspose's full-resolution output,
+    is the last one quantized), in units of that quantizer's step. The 99.9%-within-1-LSB
+    criterion of the zoo-model agreement tests does not hold for this model, for a reason of the
+    model, not of the import: its SE blocks average whole feature maps and then scale every pixel
+    of a channel by the quantized result, and its FPN upsamples the 1/32 map 8x, so one rounding
+    tie resolved differently (float32 summation order, or ONNX Runtime's fused QLinearAdd/
+    QLinearMul kernels, which add the zero point before rounding) moves whole channels and 8x8
+    blocks by a step, and two transposed convolutions spread each such step over their outputs.
+    Measured on these inputs: 97.9% within 1 step, 61% identical, max 3 steps; text-mask IoU
+    between the engines 0.994, int8 ORT vs float 0.93. The assertions leave margin below that; a
+    wrong translation (an op, a scale, a layout) puts most elements several steps apart and fails
+    them.
     """
     calib = [torch.from_numpy(_text_images([20 + i], 96, 128)) for i in range(4)]
     qmodel = qb.quantize(det, calib, dynamic="all", progress=False)
@@ -314,12 +316,12 @@ def test_det_int8_end_to_end(det, tmp_path):
     hook.remove()
     y_ort, inner_ort = _ort(model, {"x": x})
     steps = np.abs(inner_ort - captured[0].numpy()) / quantizer.scale.item()
-    assert steps.size >= 2 * 24 * 24 * 32
+    assert steps.size >= 2 * 96 * 128  # the pre-sigmoid map (ConvTranspose output), or larger
     assert (steps <= 1.0 + 1e-3).mean() >= 0.95, f"{(steps <= 1.001).mean():.4f} within 1 step"
-    assert (steps < 1e-3).mean() >= 0.7
+    assert (steps < 1e-3).mean() >= 0.5
     assert steps.max() <= 8.0 + 1e-3
     assert _mask_iou(y_torch, y_ort) >= 0.97
-    assert _mask_iou(y_float, y_ort) >= 0.6  # int8 still finds the text (measured 0.81)
+    assert _mask_iou(y_float, y_ort) >= 0.75  # int8 still finds the text (measured 0.93)
 
     # the captured model took other image sizes: dynamic H and W in torch
     small = _text_images([1002], 64, 96)

@@ -83,7 +83,9 @@ def test_fast_path_equals_public_path(name, monkeypatch):
     ]
     assert inits[0] == inits[1]
     batch = data(5)
-    for a, b in zip(_run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True):
+    for a, b in zip(
+        _run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
 
 

@@ -85,8 +85,8 @@ def test_integer_weights_dequantize_to_the_fake_quantized_weights():
 def test_observing_weight_cache_is_bit_identical_and_follows_in_place_writes():
     """Calibration reuses a weight's fake-quantized copy while the weight is unchanged; any
     in-place write (version counter) or a gradient-enabled call recomputes it."""
-    from quantbridge.torch._fakequant import WeightQuantizer
     from quantbridge.recipe import resolve_recipe
+    from quantbridge.torch._fakequant import WeightQuantizer
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, 3)

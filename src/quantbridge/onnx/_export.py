@@ -29,7 +29,6 @@ import warnings
 from typing import Any
 
 import onnx
-import torch
 
 from ..torch._batches import as_call
 from ..torch._capture import dynamic_shapes, widen_batch
@@ -40,7 +39,6 @@ from ..torch._qat import folded_copy
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._torch_onnx import export_program
-from ._translate import translation_table
 
 
 class PerformanceWarning(UserWarning):

@@ -12,8 +12,9 @@ torchlib leaves to a decomposition (``adaptive_avg_pool2d``). The fast path ther
 once, rewrites those few nodes itself -- an in-place op becomes its functional twin when the
 mutated value is a fresh (non-view, non-input) result, with later readers redirected to the new
 value, which is what functionalization would do; ``adaptive_avg_pool2d`` to 1x1 becomes a mean
-over the spatial axes, ``Tensor.to`` a cast, ``&`` a bitwise and, as the decomposition table
-has them -- and hands the program to the translator without the second trace.
+over the spatial axes, ``Tensor.to`` a cast, ``&`` a bitwise and, a transposed convolution
+``convolution(transposed=True)``, an inference batch norm that was not folded the
+``_native_batch_norm_legit_no_training`` + ``getitem`` pair, as the decomposition table has them -- and hands the program to the translator without the second trace.
 
 Anything else (an operator neither translated nor rewritten, a mutation of a view or an input, an
 exporter whose internals moved) takes the public path with the program already traced, so the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from typing import Any
 
 import onnx
@@ -59,9 +61,7 @@ def export_program(
     opset: int,
 ) -> onnx.ModelProto:
     """Trace ``module`` once and translate it to ONNX at ``opset`` (optimized, as torch does)."""
-    program = torch.export.export(
-        module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
-    )
+    program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     if FAST_PATH:
         model = _fast(program, opset)
         if model is not None:
@@ -160,6 +160,9 @@ def _rewrite(gm: torch.fx.GraphModule) -> str | None:
             user.replace_input_with(target, functional)
         _replace(graph, node, functional)
     for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten.batch_norm.default:
+            _inference_batch_norm(graph, node)
+            continue
         if node.op != "call_function" or node.target not in _SUBSTITUTES:
             continue
         call = _SUBSTITUTES[node.target](*node.args, **node.kwargs)
@@ -192,15 +195,48 @@ def _to(x, *args, **kwargs):
     return torch.ops.aten._to_copy.default, (x,), {"dtype": dtype}
 
 
+def _conv_transpose(x, weight, bias=None, stride=None, padding=None, output_padding=None,
+                    groups=1, dilation=None):  # fmt: skip
+    """``conv_transposeNd`` -> ``convolution(..., transposed=True)``, defaults spelled out."""
+    n = weight.meta["val"].ndim - 2
+    ones, zeros = [1] * n, [0] * n
+    return torch.ops.aten.convolution.default, (
+        x, weight, bias, stride or ones, padding or zeros, dilation or ones, True,
+        output_padding or zeros, groups,
+    )  # fmt: skip
+
+
 # operator -> function of its arguments giving (target, args[, kwargs]), a node (identity) or
 # None (keep): what torch's decomposition table would turn the operator into
 _SUBSTITUTES = {
+    torch.ops.aten.conv_transpose1d.default: _conv_transpose,
+    torch.ops.aten.conv_transpose2d.input: _conv_transpose,
+    torch.ops.aten.conv_transpose3d.input: _conv_transpose,
     torch.ops.aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     torch.ops.aten.to.dtype: _to,
     torch.ops.aten.to.device: _to,
     torch.ops.aten.to.dtype_layout: _to,
     torch.ops.aten.__and__.Tensor: lambda a, b: (torch.ops.aten.bitwise_and.Tensor, (a, b)),
 }
+
+
+def _inference_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """``batch_norm(training=False)`` (a batch norm that could not be folded) -> the
+    ``_native_batch_norm_legit_no_training`` + ``getitem(0)`` pair of the decomposition."""
+    x, weight, bias, mean, var, training, momentum, eps = node.args[:8]
+    if training:
+        return  # left to the decomposition (the public path)
+    val = node.meta["val"]
+    with graph.inserting_after(node):
+        triple = graph.call_function(
+            torch.ops.aten._native_batch_norm_legit_no_training.default,
+            (x, weight, bias, mean, var, momentum, eps),
+        )
+    triple.meta = dict(node.meta)
+    triple.meta["val"] = (val, val.new_empty((0,)), val.new_empty((0,)))
+    with graph.inserting_after(triple):
+        out = graph.call_function(operator.getitem, (triple, 0))
+    _replace(graph, node, out)
 
 
 def _replace(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node) -> None:

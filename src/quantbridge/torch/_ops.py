@@ -40,6 +40,17 @@ WEIGHTED_OPS: dict[object, tuple[int, int, int, int]] = {
     aten.conv2d.default: (0, 1, 2, 0),
     aten.conv3d.default: (0, 1, 2, 0),
     aten.linear.default: (0, 1, 2, 0),
+    # transposed convolutions: weight (in, out / groups, k...), output channels along axis 1;
+    # only groups == 1 (see ``op_role``): with groups the axis-1 scales would not be per output
+    # channel, and the int32 bias needs one scale per output channel
+    aten.conv_transpose1d.default: (0, 1, 2, 1),
+    aten.conv_transpose2d.input: (0, 1, 2, 1),
+    aten.conv_transpose3d.input: (0, 1, 2, 1),
+}
+TRANSPOSED_CONV_OPS = {
+    aten.conv_transpose1d.default,
+    aten.conv_transpose2d.input,
+    aten.conv_transpose3d.input,
 }
 
 # Functional ops between activations. Value: which positional args hold tensors to quantize
@@ -156,6 +167,8 @@ def op_role(node: torch.fx.Node) -> Role:
         return Role.FLOAT
     target = node.target
     if target in WEIGHTED_OPS:
+        if target in TRANSPOSED_CONV_OPS and _arg(node, 6, 1) != 1:
+            return Role.FLOAT  # grouped transposed conv: stays float (see WEIGHTED_OPS)
         return Role.WEIGHTED
     if target in ARITHMETIC_OPS:
         return Role.FLOAT if feeds_float_input_only(node) else Role.ARITHMETIC

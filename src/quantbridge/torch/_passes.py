@@ -25,6 +25,14 @@ _FOLDABLE_PRODUCERS = {
     aten.conv2d.default,
     aten.conv3d.default,
     aten.linear.default,
+    aten.conv_transpose1d.default,
+    aten.conv_transpose2d.input,
+    aten.conv_transpose3d.input,
+}
+_OUT_CHANNEL_AXIS = {  # of the weight; 0 for the rest (conv, linear)
+    aten.conv_transpose1d.default: 1,
+    aten.conv_transpose2d.input: 1,
+    aten.conv_transpose3d.input: 1,
 }
 
 
@@ -112,7 +120,11 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
         k = torch.rsqrt(var.double() + eps)
         if gamma is not None:
             k = k * gamma.double()
-        shape = [-1] + [1] * (w.ndim - 1)
+        axis = _OUT_CHANNEL_AXIS.get(conv.target, 0)
+        if axis and (len(conv.args) > 6 and conv.args[6] != 1):
+            raise _NotFoldable  # grouped transposed conv: out channels are not one weight axis
+        shape = [1] * w.ndim
+        shape[axis] = -1
         new_w = (w.double() * k.reshape(shape)).to(w.dtype)
         b0 = b.double() if b is not None else torch.zeros_like(mean, dtype=torch.float64)
         new_b = (b0 - mean.double()) * k + (beta.double() if beta is not None else 0.0)
