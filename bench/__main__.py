@@ -170,6 +170,15 @@ def run_suite(args, work: Path, results: dict, log) -> None:
             prebuilt = c.pop("files")
             results["cost"] = c
             results["stage_seconds"]["cost"] = time.time() - t0
+        if name == "ocr_det" and "cost" in figures and not args.quick:
+            log(f"[{name}] figure 3: cost of quantizing (fresh process per run)")
+            t_cost = time.time()
+            c = cost.run(
+                work, p["cost_methods"], p["cost_samples"], p["cost_repeats"], log, model=name
+            )
+            c.pop("files")  # 256 px images: figure 1 calibrates at the workload's own size
+            results["cost_ocr_det"] = c
+            results["stage_seconds"]["cost_ocr_det"] = time.time() - t_cost
         methods = p["methods"]
         if prebuilt:
             methods = tuple(dict.fromkeys(m for _, m in prebuilt))
