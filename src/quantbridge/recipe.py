@@ -18,6 +18,10 @@ Presets (``Recipe.preset(name)``, or pass the name to ``quantize``):
   accelerators that want zero points of 0.
 * ``"w4a8"``: 4-bit symmetric per-channel weights, uint8 activations.
 * ``"pow2"``: int8 symmetric weights and activations with power-of-two scales (shift-only rescale).
+
+Every preset also puts the constant operand of a quantized add / mul (``x * 0.1666``, ``x + 3.0``,
+``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
+does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
 """
 
 from __future__ import annotations
@@ -143,6 +147,9 @@ class Recipe:
     align_concat_inputs: bool = True  # cat inputs share the output's parameters (pure data move)
     align_add_inputs: bool = False  # residual add inputs share parameters (integer-only targets)
     opset: int | None = None  # ONNX opset for export; None = the lowest the schemes allow (>= 13)
+    # the constant operand (scalar, buffer) of a quantized add / mul gets its own integer grid, as
+    # in ONNX Runtime's quantizer: the export then fuses into QLinearAdd / QLinearMul
+    quantize_constants: bool = True
 
     def __post_init__(self) -> None:
         for what, tr in (("weights", self.weights), ("activations", self.activations)):
@@ -183,13 +190,22 @@ class Recipe:
             "align_concat_inputs": self.align_concat_inputs,
             "align_add_inputs": self.align_add_inputs,
             "opset": self.opset,
+            "quantize_constants": self.quantize_constants,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
         _check_keys(
             d,
-            {"weights", "activations", "rules", "align_concat_inputs", "align_add_inputs", "opset"},
+            {
+                "weights",
+                "activations",
+                "rules",
+                "align_concat_inputs",
+                "align_add_inputs",
+                "opset",
+                "quantize_constants",
+            },
             "recipe",
         )
         base = cls()
@@ -206,6 +222,7 @@ class Recipe:
             align_concat_inputs=bool(d.get("align_concat_inputs", True)),
             align_add_inputs=bool(d.get("align_add_inputs", False)),
             opset=d.get("opset"),
+            quantize_constants=bool(d.get("quantize_constants", True)),
         )
 
     def to_json(self) -> str:

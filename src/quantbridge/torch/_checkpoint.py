@@ -248,7 +248,10 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
     from ._quantize import prepare
 
     try:
-        recipe = Recipe.from_dict(header["recipe"])
+        saved = dict(header["recipe"])
+        # written before constants were quantized: their placement had none (the default is on)
+        saved.setdefault("quantize_constants", False)
+        recipe = Recipe.from_dict(saved)
         capture = header["capture"]
         args, kwargs = inputs_from_spec(capture["inputs"])
         dynamic, fold_bn = capture["dynamic"], capture["fold_bn"]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..numerics import dequantize, fake_quantize, storage_dtype
-from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 
 
 @torch.library.custom_op("quantbridge::quantize_dequantize", mutates_args=())
@@ -86,6 +86,15 @@ def export_mode(model: nn.Module):
 
 
 def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
+    if isinstance(m, ConstantQuantizer):  # an integer initializer -> DequantizeLinear
+        if not m.enabled:
+            return []
+        c = model.get_buffer(m.constant_name)
+        dtype = torch_storage_dtype(m)
+        _set(m, "export_qvalue", m.quantize_integers(c).to(dtype))
+        _set(m, "export_scale", m.current_scale().clone())
+        _set(m, "export_zero_point", m.integer_zero_point().to(dtype))
+        return ["export_qvalue", "export_scale", "export_zero_point"]
     if isinstance(m, WeightQuantizer):
         if not m.enabled:
             return []

@@ -140,7 +140,7 @@ class Quantizer(nn.Module):
     def __init__(self, name: str, recipe: TensorRecipe, kind: str, axis: int | None = None):
         super().__init__()
         self.name = name  # user-facing: '<module path>:<tensor>'
-        self.kind = kind  # 'activation' or 'weight'
+        self.kind = kind  # 'activation', 'weight' or 'constant'
         self.scheme: QScheme = recipe.scheme
         self.recipe = recipe
         self.axis = axis if isinstance(recipe.scheme.granularity, PerChannel) else None
@@ -371,6 +371,59 @@ class WeightQuantizer(Quantizer):
             return None
         self.scale, self.zero_point = cache[3], cache[4]
         return cache[5]
+
+
+class ConstantQuantizer(Quantizer):
+    """The constant operand of a quantized add / mul (a Python scalar or a buffer) on its own
+    per-tensor grid, so that export writes it as an integer initializer -> DequantizeLinear, like a
+    weight: ONNX Runtime fuses ``DQ -> Add/Mul -> Q`` into QLinearAdd / QLinearMul only when every
+    input is a DequantizeLinear (a float initializer keeps the op in float). ORT's own quantizer
+    does the same.
+
+    Scheme: the op's activation scheme, per tensor - QLinearAdd / QLinearMul take one integer type
+    for both inputs and the output, so a constant in the weight scheme (int8 against uint8
+    activations) would not fuse. Parameters: ``choose_qparams`` over the constant's own
+    ``[min, max]``, computed once at placement; a constant never observes, tracks or learns.
+
+    For a scalar ``c`` that range is ``[min(c, 0), max(c, 0)]``: ``scale = |c| / n`` with ``n`` the
+    codes between the zero point and the end of the grid (``qmax`` for a zero point of 0, e.g.
+    ``c > 0``; 255 - 0 for ``c < 0`` with asymmetric uint8, whose zero point is then 255), and the
+    code is that end, so ``c`` is represented up to float32 rounding: ``scale`` is ``|c| / n``
+    rounded to float32 and the dequantized ``n * scale`` rounded once more, which can land one ulp
+    from ``c`` (measured: at most 1 ulp over 40,000 random scalars of magnitude 1e-4..1e4, uint8
+    asymmetric and int8 symmetric). Acceptable: ``c`` is itself a float32 rounding of the model's
+    literal and ``x * c`` is rounded again in float32, so this is float32's own error, about 16
+    bits below the activation's step (2**-8 of its range). Below ``|c| = n * 2**-23`` the scale
+    is held at ``numerics.MIN_SCALE`` and ``c`` is represented to within 2**-24 absolute. With a
+    ``pow2`` scale constraint the scale is rounded up to a power of two and ``c`` is represented
+    only to that step, as the scheme asks.
+
+    ``constant_name`` is the qualified name of the constant's buffer in the model (a scalar lives
+    in this module's own ``value`` buffer); export reads the integers from it.
+    """
+
+    def __init__(self, name: str, recipe: TensorRecipe, value: torch.Tensor, own: bool = False):
+        super().__init__(name, recipe, "constant")
+        if own:  # a Python scalar: the module holds it (the placement's get_attr reads it)
+            self.register_buffer("value", value.detach().clone())
+        self.constant_name = ""  # set by placement once the module has its attribute name
+        v = value.detach().double()
+        self.set_qparams(*choose_qparams(v.min().cpu().numpy(), v.max().cpu().numpy(), self.scheme))
+
+    def freeze(self) -> None:
+        """Nothing to do: the parameters were fixed from the constant at placement."""
+
+    def make_learnable(self) -> None:
+        """Constants do not train, nor does their grid."""
+
+    def forward(self, c: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        if not self.enabled:
+            return c
+        if self.export_mode:
+            return torch.ops.quantbridge.dequantize(
+                self.export_qvalue, self.export_scale, self.export_zero_point, None
+            )
+        return FakeQuantizeSTE.apply(c, self.scale, self.zero_point, self.qmin, self.qmax, None)
 
 
 def _weight_qparams(w: torch.Tensor, scheme: QScheme, axis: int | None):

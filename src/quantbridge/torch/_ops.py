@@ -64,6 +64,13 @@ ARITHMETIC_OPS: dict[object, tuple[int, ...] | str] = {
     aten.cat.default: "list0",
 }
 
+# ARITHMETIC ops whose constant operand (a Python scalar, a buffer) is quantized too, when the
+# recipe's ``quantize_constants`` is on: ONNX Runtime fuses DQ(a), DQ(b) -> Add/Mul -> Q into
+# QLinearAdd / QLinearMul only when both inputs are DequantizeLinear (``x * 0.1666 + 0.5`` of a
+# hard-sigmoid otherwise stays float). matmul / bmm / mm with a constant are left float here, and
+# cat shares its grid with its inputs instead.
+CONSTANT_OPERAND_OPS: frozenset = frozenset({aten.add.Tensor, aten.mul.Tensor})
+
 # Ops whose output sits on the input's quantization grid (commute with quantization).
 DATA_MOVEMENT_OPS: frozenset = frozenset(
     {

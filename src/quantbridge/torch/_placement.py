@@ -7,7 +7,9 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input (constants excepted,
    see below) and the output. With ``recipe.align_concat_inputs`` the inputs of ``cat`` share one
    quantizer with its output (the concat then only moves integers); with
-   ``recipe.align_add_inputs`` the same for ``add`` inputs.
+   ``recipe.align_add_inputs`` the same for ``add`` inputs. With ``recipe.quantize_constants``
+   the constant operand of an add / mul between quantized values (a Python scalar, a buffer)
+   gets a ``ConstantQuantizer``: an integer initializer in the export, so engines fuse the op.
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
    *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
    exported graph its DQ -> op -> Q pattern with identical parameters).
@@ -42,8 +44,17 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
-from ._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
-from ._ops import WEIGHTED_OPS, Role, is_epilogue, keeps_float_output, op_role, tensor_args
+from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
+from ._ops import (
+    ARITHMETIC_OPS,
+    CONSTANT_OPERAND_OPS,
+    WEIGHTED_OPS,
+    Role,
+    is_epilogue,
+    keeps_float_output,
+    op_role,
+    tensor_args,
+)
 
 CONTAINER = "_quantbridge"
 
@@ -120,6 +131,7 @@ class _Placer:
         self.points: dict[str, QuantPoint] = {}
         self.input_fq: dict[torch.fx.Node, torch.fx.Node] = {}
         self.weight_fq: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.constant_fq: dict[torch.fx.Node, torch.fx.Node] = {}
         self.biases: list[BiasQuantizer] = []
         self.seen_modules: set[tuple[str, str]] = set()
         self.constant = constant_values(self.graph)  # of the graph before any insertion
@@ -241,7 +253,71 @@ class _Placer:
         else:
             for v in inputs:
                 self.quantize_input(node, v, ar)
-        self.quantize_output(node, ar)
+        if self.quantize_output(node, ar) is not None and self.recipe.quantize_constants:
+            self.quantize_constants(node, ar)
+
+    def quantize_constants(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
+        """Put the constant operands of ``node`` (Python scalars, buffers) on their own grid, by
+        a ``ConstantQuantizer`` (see there), when ``node`` is an add / mul (CONSTANT_OPERAND_OPS)
+        whose other inputs and output are quantized: an integer initializer -> DequantizeLinear,
+        not a runtime Q/DQ pair, so the rule for ``constant_values`` is kept. Parameters (they
+        train) and constants computed by ops stay float."""
+        if node.target not in CONSTANT_OPERAND_OPS or node.kwargs.get("alpha", 1) != 1:
+            return
+        positions = ARITHMETIC_OPS[node.target]
+        args = [(i, node.args[i]) for i in positions if i < len(node.args)]
+        live = [a for _, a in args if isinstance(a, torch.fx.Node) and a not in self.constant]
+        if not live or not all(a in self.grid for a in live):
+            return  # an input left float: the op stays float in the engine anyway
+        module = module_of(node)[0]
+        for i, a in args:
+            if isinstance(a, (int, float)) and not isinstance(a, bool):
+                fq = self._scalar(node, float(a), ar, module)
+            elif isinstance(a, torch.fx.Node) and a.op == "get_attr" and self._is_buffer(a):
+                fq = self._buffer(a, ar, module)
+            else:
+                continue
+            if fq is not None:
+                args_ = list(node.args)
+                args_[i] = fq
+                node.args = tuple(args_)
+
+    def _is_buffer(self, node: torch.fx.Node) -> bool:
+        try:
+            value = self.gm.get_buffer(node.target)
+        except AttributeError:
+            return False  # a parameter (trains) or a plain attribute
+        return value.is_floating_point() and bool(torch.isfinite(value).all())
+
+    def _scalar(
+        self, node: torch.fx.Node, c: float, ar: TensorRecipe, module: str
+    ) -> torch.fx.Node | None:
+        if not torch.isfinite(torch.tensor(c)):
+            return None
+        name = f"{module}/{node.name}_constant" if module else f"{node.name}_constant"
+        q = ConstantQuantizer(name, ar, torch.tensor(c, dtype=torch.float32), own=True)
+        point = QuantPoint("", name, "constant", module, node.name, ar.scheme.to_dict(), "constant")
+        target = self._add(q, point)
+        q.constant_name = f"{target}.value"
+        with self.graph.inserting_before(node):
+            value = self.graph.get_attr(q.constant_name)
+            value.meta["val"] = q.value
+            fq = self.graph.call_module(target, (value,))
+        fq.meta["val"] = q.value
+        fq.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
+        self.grid[fq] = q
+        return fq
+
+    def _buffer(self, buffer: torch.fx.Node, ar: TensorRecipe, module: str) -> torch.fx.Node:
+        """One quantizer per buffer (like a weight), named by the buffer."""
+        if buffer not in self.constant_fq:
+            q = ConstantQuantizer(buffer.target, ar, self.gm.get_buffer(buffer.target))
+            q.constant_name = buffer.target
+            point = _parameter_point(buffer, "constant", ar.scheme.to_dict(), "constant")
+            fq = self._call(self._add(q, point), buffer)
+            self.grid[fq] = q
+            self.constant_fq[buffer] = fq
+        return self.constant_fq[buffer]
 
     def _aligned_inputs(
         self, node: torch.fx.Node, inputs: list, ar: TensorRecipe

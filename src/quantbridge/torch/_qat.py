@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
-from ._fakequant import Quantizer, WeightQuantizer
+from ._fakequant import ConstantQuantizer, Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._passes import fold_batchnorm
 from ._placement import CONTAINER, quantize_new_bias
@@ -72,6 +72,8 @@ def prepare_qat(
         freeze_weights=False,
     )
     for m in getattr(qmodel, CONTAINER).children():
+        if isinstance(m, ConstantQuantizer):
+            continue  # constants do not train: their grid stays the one set at placement
         if isinstance(m, WeightQuantizer):
             if learn_scales:
                 m.compute_from(qmodel.get_parameter(m.weight_name))
