@@ -382,7 +382,8 @@ class ConstantQuantizer(Quantizer):
 
     Scheme: the op's activation scheme, per tensor - QLinearAdd / QLinearMul take one integer type
     for both inputs and the output, so a constant in the weight scheme (int8 against uint8
-    activations) would not fuse. Parameters: ``choose_qparams`` over the constant's own
+    activations) would not fuse (measured, ORT 1.32: ``Mul(DQ(uint8), DQ(int8)) -> Q`` stays a
+    float Mul, ``Mul(DQ(uint8), DQ(uint8)) -> Q`` becomes QLinearMul). Parameters: ``choose_qparams`` over the constant's own
     ``[min, max]``, computed once at placement; a constant never observes, tracks or learns.
 
     For a scalar ``c`` that range is ``[min(c, 0), max(c, 0)]``: ``scale = |c| / n`` with ``n`` the
