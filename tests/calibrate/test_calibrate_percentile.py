@@ -41,6 +41,14 @@ def test_within_one_bin_width_on_small_gappy_data(x: np.ndarray, p: float, num_b
     assert x.min() <= lo <= hi <= x.max()
 
 
+def test_interpolation_between_equal_values_stays_on_them() -> None:
+    """Regression (hypothesis found it): (1 - g) * 3 + g * 3 rounded to 2.9999999999999996, below
+    the data's minimum."""
+    obs = make_observer("percentile", percentile=99.0, num_bins=4)
+    obs.update(np.array([3.0, 3.0], dtype=np.float32))
+    assert obs.range() == (3.0, 3.0)
+
+
 def test_percentile_100_is_minmax_exactly(heavy_tailed: np.ndarray) -> None:
     obs = make_observer("percentile", percentile=100)
     obs.update(heavy_tailed)

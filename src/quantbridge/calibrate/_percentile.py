@@ -56,7 +56,9 @@ def histogram_percentile(hist: Histogram, q: float) -> float:
     below = order_statistic(hist, k)
     if g == 0.0:
         return below
-    return (1.0 - g) * below + g * order_statistic(hist, k + 1)
+    above = order_statistic(hist, k + 1)
+    # a + g (b - a), kept inside [a, b]: (1 - g) a + g b rounds below a when a == b (3 -> 2.9999..)
+    return min(max(below + g * (above - below), below), above)
 
 
 @register_observer("percentile")
