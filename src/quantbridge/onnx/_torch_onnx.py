@@ -14,7 +14,8 @@ mutated value is a fresh (non-view, non-input) result, with later readers redire
 value, which is what functionalization would do; ``adaptive_avg_pool2d`` to 1x1 becomes a mean
 over the spatial axes, ``Tensor.to`` a cast, ``&`` a bitwise and, a transposed convolution
 ``convolution(transposed=True)``, an inference batch norm that was not folded the
-``_native_batch_norm_legit_no_training`` + ``getitem`` pair, as the decomposition table has them -- and hands the program to the translator without the second trace.
+``_native_batch_norm_legit_no_training`` + ``getitem`` pair, as the decomposition table has
+them -- and hands the program to the translator without the second trace.
 
 Anything else (an operator neither translated nor rewritten, a mutation of a view or an input, an
 exporter whose internals moved) takes the public path with the program already traced, so the
@@ -98,20 +99,24 @@ def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto 
     except ImportError as e:  # another torch: its internals moved
         log.debug("ONNX fast path unavailable: %s", e)
         return None
-    registry = _registry(opset)
-    graph_module = _fx_passes.remove_assertion_nodes(program.graph_module)
-    reason = _rewrite(graph_module)
-    if reason is None:
-        missing = sorted(
-            {
-                str(node.target)
-                for node in graph_module.graph.nodes
-                if node.op == "call_function" and not _translated(registry, node.target)
-            }
-        )
-        reason = f"{', '.join(missing)} need a decomposition" if missing else None
-    graph_module.recompile()
-    program._graph_module = graph_module
+    try:  # every step keeps the program's meaning, so the public path may take it from here
+        registry = _registry(opset)
+        graph_module = _fx_passes.remove_assertion_nodes(program.graph_module)
+        reason = _rewrite(graph_module)
+        if reason is None:
+            missing = sorted(
+                {
+                    str(node.target)
+                    for node in graph_module.graph.nodes
+                    if node.op == "call_function" and not _translated(registry, node.target)
+                }
+            )
+            reason = f"{', '.join(missing)} need a decomposition" if missing else None
+        graph_module.recompile()
+        program._graph_module = graph_module
+    except Exception as e:  # internals that moved (AttributeError, TypeError ...)
+        log.debug("ONNX fast path unavailable: %s", e)
+        return None
     if reason is not None:
         log.debug("ONNX fast path not taken: %s", reason)
         return None
