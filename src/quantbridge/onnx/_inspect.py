@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+from ._inspect_report import InspectReport, TensorInfo, WeightInfo
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _NOT_COMPUTE = frozenset({"Constant", "Shape", "Size", "ConstantOfShape"})
@@ -126,123 +128,6 @@ def bits_for_range(lo: int, hi: int) -> int:
         while hi > (1 << bits) - 1:
             bits += 1
     return bits
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A graph input or output: name, element type, shape (ints, symbolic names, None unknown)."""
-
-    name: str
-    dtype: str
-    shape: tuple[int | str | None, ...] | None
-
-    def describe(self) -> str:
-        if self.shape is None:
-            return f"{self.name}: {self.dtype}"
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: {self.dtype}[{dims}]"
-
-
-@dataclass(frozen=True)
-class WeightInfo:
-    """One weight initializer feeding a Conv/Gemm/MatMul (float or QOperator) weight input."""
-
-    node: str
-    op_type: str
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    is_float: bool
-    bits: int  # float: the type's width; integers: bits the stored values need (or Clip's range)
-    granularity: str  # "per-tensor", "per-channel(axis=0)", "float"
-    value_range: tuple[float, float] | None  # min, max of the stored values
-    bias_dtype: str | None = None
-
-    def describe(self) -> str:
-        lo_hi = ""
-        if self.value_range is not None and not self.is_float:
-            lo_hi = f" values [{self.value_range[0]:g}, {self.value_range[1]:g}]"
-        bias = f", bias {self.bias_dtype}" if self.bias_dtype else ""
-        shape = "x".join(str(d) for d in self.shape)
-        return (
-            f"{self.name} ({self.op_type} {self.node!r}): {self.dtype}[{shape}] {self.bits}-bit"
-            f"{lo_hi}, {self.granularity}{bias}"
-        )
-
-
-@dataclass
-class InspectReport:
-    """What ``inspect_model`` found; ``format()`` for people, ``to_dict()`` for machines."""
-
-    path: str | None
-    size_bytes: int
-    ir_version: int
-    opsets: dict[str, int]
-    producer: str
-    form: str  # "float", "QDQ", "QOperator", "QDQ+QOperator"
-    inputs: list[TensorInfo]
-    outputs: list[TensorInfo]
-    op_counts: dict[str, int]
-    int8_ops: dict[str, int]
-    float_ops: dict[str, int]
-    float_nodes: list[str]
-    quantize_nodes: int
-    dequantize_nodes: int
-    qdq_pairs: int
-    activation_quantizers: dict[str, int]  # "uint8 [0, 255] 8-bit" -> count
-    weights: list[WeightInfo] = field(default_factory=list)
-
-    @property
-    def float_weights(self) -> list[WeightInfo]:
-        return [w for w in self.weights if w.is_float]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["float_weights"] = [w.name for w in self.float_weights]
-        return d
-
-    def format(self) -> str:
-        opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(self.opsets.items()))
-        lines = [
-            f"model:     {self.path or '<ModelProto>'} ({_human_bytes(self.size_bytes)})",
-            f"form:      {self.form}",
-            f"producer:  {self.producer or '?'}; IR version {self.ir_version}; opsets: {opsets}",
-            "inputs:    " + "; ".join(t.describe() for t in self.inputs),
-            "outputs:   " + "; ".join(t.describe() for t in self.outputs),
-            "op counts: " + _counts(self.op_counts),
-            "int8 ops:  " + (_counts(self.int8_ops) or "none"),
-            "float ops: " + (_counts(self.float_ops) or "none"),
-        ]
-        if self.float_nodes:
-            lines.append("           " + ", ".join(self.float_nodes[:12]))
-            if len(self.float_nodes) > 12:
-                lines[-1] += f", ... ({len(self.float_nodes) - 12} more)"
-        lines.append(
-            f"Q/DQ:      {self.quantize_nodes} QuantizeLinear, {self.dequantize_nodes} "
-            f"DequantizeLinear, {self.qdq_pairs} Q->DQ pairs"
-        )
-        if self.activation_quantizers:
-            schemes = sorted(self.activation_quantizers.items(), key=lambda kv: -kv[1])
-            lines.append("activations: " + ", ".join(f"{n} x {k}" for k, n in schemes))
-        lines.append(f"weights:   {len(self.weights)}")
-        lines += [f"  {w.describe()}" for w in self.weights]
-        floats = self.float_weights
-        lines.append("float weights: " + (", ".join(w.name for w in floats) if floats else "none"))
-        return "\n".join(lines)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-def _human_bytes(n: int) -> str:
-    return (
-        f"{n} B"
-        if n < 1024
-        else f"{n / 1024:.1f} KiB"
-        if n < 1 << 20
-        else f"{n / (1 << 20):.1f} MiB"
-    )
 
 
 # -- loading ------------------------------------------------------------------------------------
