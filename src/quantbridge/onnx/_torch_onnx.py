@@ -33,6 +33,7 @@ from typing import Any
 import onnx
 import torch
 
+from ..torch._ops import TRANSPOSED_CONV_OPS
 from ._translate import translation_table
 
 log = logging.getLogger(__name__)
@@ -214,9 +215,7 @@ def _conv_transpose(x, weight, bias=None, stride=None, padding=None, output_padd
 # operator -> function of its arguments giving (target, args[, kwargs]), a node (identity) or
 # None (keep): what torch's decomposition table would turn the operator into
 _SUBSTITUTES = {
-    torch.ops.aten.conv_transpose1d.default: _conv_transpose,
-    torch.ops.aten.conv_transpose2d.input: _conv_transpose,
-    torch.ops.aten.conv_transpose3d.input: _conv_transpose,
+    **dict.fromkeys(TRANSPOSED_CONV_OPS, _conv_transpose),
     torch.ops.aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     torch.ops.aten.to.dtype: _to,
     torch.ops.aten.to.device: _to,

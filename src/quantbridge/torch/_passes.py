@@ -8,7 +8,7 @@
      k = \\gamma / \\sqrt{\\sigma^2 + \\epsilon},\\quad W' = W \\cdot k,\\quad
      b' = (b - \\mu) \\cdot k + \\beta
 
-  (``k`` broadcast along the weight's output-channel axis 0). Applied only when the conv's output
+  (``k`` broadcast along the weight's output-channel axis: 0, or 1 for transposed convs). Applied only when the conv's output
   feeds nothing but the batch norm, and the batch norm is not in training mode. The float result
   is unchanged up to float32 rounding; quantization then sees the folded weight, as the deployed
   engine does.
@@ -19,21 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._ops import TRANSPOSED_CONV_OPS, WEIGHTED_OPS
+
 aten = torch.ops.aten
-_FOLDABLE_PRODUCERS = {
-    aten.conv1d.default,
-    aten.conv2d.default,
-    aten.conv3d.default,
-    aten.linear.default,
-    aten.conv_transpose1d.default,
-    aten.conv_transpose2d.input,
-    aten.conv_transpose3d.input,
-}
-_OUT_CHANNEL_AXIS = {  # of the weight; 0 for the rest (conv, linear)
-    aten.conv_transpose1d.default: 1,
-    aten.conv_transpose2d.input: 1,
-    aten.conv_transpose3d.input: 1,
-}
 
 
 def own_parameters(gm: torch.fx.GraphModule) -> None:
@@ -88,7 +76,7 @@ def fold_batchnorm(gm: torch.fx.GraphModule, on_fold=None) -> int:
         producer = bn.args[0]
         if (
             not isinstance(producer, torch.fx.Node)
-            or producer.target not in _FOLDABLE_PRODUCERS
+            or producer.target not in WEIGHTED_OPS
             or len(producer.users) != 1
             or bn.args[5]  # training=True: statistics still move (QAT folds later)
         ):
@@ -120,8 +108,8 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
         k = torch.rsqrt(var.double() + eps)
         if gamma is not None:
             k = k * gamma.double()
-        axis = _OUT_CHANNEL_AXIS.get(conv.target, 0)
-        if axis and (len(conv.args) > 6 and conv.args[6] != 1):
+        axis = WEIGHTED_OPS[conv.target][3]  # the weight's output-channel axis
+        if conv.target in TRANSPOSED_CONV_OPS and len(conv.args) > 6 and conv.args[6] != 1:
             raise _NotFoldable  # grouped transposed conv: out channels are not one weight axis
         shape = [1] * w.ndim
         shape[axis] = -1
