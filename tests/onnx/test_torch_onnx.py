@@ -57,17 +57,12 @@ def _feeds(model: onnx.ModelProto, batch) -> dict:
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_fast_path_equals_public_path(name, monkeypatch):
+def test_fast_path_equals_public_path(name, fast_export, public_export):
     torch.manual_seed(0)
     make, data = CASES[name]
     qm = qb.quantize(make(), [data(8) for _ in range(3)], progress=False)
-    taken = []
-    fast = _torch_onnx._fast
-    monkeypatch.setattr(_torch_onnx, "_fast", lambda *a: taken.append(r := fast(*a)) or r)
-    quick = qb.onnx.to_onnx(qm, data(2))
-    assert taken and taken[0] is not None, "the fast path was not taken"
-    monkeypatch.setattr(_torch_onnx, "FAST_PATH", False)
-    public = qb.onnx.to_onnx(qm, data(2))
+    quick = fast_export(qm, data(2))
+    public = public_export(qm, data(2))
 
     ops = [collections.Counter(n.op_type for n in m.graph.node) for m in (quick, public)]
     assert ops[0] == ops[1]
@@ -145,7 +140,7 @@ def test_rewrite_refuses_a_mutated_view_and_leaves_the_graph_alone():
 
 
 @pytest.mark.slow
-def test_fast_path_equals_public_path_on_minilm(monkeypatch):
+def test_fast_path_equals_public_path_on_minilm(fast_export, public_export):
     """The real model: in-place ops, Tensor.to casts, a mask built with ``&``, attention."""
     import importlib.util
     import os
@@ -170,13 +165,8 @@ def test_fast_path_equals_public_path_on_minilm(monkeypatch):
     qm = minilm.quantize_embedder(embedder, calib, recipe, "max_length")
     example = {k: v[:2] for k, v in calib[0].items()}
     dynamic = minilm.dynamic_for("max_length")
-    taken = []
-    fast = _torch_onnx._fast
-    monkeypatch.setattr(_torch_onnx, "_fast", lambda *a: taken.append(r := fast(*a)) or r)
-    quick = qb.onnx.to_onnx(qm, example, dynamic=dynamic)
-    assert taken and taken[0] is not None, "the fast path was not taken"
-    monkeypatch.setattr(_torch_onnx, "FAST_PATH", False)
-    public = qb.onnx.to_onnx(qm, example, dynamic=dynamic)
+    quick = fast_export(qm, example, dynamic=dynamic)
+    public = public_export(qm, example, dynamic=dynamic)
     feeds = {k: v.numpy() for k, v in calib[0].items()}
     for a, b in zip(_run(quick, feeds), _run(public, feeds), strict=True):
         np.testing.assert_array_equal(a, b)
