@@ -95,6 +95,23 @@ def _ort(path_or_model, feeds: dict, threads: int = 2) -> list[np.ndarray]:
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+_CPU = ["CPUExecutionProvider"]
+
+
+def _cpu() -> str:
+    """The CPU's model name and whether it has VNNI (ORT's int8 kernels differ without it), for
+    assertion messages of agreement tests whose statistics depend on the machine."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cpu unknown"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "?"
+    )
+    vnni = "vnni" if "vnni" in info else "no vnni"
+    return f"{model}, {vnni}, {os.cpu_count()} cpus"
+
+
 def _torch(module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return module(torch.from_numpy(x)).numpy()
@@ -273,19 +290,28 @@ def _mask_iou(a: np.ndarray, b: np.ndarray) -> float:
 def test_det_int8_end_to_end(det, tmp_path):
     """Import -> quantize (dynamic batch, height and width) -> export -> ONNX Runtime.
 
-    Agreement with ONNX Runtime is measured on the last quantized tensor (the detector's output
-    is a float Sigmoid; the tensor before it, the second ConvTranspose's full-resolution output,
-    is the last one quantized), in units of that quantizer's step. The 99.9%-within-1-LSB
-    criterion of the zoo-model agreement tests does not hold for this model, for a reason of the
-    model, not of the import: its SE blocks average whole feature maps and then scale every pixel
-    of a channel by the quantized result, and its FPN upsamples the 1/32 map 8x, so one rounding
-    tie resolved differently (float32 summation order, or ONNX Runtime's fused QLinearAdd/
-    QLinearMul kernels, which add the zero point before rounding) moves whole channels and 8x8
-    blocks by a step, and two transposed convolutions spread each such step over their outputs.
-    Measured on these inputs: 97.9% within 1 step, 61% identical, max 3 steps; text-mask IoU
-    between the engines 0.994, int8 ORT vs float 0.93. The assertions leave margin below that; a
-    wrong translation (an op, a scale, a layout) puts most elements several steps apart and fails
-    them.
+    Agreement is measured on the last quantized tensor (the detector's output is a float Sigmoid;
+    the tensor before it, the second ConvTranspose's full-resolution output, is the last one
+    quantized), in units of that quantizer's step, against two ONNX Runtime sessions:
+
+    * ``reference``: graph optimizations off, so ORT runs DequantizeLinear -> float op ->
+      QuantizeLinear node by node: the same arithmetic as our fake-quant model. This is the check
+      of the translation.
+    * ``fused``: ORT's default session, with QLinearConv/QLinearAdd/QLinearMul kernels that round
+      differently (zero point added before rounding, int32 accumulation). This is what users run.
+
+    The 99.9%-within-1-LSB criterion of the zoo-model tests does not hold on this model, for a
+    reason of the model, not of the import: its SE blocks average whole feature maps and scale
+    every pixel of a channel by the quantized result, and its FPN upsamples the 1/32 map 8x, so
+    one rounding tie resolved differently (float32 summation order, which depends on the CPU and
+    the thread count, or a fused kernel's rounding) moves whole channels and 8x8 blocks by a
+    step, and two transposed convolutions spread it. The fraction of elements within one step is
+    therefore not a stable statistic (CI's CPU gave 93.9% where this machine gave 95.4%); the mean
+    step difference over four images is. Measured here (1-3 threads, three sets of four images):
+    reference mean 0.00-0.36 steps, 99.0-100% within 2 steps; fused mean 0.51-0.65 steps,
+    98.5-99.6% within 2 steps, text-mask IoU 0.991-0.995. Negative controls (a 5% error in one
+    convolution's weight scale, early or mid network): reference mean 0.83-1.34 steps, 85-98%
+    within 2; Resize in linear instead of nearest mode: mean 21-27 steps. The bounds sit between.
     """
     calib = [torch.from_numpy(_text_images([20 + i], 96, 128)) for i in range(4)]
     qmodel = qb.quantize(det, calib, dynamic="all", progress=False)
@@ -309,18 +335,34 @@ def test_det_int8_end_to_end(det, tmp_path):
     captured = []
     hook = quantizer.register_forward_hook(lambda m, i, o: captured.append(o.detach().clone()))
     model.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
-    x = _text_images([1000, 1001], 96, 128)
+    x = _text_images([1000, 1001, 1002, 1003], 96, 128)
     with torch.no_grad():
         y_torch = qmodel(torch.from_numpy(x)).numpy()
         y_float = _torch(det, x)
     hook.remove()
-    y_ort, inner_ort = _ort(model, {"x": x})
-    steps = np.abs(inner_ort - captured[0].numpy()) / quantizer.scale.item()
-    assert steps.size >= 2 * 96 * 128  # the pre-sigmoid map (ConvTranspose output), or larger
-    assert (steps <= 1.0 + 1e-3).mean() >= 0.95, f"{(steps <= 1.001).mean():.4f} within 1 step"
-    assert (steps < 1e-3).mean() >= 0.5
-    assert steps.max() <= 8.0 + 1e-3
-    assert _mask_iou(y_torch, y_ort) >= 0.97
+    inner_torch = captured[0].numpy()
+    assert inner_torch.size >= 4 * 96 * 128  # the pre-sigmoid map (ConvTranspose output), or larger
+
+    def steps(optimize: bool):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        if not optimize:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=_CPU)
+        y_ort, inner_ort = session.run(None, {"x": x})
+        d = np.abs(inner_ort - inner_torch) / quantizer.scale.item()
+        stats = (
+            f"mean {d.mean():.3f} steps, {(d <= 2.001).mean():.4f} within 2, "
+            f"{(d <= 1.001).mean():.4f} within 1, max {d.max():.0f}; {_cpu()}"
+        )
+        return d, y_ort, stats
+
+    d, y_ref, stats = steps(optimize=False)
+    assert d.mean() <= 0.6 and (d <= 2.0 + 1e-3).mean() >= 0.97, f"reference: {stats}"
+    assert _mask_iou(y_torch, y_ref) >= 0.97, f"reference: {stats}"
+    d, y_ort, stats = steps(optimize=True)
+    assert d.mean() <= 1.0 and (d <= 2.0 + 1e-3).mean() >= 0.95, f"fused: {stats}"
+    assert _mask_iou(y_torch, y_ort) >= 0.97, f"fused: {stats}"
     assert _mask_iou(y_float, y_ort) >= 0.75  # int8 still finds the text (measured 0.93)
 
     # the captured model took other image sizes: dynamic H and W in torch
