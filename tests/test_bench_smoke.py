@@ -109,3 +109,23 @@ def test_report_renders_every_figure():
     for heading in ("## Targets", "## 2. Speed", "## 3. Cost", "## 4. QAT"):
         assert heading in text
     assert "ours >= 3x faster than float" in text
+
+
+def test_interleave_takes_the_fastest_of_calls_per_sample():
+    """Samples are the best of ``k`` calls, ``k`` from the warm-up (counted, not timed: the
+    runner's own call counter shows how many calls each round made)."""
+    from bench.suite.timing import calls_per_sample, interleave
+
+    assert calls_per_sample(6.5, 40.0, 5) == 5  # ResNet-18 batch 1: best of 5
+    assert calls_per_sample(12.0, 40.0, 5) == 4
+    assert calls_per_sample(80.0, 40.0, 5) == 1  # batch 8 and larger: single calls
+    assert calls_per_sample(0.0, 40.0, 5) == 5  # a no-op runner: as many as allowed
+
+    made = {"a": 0}
+
+    def runner():
+        made["a"] += 1
+
+    out = interleave({"a": runner}, rounds=3, warmup=2, gap_s=0.0, max_calls=4)
+    assert out["a"]["calls"] == 4  # a no-op is far below 40 ms
+    assert made["a"] == 2 + 3 * 4 and len(out["a"]["wall_ms"]) == 3

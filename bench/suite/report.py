@@ -302,7 +302,10 @@ def _speed(results: dict) -> list[str]:
         "2 threads, ORT_ENABLE_ALL, spinning off. OpenVINO: CPU, 2 threads, 1 stream, LATENCY. "
         "`ours` = our QDQ export, `ort_qdq` = ORT `quantize_static` QDQ u8/s8 per-channel "
         "(its fastest x86 form, bench/forms_study), both calibrated with the same data. Ratios "
-        "are per round, median [min-max].",
+        "are per round, median [min-max]. A sample is the fastest of `k` back-to-back calls, "
+        "`k` (column `calls`) chosen in the warm-up so a sample spans about 40 ms (at most 5): "
+        "short inferences on 2 shared cores are bimodal (a descheduled worker thread nearly "
+        "doubles one call), long ones keep `k` = 1.",
         "",
     ]
     for entry in results["workloads"].values():
@@ -317,9 +320,16 @@ def _speed(results: dict) -> list[str]:
             out += [f"OpenVINO float default precision here: **{prec}** (`ov/float`); "
                     "`ov/float_f32` forces f32.", ""]  # fmt: skip
         for batch, b in sp["batches"].items():
-            out += [f"**{batch}**", "", "| form | ms | process CPU ms |", "|---|---|---|"]
+            calls = b.get("calls_per_sample", {})
+            out += [
+                f"**{batch}**",
+                "",
+                "| form | ms | process CPU ms | calls |",
+                "|---|---|---|---|",
+            ]
             for form, s in b["ms"].items():
-                out.append(f"| {form} | {_ms(s)} | {_f(b['cpu_ms'][form]['median'], 1)} |")
+                cpu = _f(b["cpu_ms"][form]["median"], 1)
+                out.append(f"| {form} | {_ms(s)} | {cpu} | {calls.get(form, 1)} |")
             out += ["", "| ratio | value |", "|---|---|"]
             for r in b["ratios"].values():
                 out.append(f"| {r['what']} | {_ratio(r)} |")

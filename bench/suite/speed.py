@@ -4,7 +4,8 @@ Per workload and batch size, one interleaved loop times every form: ORT float, O
 QDQ export, ORT running its own ``quantize_static`` model (its fastest x86 form: QDQ, uint8
 activations, int8 per-channel weights), and the same files in OpenVINO next to OpenVINO's float
 model at its default precision (bf16 on this CPU) and forced f32. The INT8 files are the
-``minmax`` ones of figure 1. Ratios are per round (adjacent in time), median [min-max].
+``minmax`` ones of figure 1. Ratios are per round (adjacent in time), median [min-max]; a
+sample is the fastest of a few back-to-back calls for inferences under 40 ms (``timing``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def run(
                     "what": what,
                     **paired_ratio(samples[a]["wall_ms"], samples[b]["wall_ms"]),
                 }
+        entry["calls_per_sample"] = {k: v["calls"] for k, v in samples.items()}
         entry["raw_ms"] = {k: [round(t, 2) for t in v["wall_ms"]] for k, v in samples.items()}
         result["batches"][batch] = entry
     return result
