@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -39,6 +40,9 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
+from bench.suite.machine import boost_priority  # noqa: E402
 
 BATCH = 8
 SEED = 0
@@ -926,27 +930,6 @@ def main() -> None:
     md = render(env, vs)
     (args.out / "results.md").write_text(md)
     print(md)
-
-
-def boost_priority(nice: int = -10) -> str:
-    """Own session + niced autogroup, so other users' jobs on a shared box disturb timing less.
-
-    With CONFIG_SCHED_AUTOGROUP a plain nice() only ranks threads inside one session, hence the
-    autogroup write. Needs root (or CAP_SYS_NICE); returns what was applied.
-    """
-    try:
-        os.setsid()
-    except OSError:
-        pass
-    try:
-        Path("/proc/self/autogroup").write_text(str(nice))
-        return f"autogroup nice {nice}"
-    except OSError:
-        try:
-            os.nice(nice)
-            return f"nice {nice}"
-        except OSError as e:
-            return f"none ({e})"
 
 
 def _cpu_flags() -> set[str]:
