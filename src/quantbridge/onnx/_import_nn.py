@@ -39,6 +39,14 @@ def _has(node: OnnxNode, i: int) -> bool:
     return i < len(node.inputs) and bool(node.inputs[i])
 
 
+def _with_parameters(module: nn.Module, weight: np.ndarray, bias: np.ndarray | None):
+    """``module`` holding ``weight`` (and ``bias``, if any) as its own Parameters."""
+    module.weight = _parameter(weight)
+    if bias is not None:
+        module.bias = _parameter(bias)
+    return module
+
+
 # -- padding -------------------------------------------------------------------------------------
 def onnx_pads(node: OnnxNode, x, kernel, strides, dilations) -> list:
     """ONNX pads ``[b_1..b_k, e_1..e_k]`` for the spatial dims of ``x`` (``auto_pad`` applied)."""
@@ -89,13 +97,21 @@ _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _CONV_T = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
 
 
-def _build_conv(node: OnnxNode, consts: dict):
+def _conv_operands(node: OnnxNode, consts: dict):
+    """``(w, b, k, strides, dilations, group)`` of a Conv or ConvTranspose whose weight (and
+    bias, if given) are constants of a rank torch has a module for; None otherwise."""
     w, b = _const(node, consts, 1), _const(node, consts, 2)
     if w is None or (_has(node, 2) and b is None) or w.ndim - 2 not in _CONV:
         return None
-    k = w.ndim - 2
     strides, dilations = geometry(node, w.shape[2:])
-    group = node.attr("group", 1)
+    return w, b, w.ndim - 2, strides, dilations, node.attr("group", 1)
+
+
+def _build_conv(node: OnnxNode, consts: dict):
+    operands = _conv_operands(node, consts)
+    if operands is None:
+        return None
+    w, b, k, strides, dilations, group = operands
     padding = static_padding(node, k)
     module = nn.utils.skip_init(
         _CONV[k],
@@ -108,10 +124,7 @@ def _build_conv(node: OnnxNode, consts: dict):
         groups=group,
         bias=b is not None,
     )
-    module.weight = _parameter(w)
-    if b is not None:
-        module.bias = _parameter(b)
-    return module, (1, 2)
+    return _with_parameters(module, w, b), (1, 2)
 
 
 def _call_conv(node: OnnxNode, module: nn.Module, x):
@@ -162,12 +175,10 @@ def _transpose_pads(node: OnnxNode, x, w_shape) -> tuple[list, list]:
 
 
 def _build_conv_transpose(node: OnnxNode, consts: dict):
-    w, b = _const(node, consts, 1), _const(node, consts, 2)
-    if w is None or (_has(node, 2) and b is None) or w.ndim - 2 not in _CONV_T:
+    operands = _conv_operands(node, consts)
+    if operands is None:
         return None
-    k = w.ndim - 2
-    strides, dilations = geometry(node, w.shape[2:])
-    group = node.attr("group", 1)
+    w, b, k, strides, dilations, group = operands
     static = node.attr("output_shape") is None and node.attr("auto_pad", "NOTSET") in (
         "NOTSET",
         "",
@@ -186,10 +197,7 @@ def _build_conv_transpose(node: OnnxNode, consts: dict):
         bias=b is not None,
         dilation=tuple(dilations),
     )
-    module.weight = _parameter(w)
-    if b is not None:
-        module.bias = _parameter(b)
-    return module, (1, 2)
+    return _with_parameters(module, w, b), (1, 2)
 
 
 def _crop(node: OnnxNode, y, pads: list, done: tuple):
@@ -228,10 +236,7 @@ def _conv_transpose(node, x, w, b=None):
 # -- Gemm / MatMul -------------------------------------------------------------------------------
 def _linear(weight: np.ndarray, bias: np.ndarray | None) -> nn.Linear:
     module = nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=bias is not None)
-    module.weight = _parameter(weight)
-    if bias is not None:
-        module.bias = _parameter(bias)
-    return module
+    return _with_parameters(module, weight, bias)
 
 
 def _build_gemm(node: OnnxNode, consts: dict):
@@ -316,8 +321,7 @@ def _build_batch_norm(node: OnnxNode, consts: dict):
     cls = _BATCH_NORM.get(node.ranks[0] if node.ranks else None, BatchNormAnyRank)
     momentum = 1.0 - node.attr("momentum", 0.9)
     module = cls(scale.shape[0], eps=node.attr("epsilon", 1e-5), momentum=momentum)
-    module.weight = _parameter(scale)
-    module.bias = _parameter(bias)
+    _with_parameters(module, scale, bias)
     module.running_mean = torch.from_numpy(np.array(mean, copy=True))
     module.running_var = torch.from_numpy(np.array(var, copy=True))
     return module.eval(), (1, 2, 3, 4)
@@ -348,10 +352,7 @@ def _build_layer_norm(node: OnnxNode, consts: dict):
     if scale is None or (_has(node, 2) and bias is None) or not last or scale.ndim != 1:
         return None
     module = nn.LayerNorm(scale.shape[0], eps=node.attr("epsilon", 1e-5), bias=bias is not None)
-    module.weight = _parameter(scale)
-    if bias is not None:
-        module.bias = _parameter(bias)
-    return module, (1, 2)
+    return _with_parameters(module, scale, bias), (1, 2)
 
 
 def _check_layer_norm(node: OnnxNode) -> None:
