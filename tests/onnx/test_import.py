@@ -84,18 +84,18 @@ def _strokes(rng, height: int, width: int) -> np.ndarray:
     return page
 
 
-def _ort(path_or_model, feeds: dict, threads: int = 2) -> list[np.ndarray]:
+def _ort(path_or_model, feeds: dict, threads: int = 2, optimize: bool = True) -> list[np.ndarray]:
+    """Outputs of a CPU session; ``optimize=False`` runs the graph node by node (no fusions)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     src = (
         path_or_model.SerializeToString()
         if isinstance(path_or_model, onnx.ModelProto)
         else str(path_or_model)
     )
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-_CPU = ["CPUExecutionProvider"]
 
 
 def _cpu() -> str:
@@ -344,12 +344,7 @@ def test_det_int8_end_to_end(det, tmp_path):
     assert inner_torch.size >= 4 * 96 * 128  # the pre-sigmoid map (ConvTranspose output), or larger
 
     def steps(optimize: bool):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 2
-        if not optimize:
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=_CPU)
-        y_ort, inner_ort = session.run(None, {"x": x})
+        y_ort, inner_ort = _ort(model, {"x": x}, optimize=optimize)
         d = np.abs(inner_ort - inner_torch) / quantizer.scale.item()
         stats = (
             f"mean {d.mean():.3f} steps, {(d <= 2.001).mean():.4f} within 2, "

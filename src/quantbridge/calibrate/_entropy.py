@@ -146,10 +146,9 @@ def num_quant_bins(scheme: QScheme) -> int:
 
 def _cap_zero_bin(counts: np.ndarray, zero: int) -> None:
     """Cap ``counts[zero]`` at its larger neighbour's count, in place (module docstring)."""
-    neighbours = counts[max(zero - 1, 0) : zero + 2]
-    neighbours = np.delete(neighbours, min(zero, 1))
-    if neighbours.size:
-        counts[zero] = min(counts[zero], neighbours.max())
+    neighbours = [counts[i] for i in (zero - 1, zero + 1) if 0 <= i < counts.size]
+    if neighbours:
+        counts[zero] = min(counts[zero], max(neighbours))
 
 
 def entropy_threshold(hist: Histogram, scheme: QScheme) -> float:
