@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import Recipe, export, quantize
-from .onnx._inspect import inspect_model
+from .onnx.inspector import inspect_model
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import quantbridge as qb
-from quantbridge.onnx import _torch_onnx
+from quantbridge.onnx.exporter import _torch_onnx
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """``inspect_model`` on real exports (quantbridge QDQ, plain float, ONNX Runtime QOperator), on
-hand-built graphs for each int8/float rule of ``quantbridge.onnx._inspect``, and against the
+hand-built graphs for each int8/float rule of ``quantbridge.onnx.inspector``, and against the
 real engine: what the report calls an int8 Conv/Gemm is what ONNX Runtime turns into
 QLinearConv/QGemm."""
 
@@ -21,7 +21,7 @@ from torch import nn
 
 import quantbridge as qb
 from quantbridge.onnx import inspect_model
-from quantbridge.onnx._inspect import bits_for_range
+from quantbridge.onnx.inspector import bits_for_range
 from quantbridge.torch._fakequant import BiasQuantizer, Quantizer
 from quantbridge.zoo import BasicBlock, DigitsCNN, resnet18_style
 

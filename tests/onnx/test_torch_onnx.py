@@ -18,7 +18,7 @@ import torch
 from onnx import numpy_helper
 
 import quantbridge as qb
-from quantbridge.onnx import _torch_onnx
+from quantbridge.onnx.exporter import _torch_onnx
 from quantbridge.zoo import (
     DigitsCNN,
     TinyTransformer,

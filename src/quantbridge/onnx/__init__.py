@@ -1,11 +1,15 @@
-"""The ONNX layer: QDQ export, fp32 ONNX import, model inspection. Public names are re-exported
-from ``quantbridge``."""
+"""The ONNX layer, one sub-package per concern:
 
-from ._export import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
-from ._import import import_onnx
-from ._import_module import OnnxModule
-from ._import_registry import supported_ops
-from ._inspect import inspect_model
+- ``exporter``: QDQ export of torch models (the canonical form);
+- ``importer``: ONNX graphs as trainable torch modules;
+- ``inspector``: what a file holds and what an engine will run in int8.
+
+Public names are re-exported from ``quantbridge``.
+"""
+
+from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from .importer import OnnxModule, import_onnx, supported_ops
+from .inspector import inspect_model
 
 __all__ = [
     "OnnxModule",

@@ -5,7 +5,7 @@
 ``numerics.fake_quantize`` / ``numerics.dequantize`` compute, so a model in export mode still runs
 in torch with the same outputs. Their only purpose is to survive ``torch.export`` as single nodes
 whose inputs are the quantizer's own buffers (scale, zero point in its storage dtype, integer
-weight), so that the ONNX exporter's translation table (``quantbridge.onnx._translate``) turns each
+weight), so that the ONNX exporter's translation table (``quantbridge.onnx.exporter._translate``) turns each
 into QuantizeLinear / DequantizeLinear with integer initializers - no float weight is ever
 exported and no quantization parameter is guessed from the graph.
 """

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._import_registry import OnnxNode, OpHandler, as_tensor
+from ._registry import OnnxNode, OpHandler, as_tensor
 
 
 def _identifier(name: str, taken: set[str]) -> str:

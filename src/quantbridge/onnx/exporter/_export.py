@@ -30,12 +30,12 @@ from typing import Any
 
 import onnx
 
-from ..torch._batches import as_call
-from ..torch._capture import dynamic_shapes, widen_batch
-from ..torch._export_ops import export_mode
-from ..torch._model import QuantModel
-from ..torch._placement import CONTAINER
-from ..torch._qat import folded_copy
+from ...torch._batches import as_call
+from ...torch._capture import dynamic_shapes, widen_batch
+from ...torch._export_ops import export_mode
+from ...torch._model import QuantModel
+from ...torch._placement import CONTAINER
+from ...torch._qat import folded_copy
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._torch_onnx import export_program

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._import_registry import LayerSpec, OnnxNode, as_tensor, register
+from ._registry import LayerSpec, OnnxNode, as_tensor, register
 
 
 def _parameter(array: np.ndarray) -> nn.Parameter:

@@ -13,8 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._import_nn import geometry, onnx_pads, static_padding, torch_pads
-from ._import_registry import OnnxNode, register
+from ._nn import geometry, onnx_pads, static_padding, torch_pads
+from ._registry import OnnxNode, register
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}

@@ -33,7 +33,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..torch._ops import TRANSPOSED_CONV_OPS
+from ...torch._ops import TRANSPOSED_CONV_OPS
 from ._translate import translation_table
 
 log = logging.getLogger(__name__)

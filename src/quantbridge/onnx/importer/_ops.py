@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._import_registry import (
+from ._registry import (
     as_tensor,
     ints,
     normalize_axes,

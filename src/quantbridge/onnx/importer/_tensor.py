@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._import_registry import (
+from ._registry import (
     OnnxNode,
     as_tensor,
     floats,

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ._inspect_report import InspectReport, TensorInfo, WeightInfo
+from ._report import InspectReport, TensorInfo, WeightInfo
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _NOT_COMPUTE = frozenset({"Constant", "Shape", "Size", "ConstantOfShape"})

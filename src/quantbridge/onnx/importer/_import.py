@@ -42,9 +42,9 @@ import torch
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
-from . import _import_nn, _import_ops, _import_pool, _import_tensor  # noqa: F401 - the registry
-from ._import_module import OnnxModule, new_module
-from ._import_registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
+from . import _nn, _ops, _pool, _tensor  # noqa: F401 - the registry
+from ._module import OnnxModule, new_module
+from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 
 _QUANTIZED_OPS = {
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
