@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
@@ -114,15 +115,39 @@ def _load(model) -> onnx.ModelProto:
                 )
         return model
     if isinstance(model, bytes):
-        return onnx.load_from_string(model)
+        return _parse(lambda: onnx.load_from_string(model), "the bytes given")
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"import_onnx: no ONNX file at {str(path)!r}")
-        return onnx.load(str(path))  # external data is loaded from the model's folder
+        # external data is loaded from the model's folder
+        return _parse(lambda: onnx.load(str(path)), repr(str(path)))
     raise TypeError(
         f"import_onnx expects a path, an onnx.ModelProto or its bytes, got {type(model).__name__}"
     )
+
+
+def _parse(load, what: str) -> onnx.ModelProto:
+    """``load()``, with the errors of a file that is not ONNX, truncated, or missing its
+    external-data files said plainly."""
+    try:
+        proto = load()
+    except DecodeError as e:
+        raise ValueError(
+            f"import_onnx: {what} is not a readable ONNX model ({e}): the file is not ONNX, or "
+            "truncated (an interrupted download or copy); export or download it again"
+        ) from None
+    except onnx.checker.ValidationError as e:
+        raise ValueError(
+            f"import_onnx: {what} keeps tensors in external data files that cannot be read "
+            f"({str(e).strip()}); put the data files next to the model, as when it was saved"
+        ) from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ValueError(
+            f"import_onnx: {what} holds no graph (not an ONNX model, or an empty one); pass a "
+            ".onnx model file"
+        )
+    return proto
 
 
 def _all_initializers(graph: onnx.GraphProto):

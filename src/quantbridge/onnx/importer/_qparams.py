@@ -87,6 +87,13 @@ class FileQParams:
         lo, hi = max(self.qmin, int(lo)), min(self.qmax, int(hi))
         if lo > hi:
             raise ValueError(f"{where}: clips the integers to an empty range [{lo}, {hi}]")
+        outside = (self.zero_point < lo) | (self.zero_point > hi)
+        if outside.any():
+            raise ValueError(
+                f"{where}: zero point {self.zero_point[outside][:4].tolist()} of {self.where} lies "
+                f"outside the clipped range [{lo}, {hi}]; the zero point must be a code of the "
+                "range (clip around it, or use a zero point inside the range)"
+            )
         return FileQParams(
             self.scale, self.zero_point, self.onnx_type, lo, hi, self.axis, self.where
         )

@@ -199,11 +199,12 @@ class Normaliser:
                 "quantized op produces it"
             )
         if not site.qparams.same_grid(qp):
+            theirs = site.qparams
             raise ValueError(
-                f"{self.where(node)} reads {x!r} with scale {qp.scale.tolist()} and zero point "
-                f"{qp.zero_point.tolist()}, but {site.qparams.where} wrote it with scale "
-                f"{site.qparams.scale.tolist()} and zero point {site.qparams.zero_point.tolist()}. "
-                "A tensor must be read with the parameters it was quantized with: fix the "
+                f"{self.where(node)} reads {x!r} with scale {_short(qp.scale)} and zero point "
+                f"{_short(qp.zero_point)}, but {theirs.where} wrote it with scale "
+                f"{_short(theirs.scale)} and zero point {_short(theirs.zero_point)}. A tensor "
+                "must be read with the parameters it was quantized with: fix the "
                 "DequantizeLinear's (or the op's) scale and zero point to match"
             )
         return x
@@ -317,6 +318,13 @@ class Normaliser:
         )  # fmt: skip
         opsets = [helper.make_opsetid("", self.opset), helper.make_opsetid(SITE_DOMAIN, 1)]
         return helper.make_model(graph, opset_imports=opsets, ir_version=self.proto.ir_version)
+
+
+def _short(values: np.ndarray) -> str:
+    """At most four values, each as its shortest repr (float32 scales as written: 0.06)."""
+    flat = values.reshape(-1)
+    shown = ", ".join(str(v) for v in flat[:4])  # numpy's shortest repr of each float32
+    return shown if values.ndim == 0 else f"[{shown}{', ...' if flat.size > 4 else ''}]"
 
 
 def _constant(node: onnx.NodeProto) -> np.ndarray:
