@@ -59,11 +59,14 @@ class _Reader(CalibrationDataReader):
         return next(self._it, None)
 
 
-def ort_static(src: str, dst, batches, fmt: str, per_channel: bool, types: str = "u8s8") -> str:
+def ort_static(
+    src: str, dst, batches, fmt: str, per_channel: bool, types: str = "u8s8", reduce_range=False
+) -> str:
     act, weight = TYPES[types]
     quantize_static(
         src, str(dst), _Reader(batches), quant_format=getattr(QuantFormat, fmt),
         per_channel=per_channel, activation_type=act, weight_type=weight,
+        reduce_range=reduce_range,
     )  # fmt: skip
     return str(dst)
 
@@ -156,21 +159,89 @@ def test_qdq_matches_ort_reference(float_files, tmp_path, name, per_channel, typ
     assert d.max() <= 1.0 + 1e-3, f"{name}: max {d.max():.2f} steps, {(d > 1e-3).mean():.4f} differ"
 
 
-@pytest.mark.parametrize("name", ["digits", "resnet18", "block"])
-def test_qdq_agrees_with_ort_integer_kernels_as_ort_agrees_with_itself(float_files, tmp_path, name):
-    """Against ORT's fused integer kernels the import is as close as ORT's own unoptimised session
-    (mean steps). Measured (random weights): ORT optimised vs unoptimised differ by a mean of
-    4.7 steps on DigitsCNN, 0.6 on the ResNet-18 layout, 1.0-1.1 on the block (u8s8), so the
-    1-step-on-99.9% criterion of the issue is not met by ORT against itself on these files."""
-    path = _quantized(float_files, tmp_path, name, "QDQ", True, "u8s8")
+QOPERATOR_CASES = [
+    ("digits", False, "u8s8"),
+    ("digits", True, "s8s8"),
+    ("resnet18", True, "s8s8"),
+    ("mobilenetv2", False, "u8s8"),  # depthwise (grouped) QLinearConv
+]
+
+
+@pytest.mark.parametrize("name,per_channel,types", QOPERATOR_CASES)
+def test_qoperator_matches_the_qdq_reference(float_files, tmp_path, name, per_channel, types):
+    """ORT writes the same scales in QOperator and QDQ form from the same calibration: the
+    imported QOperator model computes what the QDQ file specifies (ORT, optimisations off).
+    Measured: 0 steps on every element of every case."""
+    qop = _quantized(float_files, tmp_path, name, "QOperator", per_channel, types)
+    qdq = _quantized(float_files, tmp_path, name, "QDQ", per_channel, types)
+    qmodel = qb.import_onnx(qop)
+    assert not any(n.op_type.startswith("QLinear") for n in onnx.load(qdq).graph.node)
+    x = np.concatenate(_batches(MODELS[name][1], 2, 7))
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    d = _steps(y, run_ort(qdq, x, optimize=False), qdq)
+    assert d.max() <= 1.0 + 1e-3, f"{name}: max {d.max():.2f} steps, {(d > 1e-3).mean():.4f} differ"
+
+
+@pytest.mark.parametrize("name", ["digits", "resnet18"])
+def test_ort_integer_kernels_agree_within_one_step(float_files, tmp_path, name):
+    """s8/s8 QOperator: ORT's integer kernels agree with the import within 1 step on >= 99.9%
+    of output elements. Measured: 0 steps on every element (DigitsCNN, ResNet-18 and MobileNetV2
+    layouts, per-tensor and per-channel). (ORT runs s8/s8 *QDQ* files through u8 kernels on x86
+    - its QDQS8ToU8 rewrite - and so meets the u8/s8 saturation of the next test.)"""
+    path = _quantized(float_files, tmp_path, name, "QOperator", True, "s8s8")
+    qdq = _quantized(float_files, tmp_path, name, "QDQ", True, "s8s8")
     qmodel = qb.import_onnx(path)
     x = np.concatenate(_batches(MODELS[name][1], 4, 13))
     with torch.no_grad():
         y = qmodel(torch.from_numpy(x)).numpy()
+    d = _steps(y, run_ort(path, x, optimize=True), qdq)
+    assert (d <= 1.0 + 1e-3).mean() >= 0.999, f"{(d <= 1.001).mean():.4f} within 1 step"
+
+
+def test_qoperator_transformer_block_agrees_with_ort_as_ort_agrees_with_itself(
+    float_files, tmp_path
+):
+    """The block's QOperator file (QLinearMatMul, QLinearAdd, QLinearMul, QLinearSoftmax, integer
+    Reshape / Transpose / Split / Squeeze) ends in a float LayerNorm, so it has no output grid to
+    compare on with the QDQ file: the import is held to ORT-vs-ORT (mean steps of the QDQ file's
+    output grid; measured: import vs ORT QOperator 1.01 / 1.16, ORT QDQ vs ORT QOperator 1.05 /
+    1.20, per-tensor / per-channel)."""
+    qop = _quantized(float_files, tmp_path, "block", "QOperator", True, "u8s8")
+    qdq = _quantized(float_files, tmp_path, "block", "QDQ", True, "u8s8")
+    x = np.concatenate(_batches(MODELS["block"][1], 2, 7))
+    with torch.no_grad():
+        y = qb.import_onnx(qop)(torch.from_numpy(x)).numpy()
+    engine = run_ort(qop, x, optimize=False)
+    ours = _steps(y, engine, qdq)
+    ort_qdq = _steps(run_ort(qdq, x, optimize=False), engine, qdq)
+    assert ours.mean() <= ort_qdq.mean() + 0.05, (ours.mean(), ort_qdq.mean())
+
+
+def test_ort_u8s8_kernels_saturate_on_avx2_and_reduce_range_removes_it(float_files, tmp_path):
+    """u8/s8 without reduce_range: ORT's x86 kernels without VNNI sum pairs of u8 x s8 products
+    in int16 (VPMADDUBSW) and saturate, so ORT's fused session differs from its own unoptimised
+    one (measured on this AVX2 machine, DigitsCNN per-channel: a mean of 6.0 steps, 17.5% within
+    1 step; the import equals the unoptimised session on every element). The same file quantized
+    with reduce_range=True (7-bit weights, no saturation) agrees with the import on every
+    element. So the import is held to ORT-vs-ORT here, and to the 99.9% criterion with reduce_range."""
+    path = _quantized(float_files, tmp_path, "digits", "QOperator", True, "u8s8")
+    x = np.concatenate(_batches((1, 8, 8), 4, 13))
+    with torch.no_grad():
+        y = qb.import_onnx(path)(torch.from_numpy(x)).numpy()
     fused = run_ort(path, x, optimize=True)
-    ours = _steps(y, fused, path)
-    ort_self = _steps(run_ort(path, x, optimize=False), fused, path)
+    qdq = _quantized(float_files, tmp_path, "digits", "QDQ", True, "u8s8")
+    ours = _steps(y, fused, qdq)
+    ort_self = _steps(run_ort(qdq, x, optimize=False), fused, qdq)
     assert ours.mean() <= ort_self.mean() + 0.05, (ours.mean(), ort_self.mean())
+
+    reduced = tmp_path / "reduced.onnx"
+    ort_static(float_files["digits"], reduced, _batches((1, 8, 8), 3, 1), "QOperator", True,
+               "u8s8", reduce_range=True)  # fmt: skip
+    with torch.no_grad():
+        y = qb.import_onnx(reduced)(torch.from_numpy(x)).numpy()
+    d = _steps(y, run_ort(str(reduced), x, optimize=True), str(reduced))
+    assert (d <= 1.0 + 1e-3).mean() >= 0.999, f"{(d <= 1.001).mean():.4f} within 1 step"
 
 
 # -- round trips (part 2b-d) ----------------------------------------------------------------------
