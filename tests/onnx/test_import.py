@@ -6,7 +6,7 @@
 * the model-zoo structures of onnx's ``backend/test/data/light`` (opset 9): against their
   reference outputs, and with random weights against ONNX Runtime;
 * ``qb.quantize(import_onnx(det), ..., dynamic="all")`` -> ``qb.export`` -> ONNX Runtime;
-* the refusals: unsupported op, quantized (QDQ) graph, custom domain, inexact Resize, external data.
+* the refusals: unsupported op, custom domain, inexact Resize, external data.
 """
 
 from __future__ import annotations
@@ -439,30 +439,6 @@ def test_unsupported_op_names_node_op_opset_and_supported_list():
 def test_custom_domain_is_refused_with_its_domain():
     with pytest.raises(ValueError, match="in domain 'com.microsoft'"):
         qb.import_onnx(_one_node_model("FusedGemm", domain="com.microsoft"))
-
-
-def test_qdq_model_is_refused():
-    nodes = [
-        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q0"),
-        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq0"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        initializer=[
-            numpy_helper.from_array(np.array(0.1, np.float32), "s"),
-            numpy_helper.from_array(np.array(128, np.uint8), "z"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with pytest.raises(ValueError) as err:
-        qb.import_onnx(model)
-    message = str(err.value)
-    assert "'q0' (op QuantizeLinear, opset 13)" in message
-    assert "QDQ / QOperator" in message and "not built yet" in message
-    assert "quantbridge.quantize" in message  # the fix
 
 
 def test_inexact_resize_is_refused_at_import():

@@ -29,6 +29,7 @@ same way; ``QuantModel.load_state_dict`` refuses a float state dict (``check_sta
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -139,7 +140,16 @@ def _check_writable(path: str | os.PathLike) -> str:
 # -- load -----------------------------------------------------------------------------------------
 def load(path: str | os.PathLike, model: nn.Module) -> QuantModel:
     """The QuantModel saved at ``path``, re-created on ``model`` (a fresh instance of the user's
-    class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible."""
+    class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible.
+
+    A model imported from a quantized ONNX file is its own fresh instance: pass
+    ``qb.import_onnx(file)`` (the tensors are loaded onto a copy of it)."""
+    if isinstance(model, QuantModel) and model.qb_capture.get("made_by") == "import_onnx":
+        header, tensors = _read(os.fspath(path))
+        qmodel = copy.deepcopy(model)
+        _compare_points(header["points"], [p.to_dict() for p in qmodel.qb_points], header, model)
+        _load_tensors(qmodel, header, tensors)
+        return qmodel.train(bool(header.get("training", False)))
     if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
         raise TypeError(
             f"qb.load needs a fresh instance of your float model class (model=MyModel()) to "

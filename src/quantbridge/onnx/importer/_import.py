@@ -24,8 +24,10 @@ Runtime's up to float32 rounding):
   becomes the layer's bias, so it is quantized to int32 with the layer.
 * Case 3 - dead code: nodes no output depends on are dropped.
 
-Refused, with the reason and the fix: quantized graphs (QDQ / QOperator: not built yet), ops
-outside the registry (``supported_ops``), custom domains, and attribute combinations without an
+Quantized graphs (QDQ, QOperator, dynamic) are first normalised to a float graph plus the file's
+quantization record (``_quantized``, ``_qoperator``) and come back as a ``QuantModel`` (``_qmodel``).
+
+Refused, with the reason and the fix: ops outside the registry (``supported_ops``), custom domains, and attribute combinations without an
 exact torch equivalent. The module is returned in eval mode (as ONNX models run); ``.train()``
 makes BatchNorm use batch statistics, as any torch model.
 """
@@ -39,12 +41,17 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
-from . import _nn, _ops, _pool, _tensor  # noqa: F401 - the registry
+from ...torch._model import QuantModel
+from . import _nn, _ops, _pool, _qoperator, _tensor  # noqa: F401 - the registries
 from ._module import OnnxModule, new_module
+from ._qmodel import quant_model
+from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
+from ._site import SITE_HANDLER
 
 _QUANTIZED_OPS = {
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
@@ -60,20 +67,40 @@ _RANDOM_OPS = {
 }
 
 
-def import_onnx(model: str | os.PathLike | onnx.ModelProto | bytes) -> OnnxModule:
-    """An fp32 ONNX model (a path, a ``ModelProto`` or its bytes) as a float ``nn.Module``.
+def import_onnx(
+    model: str | os.PathLike | onnx.ModelProto | bytes,
+    *,
+    example_inputs: Any = None,
+    learn_scales: bool = False,
+) -> OnnxModule | QuantModel:
+    """An ONNX model (a path, a ``ModelProto`` or its bytes) as a trainable torch model.
 
-    See the module docstring for the layout. Raises ``ValueError`` naming the ONNX node, the op
-    and its opset for anything it cannot import exactly.
+    A float model gives a float ``nn.Module`` (see the module docstring for the layout). A
+    quantized model (QDQ, QOperator, or both) gives a ``QuantModel``, as ``quantize`` returns,
+    whose quantizers hold the file's scales and zero points (frozen; ``learn_scales=True`` makes
+    them learnable, LSQ) and whose weights are the file's dequantized integers (``_quantized``,
+    ``_qmodel``). ``example_inputs`` (a tensor, tuple or dict, as a calibration batch) is needed
+    for quantized models whose inputs have free dimensions besides the batch.
+
+    Raises ``ValueError`` naming the ONNX node, the op and its opset for anything it cannot import
+    exactly; unsupported ops of a quantized model are listed together.
     """
     proto = _load(model)
+    if is_quantized(proto):
+        normalised, record = normalise(proto, _ranks(proto))
+        graph, module = _float_module(normalised)
+        return quant_model(module, graph, record, proto, example_inputs, learn_scales)
+    return _float_module(proto)[1]
+
+
+def _float_module(proto: onnx.ModelProto) -> tuple[_Graph, OnnxModule]:
     graph = _Graph(proto)
     graph.refuse_unsupported()
     graph.fold_constants()  # Case 1
     layers = graph.build_layers()
     graph.absorb_biases(layers)  # Case 2
     graph.drop_dead_nodes()  # Case 3
-    return new_module(graph, layers)
+    return graph, new_module(graph, layers)
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -88,15 +115,39 @@ def _load(model) -> onnx.ModelProto:
                 )
         return model
     if isinstance(model, bytes):
-        return onnx.load_from_string(model)
+        return _parse(lambda: onnx.load_from_string(model), "the bytes given")
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"import_onnx: no ONNX file at {str(path)!r}")
-        return onnx.load(str(path))  # external data is loaded from the model's folder
+        # external data is loaded from the model's folder
+        return _parse(lambda: onnx.load(str(path)), repr(str(path)))
     raise TypeError(
         f"import_onnx expects a path, an onnx.ModelProto or its bytes, got {type(model).__name__}"
     )
+
+
+def _parse(load, what: str) -> onnx.ModelProto:
+    """``load()``, with the errors of a file that is not ONNX, truncated, or missing its
+    external-data files said plainly."""
+    try:
+        proto = load()
+    except DecodeError as e:
+        raise ValueError(
+            f"import_onnx: {what} is not a readable ONNX model ({e}): the file is not ONNX, or "
+            "truncated (an interrupted download or copy); export or download it again"
+        ) from None
+    except onnx.checker.ValidationError as e:
+        raise ValueError(
+            f"import_onnx: {what} keeps tensors in external data files that cannot be read "
+            f"({str(e).strip()}); put the data files next to the model, as when it was saved"
+        ) from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ValueError(
+            f"import_onnx: {what} holds no graph (not an ONNX model, or an empty one); pass a "
+            ".onnx model file"
+        )
+    return proto
 
 
 def _all_initializers(graph: onnx.GraphProto):
@@ -192,16 +243,17 @@ class _Graph:
         self.nodes = _topological(self.nodes, set(self.inputs) | set(self.consts))
 
     def handler(self, node: OnnxNode) -> OpHandler | None:
+        if node.domain == SITE_DOMAIN:
+            return SITE_HANDLER
         return lookup(node.op_type, node.opset) if node.domain == "" else None
 
     def refuse_unsupported(self) -> None:
         for node in self.nodes:
             if node.op_type in _QUANTIZED_OPS or node.op_type.startswith("QLinear"):
                 raise ValueError(
-                    f"{node.where()} is a quantized operator: this is a QDQ / QOperator model. "
-                    "quantbridge.import_onnx imports float models only - importing QDQ / QOperator "
-                    "models is not built yet. Import the fp32 model and quantize it with "
-                    "quantbridge.quantize"
+                    f"{node.where()} is a quantized operator quantbridge.import_onnx does not "
+                    f"import (quantized ops it imports: {', '.join(sorted(RULES))}). Import the "
+                    "fp32 model and quantize it with quantbridge.quantize"
                 )
         missing = [n for n in self.nodes if self.handler(n) is None]
         if missing:

@@ -1,0 +1,243 @@
+"""The ``QuantModel`` of a quantized ONNX file: the float import captured, the file's quantizers in.
+
+The normalised float graph (``_quantized``) is imported as an ``OnnxModule`` and captured with
+``torch.export`` like any model (``torch._capture``). Its quantizers come from the file, through
+the record, never from a recipe's placement nor from name matching:
+
+* every ``Site`` in the captured graph becomes the ``Quantizer`` of its grid (one per grid; later
+  sites of a grid, after data movement, call it with ``observe=False`` as placement does), set to
+  the file's scale, zero point and integer range;
+* a weighted op (conv, linear) whose weight the file stores as integers gets a ``WeightQuantizer``
+  with the file's (per-channel) parameters; the parameter holds the dequantized integers, so
+  fake quantization gives back exactly the file's codes. The layer's ONNX node (``onnx_names``)
+  says which constant it was;
+* its int32 bias gets a ``BiasQuantizer`` when the file's bias scale is input scale x weight scale
+  (as ONNX Runtime and QLinearConv have it): the codes are then recomputed bit for bit.
+  Otherwise the bias stays float, holding the file's dequantized values.
+
+All quantizers are frozen; ``learn_scales=True`` makes them learnable (LSQ from the file's values).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from ...numerics import QScheme, bias_scale, dequantize
+from ...recipe import Recipe, TensorRecipe
+from ...torch._batches import as_call, input_spec
+from ...torch._capture import capture
+from ...torch._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+from ...torch._model import QuantModel
+from ...torch._ops import WEIGHTED_OPS
+from ...torch._passes import own_parameters
+from ...torch._placement import CONTAINER, QuantPoint, module_of
+from ._module import OnnxModule
+from ._quantized import QuantRecord
+from ._site import SITE_TARGET
+
+_WEIGHT_INPUT, _BIAS_INPUT = 1, 2  # of Conv, ConvTranspose, Gemm, MatMul
+
+
+def example_inputs(proto: onnx.ModelProto, consts: set[str]) -> tuple[tuple, str]:
+    """Inputs to capture with, from the file's input shapes (a free batch dimension -> 2), and
+    the ``dynamic`` mode; ValueError naming the input when another dimension is free."""
+    args, free_dims = [], False
+    for v in proto.graph.input:
+        if v.name in consts:
+            continue
+        t = v.type.tensor_type
+        shape = []
+        for i, d in enumerate(t.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(d.dim_value)
+            elif i == 0:
+                shape.append(2)
+            else:
+                free_dims = True
+                shape.append(None)
+        if None in shape:
+            raise ValueError(
+                f"input {v.name!r} has shape {_shape(t)} with free dimensions after the first; "
+                "pass example_inputs=... to import_onnx (a tensor per input, of a typical size)"
+            )
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        args.append(torch.from_numpy(np.zeros(shape, dtype=dtype)))
+    return tuple(args), "all" if free_dims else "batch"
+
+
+def _shape(t) -> list:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+
+
+class _Builder:
+    def __init__(self, gm: torch.fx.GraphModule, module: OnnxModule, nodes: dict, record):
+        self.gm, self.module, self.nodes, self.record = gm, module, nodes, record
+        self.container = nn.Module()
+        gm.add_submodule(CONTAINER, self.container)
+        self.points: list[QuantPoint] = []
+        self.by_grid: dict[int, tuple[Quantizer, str]] = {}
+
+    def _add(self, module: nn.Module, point: QuantPoint) -> str:
+        base = re.sub(r"\W", "_", point.name).strip("_") or "q"
+        attr, i = base, 1
+        while hasattr(self.container, attr):
+            i += 1
+            attr = f"{base}_{i}"
+        self.container.add_module(attr, module)
+        point.attr = attr
+        self.points.append(point)
+        return f"{CONTAINER}.{attr}"
+
+    def _call(self, target: str, before: torch.fx.Node, value, kwargs=None) -> torch.fx.Node:
+        with self.gm.graph.inserting_before(before):
+            node = self.gm.graph.call_module(target, (value,), kwargs or {})
+        node.meta["val"] = getattr(value, "meta", {}).get("val")
+        node.meta["nn_module_stack"] = before.meta.get("nn_module_stack", {})
+        return node
+
+    # -- activations ----------------------------------------------------------------------------
+    def sites(self) -> None:
+        for node in list(self.gm.graph.nodes):
+            if node.op != "call_function" or node.target is not SITE_TARGET:
+                continue
+            x, grid, observe = node.args
+            q, target = self._quantizer(grid, node)
+            new = self._call(target, node, x, {} if observe else {"observe": False})
+            node.replace_all_uses_with(new)
+            self.gm.graph.erase_node(node)
+
+    def _quantizer(self, grid: int, node: torch.fx.Node) -> tuple[Quantizer, str]:
+        if grid not in self.by_grid:
+            site = self.record.sites[grid]
+            scheme = site.qparams.scheme()
+            q = Quantizer(site.tensor, TensorRecipe(scheme), "activation")
+            q.set_qparams(site.qparams.scale, site.qparams.zero_point)
+            point = QuantPoint("", site.tensor, "activation", module_of(node)[0], node.name,
+                               scheme.to_dict(), "file")  # fmt: skip
+            self.by_grid[grid] = (q, self._add(q, point))
+        return self.by_grid[grid]
+
+    # -- weights and biases ---------------------------------------------------------------------
+    def weighted(self) -> None:
+        for node in list(self.gm.graph.nodes):
+            if node.op != "call_function" or node.target not in WEIGHTED_OPS:
+                continue
+            i_x, i_w, i_b, _ = WEIGHTED_OPS[node.target]
+            w = node.args[i_w]
+            if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
+                continue
+            onnx_node = self.nodes.get(self.module.onnx_names.get(w.target.rpartition(".")[0]))
+            if onnx_node is None or len(onnx_node.inputs) <= _WEIGHT_INPUT:
+                continue
+            found = self.record.weights.get(onnx_node.inputs[_WEIGHT_INPUT])
+            if found is None:
+                continue  # a float weight in the file: the op stays float
+            wq = self._weight(w, *found, node)
+            b = node.args[i_b] if len(node.args) > i_b else None
+            if isinstance(b, torch.fx.Node) and b.op == "get_attr":
+                self._bias(node, b, onnx_node, wq)
+
+    def _weight(self, w: torch.fx.Node, qp, codes: np.ndarray, user) -> WeightQuantizer:
+        param = self.gm.get_parameter(w.target).detach().numpy()
+        values = np.asarray(
+            dequantize(codes, qp.scale, qp.zero_point.astype(np.float32), qp.axis), np.float32
+        )
+        axis = qp.axis
+        if param.shape == values.shape and np.array_equal(param, values):
+            pass
+        elif param.ndim == 2 and np.array_equal(param, values.T):
+            axis = (
+                None if axis is None else 1 - axis
+            )  # MatMul / Gemm(transB=0) weights, in nn.Linear
+        else:
+            raise ValueError(
+                f"{qp.where}: the weight of shape {codes.shape} became a parameter of shape "
+                f"{param.shape} with other values; this layout is not supported"
+            )
+        scheme = qp.scheme()
+        if axis is not None:
+            scheme = type(scheme)(
+                **{**scheme.__dict__, "granularity": type(scheme.granularity)(axis)}
+            )
+        wq = WeightQuantizer(w.target, TensorRecipe(scheme), axis)
+        wq.weight_name = w.target
+        wq.set_qparams(qp.scale, qp.zero_point)
+        point = QuantPoint("", w.target, "weight", w.target.rpartition(".")[0], w.name,
+                           scheme.to_dict(), "file")  # fmt: skip
+        new = self._call(self._add(wq, point), user, w)
+        user.replace_input_with(w, new)
+        return wq
+
+    def _bias(self, node: torch.fx.Node, b: torch.fx.Node, onnx_node, wq) -> None:
+        inputs = onnx_node.inputs
+        found = self.record.biases.get(inputs[_BIAS_INPUT]) if len(inputs) > _BIAS_INPUT else None
+        grid = self.record.dequantized.get(inputs[0], self.record.tensor_grid.get(inputs[0]))
+        if found is None or grid is None or grid not in self.by_grid:
+            return
+        iq = self.by_grid[grid][0]
+        scale, codes = found
+        if not np.array_equal(np.broadcast_to(bias_scale(iq.scale, wq.scale), scale.shape), scale):
+            return  # another bias scale than input x weight: the float bias keeps the file's values
+        bq = BiasQuantizer(b.target, iq, wq)
+        bq.bias_name = b.target
+        got = bq.integer_bias(self.gm.get_parameter(b.target)).numpy()
+        if not np.array_equal(got.reshape(-1), codes.reshape(-1)):
+            return  # codes beyond float32's integers: keep the file's values as a float bias
+        point = QuantPoint("", b.target, "bias", b.target.rpartition(".")[0], b.name,
+                           {"bits": 32, "signed": True}, "derived")  # fmt: skip
+        node.replace_input_with(b, self._call(self._add(bq, point), node, b))
+
+
+def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
+    """The recipe a QuantModel carries: the file's first activation and weight schemes."""
+    first = {}
+    for p in points:
+        if p.kind in ("activation", "weight"):
+            first.setdefault(p.kind, QScheme.from_dict(p.scheme))
+    defaults = Recipe()
+    weights = TensorRecipe(first["weight"]) if "weight" in first else defaults.weights
+    acts = TensorRecipe(first["activation"]) if "activation" in first else defaults.activations
+    return Recipe(weights=weights, activations=acts, opset=opset if opset >= 13 else None)
+
+
+def quant_model(
+    module: OnnxModule,
+    graph,
+    record: QuantRecord,
+    proto: onnx.ModelProto,
+    example=None,
+    learn_scales: bool = False,
+) -> QuantModel:
+    """The ``QuantModel`` of the normalised import ``module`` (see the module docstring)."""
+    if example is None:
+        args, dynamic = example_inputs(proto, set(graph.consts))
+        kwargs = {}
+    else:
+        args, kwargs = as_call(example, 0)
+        dynamic = "batch"
+    gm = capture(module, args, kwargs, dynamic)
+    own_parameters(gm)
+    builder = _Builder(gm, module, {n.name: n for n in graph.nodes}, record)
+    builder.sites()
+    builder.weighted()
+    gm.graph.lint()
+    gm.recompile()
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    qmodel = QuantModel(gm, recipe=_recipe(builder.points, opset), points=builder.points,
+                        source=module)  # fmt: skip
+    qmodel.qb_capture = {
+        "inputs": input_spec(args, kwargs),
+        "dynamic": dynamic,
+        "fold_bn": False,
+        "made_by": "import_onnx",  # qb.load re-creates it from a fresh import, not by capture
+    }
+    if learn_scales:
+        for q in qmodel._all_quantizers():
+            if isinstance(q, Quantizer):
+                q.make_learnable()
+    return qmodel.eval()
