@@ -137,7 +137,12 @@ def fold(
     elif isinstance(src, (str, os.PathLike)):
         if not os.path.isfile(src):
             raise FileNotFoundError(f"{os.fspath(src)}: no such file")
-        model = onnx.load(os.fspath(src))
+        try:
+            model = onnx.load(os.fspath(src))
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise ValueError(f"{os.fspath(src)}: not an ONNX model ({type(e).__name__})") from None
+        if model.ir_version == 0 or not model.HasField("graph"):
+            raise ValueError(f"{os.fspath(src)}: not an ONNX model (no IR version or graph)")
     else:
         raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
     folded = FoldQOperator()(model).model
