@@ -56,8 +56,9 @@ class QDQGraph:
         return outs[0]
 
     def q(self, tensor, scale, zero_point=0, dtype=np.uint8):
-        return self.op("QuantizeLinear", [tensor, self.const(np.float32(scale)),
-                                          self.const(dtype(zero_point))])  # fmt: skip
+        return self.op(
+            "QuantizeLinear", [tensor, self.const(np.float32(scale)), self.const(dtype(zero_point))]
+        )
 
     def dq(self, tensor, scale, zero_point, dtype=np.uint8, axis=None):
         scale = np.asarray(scale, np.float32)
@@ -89,9 +90,13 @@ class QDQGraph:
     def model(self, out, scale=0.1, zero_point=128, dtype=np.uint8):
         self.qdq(out, scale, zero_point, dtype)
         self.nodes[-1].output[0] = "y"  # the output DQ writes the graph output
-        graph = helper.make_graph(self.nodes, "case", self.inputs,
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                                  self.inits)  # fmt: skip
+        graph = helper.make_graph(
+            self.nodes,
+            "case",
+            self.inputs,
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            self.inits,
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 10
         return model
@@ -110,8 +115,9 @@ def _run_ort(model, x):
 
 def _output_scale(model):
     last = next(n for n in model.graph.node if n.output[0] == "y")
-    return float(numpy_helper.to_array(next(i for i in model.graph.initializer
-                                            if i.name == last.input[1])))  # fmt: skip
+    return float(
+        numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == last.input[1]))
+    )
 
 
 def _fold_and_check(model, shape, expect: dict, float_in_ort=False):
@@ -140,8 +146,15 @@ def test_case1_dequantize_sinks_below_data_movement():
     g = QDQGraph((2, 4, 8, 8))
     t = g.op("MaxPool", [g.x], kernel_shape=[2, 2], strides=[2, 2])
     t = g.op("Transpose", [t], perm=[0, 2, 3, 1])
-    t = g.op("Slice", [t, g.const(np.array([1], np.int64)), g.const(np.array([4], np.int64)),
-                       g.const(np.array([1], np.int64))])  # fmt: skip
+    t = g.op(
+        "Slice",
+        [
+            t,
+            g.const(np.array([1], np.int64)),
+            g.const(np.array([4], np.int64)),
+            g.const(np.array([1], np.int64)),
+        ],
+    )
     t = g.op("Unsqueeze", [t, g.const(np.array([0], np.int64))])
     t = g.op("Squeeze", [t, g.const(np.array([0], np.int64))])
     t = g.op("Resize", [t, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
@@ -158,8 +171,10 @@ def test_case2_quantize_rises_above_data_movement():
     t = g.op("Flatten", [t], axis=1)  # the Q behind it moves up, then the Conv folds
     folded = _fold_and_check(g.model(t, 0.2), (2, 3, 6, 6), {"QLinearConv": 1, "Flatten": 1})
     flatten = next(n for n in folded.graph.node if n.op_type == "Flatten")
-    assert flatten.output[0] == next(n for n in folded.graph.node
-                                     if n.op_type == "DequantizeLinear").input[0]  # fmt: skip
+    assert (
+        flatten.output[0]
+        == next(n for n in folded.graph.node if n.op_type == "DequantizeLinear").input[0]
+    )
 
 
 def test_case3_equal_pair_cancels_and_requantize_stays():
@@ -179,8 +194,9 @@ def test_case4_conv(groups):
     g = QDQGraph((2, 8, 7, 7))
     w = g.weight((8, 8 // groups, 3, 3))
     b = g.bias(8, 0.05, w)
-    t = g.op("Conv", [g.x, w, b], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=groups,
-             strides=[2, 2])  # fmt: skip
+    t = g.op(
+        "Conv", [g.x, w, b], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=groups, strides=[2, 2]
+    )
     folded = _fold_and_check(g.model(t, 0.1), (2, 8, 7, 7), {"QLinearConv": 1})
     qconv = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
     assert (
@@ -228,8 +244,12 @@ def test_case7_matmul_add_is_linear(shape):
     t = g.op("Add", [t, g.bias(12, 0.05, w)])
     model = g.model(t, 0.1)
     g.inputs[0] = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
-    folded = _fold_and_check(model, shape, {"QGemm": 1, "Transpose": 0, "MatMul": 0, "Add": 0},
-                             float_in_ort=len(shape) == 3)  # fmt: skip
+    folded = _fold_and_check(
+        model,
+        shape,
+        {"QGemm": 1, "Transpose": 0, "MatMul": 0, "Add": 0},
+        float_in_ort=len(shape) == 3,
+    )
     assert _ops(folded)["Reshape"] == (2 if len(shape) == 3 else 0)
 
 
@@ -267,8 +287,12 @@ def test_case11_global_average_pool(form):
     else:
         axes = g.const(np.array([-2, -1], np.int64))
         t = g.op("ReduceMean", [g.x, axes], keepdims=int(form == "mean_keepdims"))
-    folded = _fold_and_check(g.model(t, 0.02), (2, 6, 5, 5), {"QLinearGlobalAveragePool": 1},
-                             float_in_ort=form != "global")  # fmt: skip
+    folded = _fold_and_check(
+        g.model(t, 0.02),
+        (2, 6, 5, 5),
+        {"QLinearGlobalAveragePool": 1},
+        float_in_ort=form != "global",
+    )
     assert _ops(folded)["Flatten"] == int(form == "mean_flat")
 
 
@@ -298,8 +322,12 @@ def test_case14_clip_on_integers():
     t = g.op("Clip", [g.x, g.const(np.float32(-1.0)), g.const(np.float32(2.0))])
     folded = _fold_and_check(g.model(t, 0.05, 128), (2, 16), {"Clip": 1})
     clip = next(n for n in folded.graph.node if n.op_type == "Clip")
-    bounds = [int(numpy_helper.to_array(i)) for name in clip.input[1:]
-              for i in folded.graph.initializer if i.name == name]  # fmt: skip
+    bounds = [
+        int(numpy_helper.to_array(i))
+        for name in clip.input[1:]
+        for i in folded.graph.initializer
+        if i.name == name
+    ]
     assert bounds == [128 - 20, 128 + 40]  # Q(-1.0), Q(2.0) at scale 0.05, zero point 128
 
 
@@ -349,8 +377,9 @@ def test_not_applied_float_operand_leaves_model_unchanged():
 def test_float_model_is_refused():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f",
-                                                [x], [y]))  # fmt: skip
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f", [x], [y])
+    )
     with pytest.raises(ValueError, match="float model. Quantize it first"):
         qb.fold(model)
 
