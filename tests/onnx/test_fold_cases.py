@@ -215,6 +215,22 @@ def test_case4_conv_float_bias_is_quantized():
     assert bias.data_type == TensorProto.INT32  # numerics.quantize_bias at input x weight scale
 
 
+def test_case4_int32_bias_at_another_scale_is_requantized():
+    g = QDQGraph((2, 3, 5, 5))
+    w = g.weight((4, 3, 3, 3))
+    codes = RNG.integers(-2000, 2000, 4).astype(np.int32)
+    wrong = 2 * qb.numerics.bias_scale(0.05, g.weight_scales[w])  # twice input x weight scale
+    t = g.op(
+        "Conv", [g.x, w, g.dq(g.const(codes), wrong, 0, np.int32, axis=0)], kernel_shape=[3, 3]
+    )
+    folded = _fold_and_check(g.model(t, 0.1), (2, 3, 5, 5), {"QLinearConv": 1})
+    qconv = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
+    bias = numpy_helper.to_array(
+        next(i for i in folded.graph.initializer if i.name == qconv.input[8])
+    )
+    np.testing.assert_array_equal(bias, 2 * codes)  # same real bias at the scale QLinearConv uses
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_case5_gemm(per_channel):
     g = QDQGraph((4, 16))
@@ -305,15 +321,20 @@ def test_case12_activations(op):
 
 
 # -- cases 13-14: Relu / Clip ---------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
 @pytest.mark.parametrize("act", ["Relu", "ReLU6"])
-def test_case13_activation_absorbed(act):
+def test_case13_activation_absorbed(act, op):
     g = QDQGraph((2, 3, 6, 6))
-    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    if op == "Conv":
+        t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    else:
+        t = g.op("MatMul", [g.x, g.weight((6, 4), axis=1)])
     if act == "Relu":
         t, scale = g.op("Relu", [t]), 0.05
     else:  # the output grid [0, 255 * 6/255] ends at 6: Q(6) = 255 = qmax
         t, scale = g.op("Clip", [t, g.const(np.float32(0)), g.const(np.float32(6))]), 6 / 255
-    folded = _fold_and_check(g.model(t, scale, 0), (2, 3, 6, 6), {"QLinearConv": 1})
+    qop = "QLinearConv" if op == "Conv" else "QLinearMatMul"
+    folded = _fold_and_check(g.model(t, scale, 0), (2, 3, 6, 6), {qop: 1})
     assert not {"Relu", "Clip"} & set(_ops(folded))
 
 

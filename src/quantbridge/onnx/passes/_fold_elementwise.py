@@ -54,7 +54,7 @@ def fold_concat(g: GraphView, concat: onnx.NodeProto) -> Rewrite | None:
     """Case 9: DQ(x_i) -> Concat -> Q  ==>  QLinearConcat, or Concat of the integers."""
     inputs = [q_input(g, t) for t in concat.input]
     out = q_output(g, concat)
-    if out is None or out.activation is not None or any(i is None for i in inputs):
+    if out is None or any(i is None for i in inputs):
         return None
     name = g.fresh(concat.name or "concat")
     if all(i.params.same_as(out.params) for i in inputs):

@@ -51,13 +51,10 @@ def _bias(g: GraphView, tensor: str, x: QParams, w: QParams) -> tuple[str, list]
         p, stored = g.qparams(dq), g.array(dq.input[0])
         if p is None or stored is None:
             return None
-        if (
-            stored.dtype == np.int32
-            and stored.ndim == 1
-            and np.all(p.zero_point_value == 0)
-            and np.array_equal(np.broadcast_to(p.scale_value, target.shape), target)
-        ):
-            return dq.input[0], []
+        scale = p.scale_value.ravel()
+        same_scale = scale.size in (1, target.size) and bool(np.all(scale == target.ravel()))
+        if stored.dtype == np.int32 and same_scale and np.all(p.zero_point_value == 0):
+            return (dq.input[0], []) if stored.ndim == 1 else None
         value = dequantize(stored, p.scale_value, p.zero_point_value, p.axis)
     else:
         value = g.array(tensor)
@@ -132,7 +129,7 @@ def fold_matmul(g: GraphView, matmul: onnx.NodeProto) -> Rewrite | None:
     if a is None:
         return None
     out = q_output(g, matmul)
-    if out is None or out.activation is not None:
+    if out is None:
         return _fold_linear(g, matmul, a)
     b = q_input(g, matmul.input[1]) or _weight(g, matmul.input[1], -1)
     if b is None:

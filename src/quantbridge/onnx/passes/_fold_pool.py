@@ -20,7 +20,7 @@ from ._registry import register_fold
 
 def _qlinear_pool(g: GraphView, op: onnx.NodeProto, qop: str, output: str, **attrs):
     x, out = q_input(g, op.input[0]), q_output(g, op)
-    if x is None or out is None or out.activation is not None:
+    if x is None or out is None:
         return None
     names, inits = operands(g, x.params, out.params)
     (xs, xz), (ys, yz) = names
