@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -99,6 +100,9 @@ class QDQGraph:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = 10
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        shape = inferred[self.nodes[-1].input[0]].type.tensor_type.shape  # the output Q's
+        model.graph.output[0].type.tensor_type.shape.CopyFrom(shape)
         return model
 
 
@@ -126,6 +130,7 @@ def _fold_and_check(model, shape, expect: dict, float_in_ort=False):
     result = FoldQOperator()(model)
     folded = result.model
     assert result.modified
+    onnx.checker.check_model(folded, full_check=True)
     ops = _ops(folded)
     for op, count in expect.items():
         assert ops[op] == count, f"{op}: {ops[op]} != {count} in {dict(ops)}"

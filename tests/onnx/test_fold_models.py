@@ -117,6 +117,7 @@ def test_zoo_cnn_folds_completely(tmp_path, name):
     assert ops["QuantizeLinear"] == 1 and ops["DequantizeLinear"] == 1
     assert not {"Conv", "Gemm", "Add", "Relu", "Clip", "ReduceMean"} & set(ops)
     _assert_only_boundary_qdq(folded)
+    onnx.checker.check_model(folded, full_check=True)
     assert _ops(onnx.load(tmp_path / "qop.onnx")) == ops  # what was written is what came back
     x = np.random.default_rng(1).standard_normal((64, *shape)).astype(np.float32)
     _assert_agrees(_agreement(qdq, folded, {"x": x}), 640)

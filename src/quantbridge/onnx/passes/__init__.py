@@ -3,7 +3,7 @@
 A pass is stateless and follows one contract, ``Pass()(model) -> PassResult(model, modified)``.
 Fold handlers live in a registry keyed by op type (``@register_fold("Conv")``, ``_registry``).
 
-Rewrite cases of ``FoldQOperator`` (each labelled ``# Case n`` in its handler's docstring):
+Rewrite cases of ``FoldQOperator`` (each labelled ``# Case n`` where it is implemented):
 
 1. ``DQ -> M`` becomes ``M -> DQ`` for M in ``INTEGER_DATA_MOVEMENT`` (MaxPool, Reshape, Flatten,
    Transpose, Squeeze, Unsqueeze, Slice, Resize nearest, Identity): M runs on the integers.

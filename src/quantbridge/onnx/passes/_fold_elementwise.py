@@ -28,6 +28,7 @@ _QLINEAR = {
 }
 
 
+# Case 8 (Add, Mul) and Case 12 (Sigmoid, LeakyRelu)
 @register_fold("Add", "Mul", "Sigmoid", "LeakyRelu")
 def fold_elementwise(g: GraphView, op: onnx.NodeProto) -> Rewrite | None:
     """Cases 8 and 12: every input from a DQ, the output into a Q (through an absorbed
@@ -49,6 +50,7 @@ def fold_elementwise(g: GraphView, op: onnx.NodeProto) -> Rewrite | None:
     return Rewrite([op, *out.nodes], [qop], inits)
 
 
+# Case 9
 @register_fold("Concat")
 def fold_concat(g: GraphView, concat: onnx.NodeProto) -> Rewrite | None:
     """Case 9: DQ(x_i) -> Concat -> Q  ==>  QLinearConcat, or Concat of the integers."""
@@ -70,6 +72,7 @@ def fold_concat(g: GraphView, concat: onnx.NodeProto) -> Rewrite | None:
     return Rewrite([concat, *out.nodes], [qconcat], inits)
 
 
+# Case 14
 @register_fold("Relu", "Clip")
 def fold_clip(g: GraphView, act: onnx.NodeProto) -> Rewrite | None:
     """Case 14: DQ -> Relu/Clip -> Q, one set of parameters  ==>  Clip on the integers."""

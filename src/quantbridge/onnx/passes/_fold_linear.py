@@ -68,6 +68,7 @@ def _bias(g: GraphView, tensor: str, x: QParams, w: QParams) -> tuple[str, list]
     return codes.name, [codes]
 
 
+# Case 4
 @register_fold("Conv")
 def fold_conv(g: GraphView, conv: onnx.NodeProto) -> Rewrite | None:
     """Case 4: DQ(x), DQ(w) [, bias] -> Conv [-> Relu/Clip] -> Q  ==>  QLinearConv."""
@@ -103,6 +104,7 @@ def _qgemm(g, name, a: QInput, b: QInput, bias, out: QOutput, a_tensor, out_tens
     return qgemm, inits + bias[1]
 
 
+# Case 5
 @register_fold("Gemm")
 def fold_gemm(g: GraphView, gemm: onnx.NodeProto) -> Rewrite | None:
     """Case 5: DQ(a), DQ(b) [, bias] -> Gemm [-> Relu/Clip] -> Q  ==>  QGemm."""
@@ -122,6 +124,7 @@ def fold_gemm(g: GraphView, gemm: onnx.NodeProto) -> Rewrite | None:
     return Rewrite([gemm, *out.nodes], [qgemm], inits)
 
 
+# Case 6 (and Case 7 through _fold_linear)
 @register_fold("MatMul")
 def fold_matmul(g: GraphView, matmul: onnx.NodeProto) -> Rewrite | None:
     """Case 6: DQ(a), DQ(b) -> MatMul -> Q  ==>  QLinearMatMul; else Case 7."""
@@ -141,6 +144,7 @@ def fold_matmul(g: GraphView, matmul: onnx.NodeProto) -> Rewrite | None:
     return Rewrite([matmul, *out.nodes], [qmatmul], inits)
 
 
+# Case 7
 def _fold_linear(g: GraphView, matmul: onnx.NodeProto, a: QInput) -> Rewrite | None:
     """Case 7: DQ(a), DQ(w) -> MatMul -> Add(bias) [-> Relu/Clip] -> Q  ==>  QGemm, with
     ``a`` reshaped to [-1, K] and the result back to a's leading dims (when they are static

@@ -35,6 +35,7 @@ def _qlinear_pool(g: GraphView, op: onnx.NodeProto, qop: str, output: str, **att
     return pool, out, inits
 
 
+# Case 10
 @register_fold("AveragePool")
 def fold_average_pool(g: GraphView, pool: onnx.NodeProto) -> Rewrite | None:
     """Case 10: DQ -> AveragePool -> Q  ==>  QLinearAveragePool."""
@@ -45,6 +46,7 @@ def fold_average_pool(g: GraphView, pool: onnx.NodeProto) -> Rewrite | None:
     return Rewrite([pool, *out.nodes], [qpool], inits)
 
 
+# Case 11
 @register_fold("GlobalAveragePool")
 def fold_global_average_pool(g: GraphView, pool: onnx.NodeProto) -> Rewrite | None:
     """Case 11: DQ -> GlobalAveragePool -> Q  ==>  QLinearGlobalAveragePool."""
@@ -62,6 +64,7 @@ def _reduced_axes(g: GraphView, mean: onnx.NodeProto) -> list[int] | None:
     return attribute(mean, "axes")
 
 
+# Case 11
 @register_fold("ReduceMean")
 def fold_reduce_mean(g: GraphView, mean: onnx.NodeProto) -> Rewrite | None:
     """Case 11: DQ -> ReduceMean(spatial axes) -> Q  ==>  QLinearGlobalAveragePool [-> Flatten]."""

@@ -108,6 +108,7 @@ def clip_bounds(g: GraphView, clip: onnx.NodeProto) -> tuple[float | None, float
     return bounds[0], bounds[1]
 
 
+# Case 13
 def absorbed(g: GraphView, activation: onnx.NodeProto, params: QParams) -> bool:
     """Case 13: is ``Q(activation(x)) == Q(x)`` for every x? (module docstring)"""
     bounds = clip_bounds(g, activation)

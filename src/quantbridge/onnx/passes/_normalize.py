@@ -46,6 +46,7 @@ def _moves_data(g: GraphView, n: onnx.NodeProto) -> bool:
     return not any(g.produced_by(t, "DequantizeLinear") for t in n.input[1:] if t)
 
 
+# Case 1
 def _sink_dequantize(g: GraphView, mover: onnx.NodeProto) -> Rewrite | None:
     """Case 1: ``DQ -> M`` becomes ``M -> DQ``; M then moves integers. A per-channel DQ over a
     stored weight sinks below a Transpose by transposing the stored integers."""
@@ -82,6 +83,7 @@ def _transpose_weight(g: GraphView, dq: onnx.NodeProto, mover: onnx.NodeProto, a
     return Rewrite(remove=[mover], add=[new_dq], initializers=[weight])
 
 
+# Case 2
 def _raise_quantize(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
     """Case 2: ``M -> Q`` becomes ``Q -> M`` (per-tensor Q; M's input is not a DQ output)."""
     mover = g.producer.get(q.input[0])
@@ -105,6 +107,7 @@ def _raise_quantize(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
     return Rewrite(remove=[mover, q], add=[new_q, new_mover])
 
 
+# Case 3
 def _cancel_pair(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
     """Case 3: ``DQ -> Q`` with equal parameters is the identity; readers of Q read DQ's input."""
     dq = g.produced_by(q.input[0], "DequantizeLinear")
