@@ -2,7 +2,8 @@
 
 Per workload and batch size, one interleaved loop times every form: ORT float, ORT running our
 QDQ export, ORT running its own ``quantize_static`` model (its fastest x86 form: QDQ, uint8
-activations, int8 per-channel weights), and the same files in OpenVINO next to OpenVINO's float
+activations, int8 per-channel weights), ORT running our export folded to ONNX integer operators
+(``qb.fold``; ResNet-18 only, ``FOLDED``), and the same files in OpenVINO next to OpenVINO's float
 model at its default precision (bf16 on this CPU) and forced f32. The INT8 files are the
 ``minmax`` ones of figure 1. Ratios are per round (adjacent in time), median [min-max]; a
 sample is the fastest of a few back-to-back calls for inferences under 40 ms (``timing``).
@@ -26,15 +27,28 @@ RATIOS = (
     ("ov/float_f32", "ov/ours", "OpenVINO: f32 time / our INT8 time (speed-up)"),
     ("ov/ours", "ov/ort_qdq", "OpenVINO: our time / ORT-quantized time"),
     ("ort/ours/variant", "ort/ort_qdq/variant", "ORT, FFN outputs float: ours / ORT-quantized"),
+    (
+        "ort/ours",
+        "ort/ours_folded",
+        "ORT: our QDQ time / the same model folded (>= 1: folded no slower)",
+    ),
     ("ort/float", "ort/ours/variant", "ORT: float / ours with FFN outputs float (speed-up)"),
 )
 
 
-def _models(w: Workload, files: dict[str, str]) -> dict[str, Path]:
+FOLDED = ("resnet18",)  # workloads whose QDQ export is also timed folded (QOperator)
+
+
+def _models(w: Workload, files: dict[str, str], work: Path) -> dict[str, Path]:
     models = {"float": w.float_onnx}
     for key, name in (("ours/minmax", "ours"), ("ort/minmax", "ort_qdq")):
         if key in files:
             models[name] = Path(files[key])
+    if w.name in FOLDED and "ours" in models:
+        import quantbridge as qb
+
+        models["ours_folded"] = work / f"{w.name}.ours.folded.onnx"
+        qb.fold(models["ours"], models["ours_folded"])
     for key, path in files.items():
         if key.count("/") == 2 and key.startswith(("ours/minmax/", "ort/minmax/")):
             models[("ours" if key.startswith("ours") else "ort_qdq") + "/variant"] = Path(path)
@@ -49,7 +63,7 @@ def run(
     budget_s: float,
     log: Callable[[str], None],
 ) -> dict:
-    models = _models(w, files)
+    models = _models(w, files, work)
     result: dict = {"models": {k: str(v) for k, v in models.items()}, "batches": {}, "ops": {}}
     sessions, compiled = {}, {}
     for name, path in models.items():
@@ -63,8 +77,8 @@ def run(
     result["openvino"] = ov_missing or "ok"
     if ov_missing is None:
         for name, path in models.items():
-            if name.endswith("/variant"):
-                continue  # OpenVINO rows: the all-int8 forms only
+            if name.endswith("/variant") or name == "ours_folded":
+                continue  # OpenVINO rows: the all-int8 QDQ forms only (no com.microsoft ops)
             precisions = (None, "f32") if name == "float" else (None,)
             for precision in precisions:
                 key = "float_f32" if precision == "f32" else name

@@ -6,7 +6,7 @@ qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export, import_onnx
+from .onnx import export, fold, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -39,6 +39,7 @@ __all__ = [
     "assert_quantizers_synchronized",
     "export",
     "float_mode",
+    "fold",
     "freeze_batchnorm",
     "freeze_observers",
     "import_onnx",

@@ -2,6 +2,7 @@
 
     quantbridge demo [--epochs N] [--out DIR] [--recipe NAME] [--seed N] [--json] [--quiet]
     quantbridge inspect MODEL.onnx [--json]
+    quantbridge fold MODEL.onnx -o OUT.onnx
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -66,6 +67,21 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fold(args: argparse.Namespace) -> int:
+    from .onnx import fold, inspect_model
+
+    try:
+        fold(args.model, args.output)
+        report = inspect_model(args.output)
+    except (ValueError, TypeError, OSError) as e:
+        return _fail("fold", e)
+    print(f"wrote {args.output} ({report.form})")
+    print("op counts: " + ", ".join(f"{k} {v}" for k, v in sorted(report.op_counts.items())))
+    if report.qdq_ops:
+        print(f"not folded (QDQ form): {', '.join(report.qdq_ops)}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quantbridge",
@@ -101,6 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", metavar="MODEL.onnx", help="path to an ONNX file")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(run=_inspect)
+
+    fold = sub.add_parser(
+        "fold",
+        help="fold a QDQ model into ONNX integer operators (QLinearConv, QLinearAdd, ...)",
+        description="Rewrite DequantizeLinear -> op -> QuantizeLinear groups as ONNX Runtime's "
+        "integer operators; ops without an integer form stay in QDQ form and are listed.",
+    )
+    fold.add_argument("model", metavar="MODEL.onnx", help="a QDQ ONNX file")
+    fold.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="folded file")
+    fold.set_defaults(run=_fold)
     return parser
 
 

@@ -2,7 +2,8 @@
 
 - ``exporter``: QDQ export of torch models (the canonical form);
 - ``importer``: ONNX graphs as trainable torch modules;
-- ``inspector``: what a file holds and what an engine will run in int8.
+- ``inspector``: what a file holds and what an engine will run in int8;
+- ``passes``: ONNX-to-ONNX graph passes (``fold``: QDQ -> ONNX integer operators).
 
 Public names are re-exported from ``quantbridge``.
 """
@@ -17,13 +18,16 @@ from .exporter import (
 )
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
+from .passes import FoldQOperator, fold
 
 __all__ = [
+    "FoldQOperator",
     "OnnxModule",
     "PerformanceWarning",
     "SaturationWarning",
     "export",
     "float_weights",
+    "fold",
     "import_onnx",
     "inspect_model",
     "slow_form_warnings",

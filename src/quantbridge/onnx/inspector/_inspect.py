@@ -491,9 +491,25 @@ def _tensor_infos(values) -> list[TensorInfo]:
     return infos
 
 
-def _form(rules: Counter, op_counts: Counter) -> str:
+def _qdq_ops(g: _Graph) -> list[str]:
+    """Compute ops left in QDQ form: they read a DequantizeLinear or write into a QuantizeLinear
+    (after ``quantbridge fold``: the ops that did not fold)."""
+    found = []
+    for i, node in enumerate(g.nodes):
+        if node.op_type in _QDQ_OPS or node.op_type in _NOT_COMPUTE:
+            continue
+        reads_dq = any(g.produced_by(t, "DequantizeLinear") for t in node.input if t)
+        feeds_q = any(
+            user.op_type == "QuantizeLinear" for t in node.output for user in g.consumers.get(t, [])
+        )
+        if reads_dq or feeds_q:
+            found.append(_node_label(node, i))
+    return found
+
+
+def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str]) -> str:
     if rules["qoperator"]:
-        return "QDQ+QOperator" if rules["qdq"] else "QOperator"
+        return "QDQ+QOperator" if rules["qdq"] or qdq_ops else "QOperator"
     if rules["qdq"] or op_counts["QuantizeLinear"] or op_counts["DequantizeLinear"]:
         return "QDQ"
     return "float"
@@ -510,6 +526,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
     op_counts = Counter(n.op_type for n in g.nodes)
     int8, floats, float_nodes, rules = _compute_ops(g)
     pairs, schemes = _quantize_nodes(g)
+    qdq_ops = _qdq_ops(g)
     initializers = {i.name for i in model.graph.initializer}
     return InspectReport(
         path=path,
@@ -517,7 +534,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         ir_version=model.ir_version,
         opsets={o.domain: o.version for o in model.opset_import},
         producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
-        form=_form(rules, op_counts),
+        form=_form(rules, op_counts, qdq_ops),
         inputs=_tensor_infos([i for i in model.graph.input if i.name not in initializers]),
         outputs=_tensor_infos(model.graph.output),
         op_counts=dict(op_counts),
@@ -529,6 +546,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         qdq_pairs=pairs,
         activation_quantizers=dict(schemes),
         weights=_weights(g),
+        qdq_ops=qdq_ops,
     )
 
 

@@ -70,6 +70,7 @@ class InspectReport:
     qdq_pairs: int
     activation_quantizers: dict[str, int]  # "uint8 [0, 255] 8-bit" -> count
     weights: list[WeightInfo] = field(default_factory=list)
+    qdq_ops: list[str] = field(default_factory=list)  # ops a DQ feeds or a Q reads
 
     @property
     def float_weights(self) -> list[WeightInfo]:
@@ -93,9 +94,9 @@ class InspectReport:
             "float ops: " + (_counts(self.float_ops) or "none"),
         ]
         if self.float_nodes:
-            lines.append("           " + ", ".join(self.float_nodes[:12]))
-            if len(self.float_nodes) > 12:
-                lines[-1] += f", ... ({len(self.float_nodes) - 12} more)"
+            lines.append("           " + _names(self.float_nodes))
+        if self.form == "QDQ+QOperator" and self.qdq_ops:
+            lines.append(f"QDQ form:  {len(self.qdq_ops)} ops not folded: {_names(self.qdq_ops)}")
         lines.append(
             f"Q/DQ:      {self.quantize_nodes} QuantizeLinear, {self.dequantize_nodes} "
             f"DequantizeLinear, {self.qdq_pairs} Q->DQ pairs"
@@ -108,6 +109,11 @@ class InspectReport:
         floats = self.float_weights
         lines.append("float weights: " + (", ".join(w.name for w in floats) if floats else "none"))
         return "\n".join(lines)
+
+
+def _names(labels: list[str], shown: int = 12) -> str:
+    text = ", ".join(labels[:shown])
+    return text + (f", ... ({len(labels) - shown} more)" if len(labels) > shown else "")
 
 
 def _counts(counts: dict[str, int]) -> str:

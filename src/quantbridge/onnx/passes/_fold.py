@@ -1,0 +1,151 @@
+"""``FoldQOperator``, the QDQ -> QOperator pass, and ``fold(src, dst)``, its public entry point.
+
+The pass runs in three steps: check the input (a quantized model whose Q/DQ pairs agree),
+normalise (cases 1-3, ``_normalize``), then offer every node to the handler registered for its
+op type (cases 4-14), and finally drop the QuantizeLinear / DequantizeLinear nodes and
+initializers nothing reads any more. Nodes without a handler, or whose handler declines, stay
+as they are (in QDQ form); ``quantbridge inspect`` lists them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import onnx
+
+from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they register folds)
+from ._graph import MS_DOMAIN, GraphView, label
+from ._normalize import normalize
+from ._registry import fold_handler
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What a pass returns: the (new) model and whether the pass changed anything."""
+
+    model: onnx.ModelProto
+    modified: bool
+
+
+class FoldQOperator:
+    """QDQ ONNX -> ONNX integer operators (QLinearConv, QGemm, QLinearAdd, ...); see the
+    package docstring for the numbered rewrite cases. Stateless: ``FoldQOperator()(model)``."""
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        g = GraphView.of(model)
+        check_foldable(g)
+        g, modified = normalize(g)
+        for n in list(g.nodes):
+            handler = fold_handler(n.op_type)
+            if handler is None or not any(m is n for m in g.nodes):  # removed by an earlier fold
+                continue
+            rewrite = handler(g, n)
+            if rewrite is not None:
+                g, modified = g.apply(rewrite), True
+        return PassResult(_to_model(model, g) if modified else model, modified)
+
+
+def check_foldable(g: GraphView) -> None:
+    """ValueError for a float model, and for a QuantizeLinear whose DequantizeLinear partner
+    uses other parameters (the pair would not be a quantization but a silent rescale)."""
+    if not {n.op_type for n in g.nodes} & set(_QDQ):
+        raise ValueError(
+            "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "
+            "Quantize it first (qb.quantize + qb.export, or onnxruntime's quantize_static in QDQ "
+            "format), then fold the QDQ file"
+        )
+    for q in g.nodes:
+        if q.op_type != "QuantizeLinear":
+            continue
+        q_params = g.qparams(q)
+        for dq in g.consumers.get(q.output[0], []):
+            if dq.op_type != "DequantizeLinear" or q_params is None:
+                continue
+            dq_params = g.qparams(dq)
+            if dq_params is not None and not dq_params.same_as(q_params):
+                raise ValueError(
+                    f"{label(q)} ({q_params.describe()}) feeds {label(dq)} with other "
+                    f"parameters ({dq_params.describe()}); a Q/DQ pair must share scale and "
+                    "zero point. Re-export the model, or fix the DequantizeLinear's scale"
+                )
+
+
+def _live(g: GraphView) -> list[onnx.NodeProto]:
+    """Nodes minus the Q/DQ/Constant nodes whose outputs nothing reads any more."""
+    nodes = list(g.nodes)
+    while True:
+        read = {t for n in nodes for t in n.input} | g.outputs
+        dead = [
+            n
+            for n in nodes
+            if n.op_type in (*_QDQ, "Constant") and not any(t in read for t in n.output)
+        ]
+        if not dead:
+            return nodes
+        gone = {id(n) for n in dead}
+        nodes = [n for n in nodes if id(n) not in gone]
+
+
+def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    ordered, pending, ready = [], list(nodes), set(available)
+    while pending:
+        rest = []
+        for n in pending:
+            if all(not t or t in ready for t in n.input):
+                ordered.append(n)
+                ready.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise AssertionError(f"fold produced a cycle or a dangling input at {label(rest[0])}")
+        pending = rest
+    return ordered
+
+
+def _to_model(model: onnx.ModelProto, g: GraphView) -> onnx.ModelProto:
+    nodes = _live(g)
+    read = {t for n in nodes for t in n.input} | g.outputs
+    inits = [t for name, t in g.initializers.items() if name in read]
+    available = {i.name for i in model.graph.input} | {t.name for t in inits}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    del graph.node[:], graph.initializer[:], graph.value_info[:]
+    graph.node.extend(_topological(nodes, available))
+    graph.initializer.extend(inits)
+    if any(n.domain == MS_DOMAIN for n in nodes) and all(
+        o.domain != MS_DOMAIN for o in out.opset_import
+    ):
+        out.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    return out
+
+
+def fold(
+    src: str | os.PathLike | onnx.ModelProto, dst: str | os.PathLike | None = None
+) -> onnx.ModelProto:
+    """Fold a QDQ ONNX model into ONNX integer operators; write it to ``dst`` (if given).
+
+    ``src`` is a path or a ``ModelProto``. Returns the folded model. Ops without an integer form
+    stay in QDQ form (``quantbridge inspect`` names them). Raises ``ValueError`` for a float
+    model and for a Q/DQ pair whose parameters differ, ``FileNotFoundError`` for a missing file.
+    """
+    if isinstance(src, onnx.ModelProto):
+        model = src
+    elif isinstance(src, (str, os.PathLike)):
+        if not os.path.isfile(src):
+            raise FileNotFoundError(f"{os.fspath(src)}: no such file")
+        try:
+            model = onnx.load(os.fspath(src))
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise ValueError(f"{os.fspath(src)}: not an ONNX model ({type(e).__name__})") from None
+        if model.ir_version == 0 or not model.HasField("graph"):
+            raise ValueError(f"{os.fspath(src)}: not an ONNX model (no IR version or graph)")
+    else:
+        raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
+    folded = FoldQOperator()(model).model
+    if dst is not None:
+        onnx.save(folded, os.fspath(dst))
+    return folded

@@ -1,0 +1,124 @@
+"""Matching a node's quantized operands: a DequantizeLinear in front of an input, a QuantizeLinear
+behind the output (possibly through a Relu / Clip that the QuantizeLinear makes redundant).
+
+Case 13 of the fold (``__init__``) lives here: an activation between the op and its output
+QuantizeLinear is absorbed when it is *exact* to drop it, i.e. ``Q(act(x)) == Q(x)`` for every
+``x``. ``Q`` is monotone, so for ``act = clip(., lo, hi)`` this holds iff ``Q(lo) == qmin`` and
+``Q(hi) == qmax`` (a Relu is ``lo = 0``, ``hi = +inf``; ``Q(0) = zero_point``, so a Relu is
+absorbed iff the zero point is ``qmin``). ``Q(lo)`` is computed by ``numerics.quantize``, the
+same formula ONNX QuantizeLinear applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ...numerics import quantize
+from ._graph import GraphView, QParams, attribute
+
+_ABSORBABLE = frozenset({"Relu", "Clip"})
+
+
+@dataclass(frozen=True)
+class QInput:
+    """An input read through a DequantizeLinear: the integer tensor and its parameters."""
+
+    tensor: str
+    params: QParams
+    dequantize: onnx.NodeProto
+
+
+@dataclass(frozen=True)
+class QOutput:
+    """The QuantizeLinear that quantizes a node's output, and the absorbed activation if any."""
+
+    quantize: onnx.NodeProto
+    params: QParams
+    activation: onnx.NodeProto | None
+
+    @property
+    def tensor(self) -> str:
+        return self.quantize.output[0]
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        return [self.quantize] + ([self.activation] if self.activation is not None else [])
+
+
+def q_input(g: GraphView, tensor: str, per_tensor: bool = True) -> QInput | None:
+    dq = g.produced_by(tensor, "DequantizeLinear")
+    if dq is None:
+        return None
+    params = g.qparams(dq)
+    if params is None or (per_tensor and not params.per_tensor):
+        return None
+    return QInput(dq.input[0], params, dq)
+
+
+def q_output(g: GraphView, node: onnx.NodeProto) -> QOutput | None:
+    """The per-tensor QuantizeLinear that is the only reader of ``node``'s (single) output."""
+    if len([t for t in node.output if t]) != 1:
+        return None
+    user = g.sole_consumer(node.output[0])
+    activation = None
+    if user is not None and user.op_type in _ABSORBABLE:
+        activation, user = user, g.sole_consumer(user.output[0])
+    if user is None or user.op_type != "QuantizeLinear" or user.input[0] == "":
+        return None
+    params = g.qparams(user)
+    if params is None or not params.per_tensor:
+        return None
+    if activation is not None and not absorbed(g, activation, params):
+        return None
+    return QOutput(user, params, activation)
+
+
+def operands(g: GraphView, *params: QParams) -> tuple[list[tuple[str, str]], list]:
+    """(scale, zero point) name pairs for QOperator inputs, and the zero points it had to make."""
+    pairs, inits = [], []
+    for p in params:
+        p, new = g.with_zero_point(p)
+        pairs.append((p.scale, p.zero_point))
+        inits += new
+    return pairs, inits
+
+
+def type_range(dtype: int) -> tuple[int, int]:
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(dtype))
+    return int(info.min), int(info.max)
+
+
+def clip_bounds(g: GraphView, clip: onnx.NodeProto) -> tuple[float | None, float | None] | None:
+    """A Relu's or Clip's (lo, hi), None where unbounded; None if a bound is not a constant."""
+    if clip.op_type == "Relu":
+        return 0.0, None
+    bounds: list[float | None] = []
+    for index, name in ((1, "min"), (2, "max")):
+        if len(clip.input) > index and clip.input[index]:
+            value = g.array(clip.input[index])
+            if value is None:
+                return None
+            bounds.append(float(value))
+        else:
+            bounds.append(attribute(clip, name))
+    return bounds[0], bounds[1]
+
+
+# Case 13
+def absorbed(g: GraphView, activation: onnx.NodeProto, params: QParams) -> bool:
+    """Case 13: is ``Q(activation(x)) == Q(x)`` for every x? (module docstring)"""
+    bounds = clip_bounds(g, activation)
+    if bounds is None:
+        return False
+    qmin, qmax = type_range(params.dtype)
+    for bound, edge in zip(bounds, (qmin, qmax), strict=True):
+        if bound is None:
+            continue
+        code = quantize(np.float32(bound), params.scale_value, params.zero_point_value, qmin, qmax)
+        if float(np.asarray(code).ravel()[0]) != edge:
+            return False
+    return True

@@ -1,0 +1,150 @@
+"""Cases 1-3 of the fold (``__init__``): move DequantizeLinear down and QuantizeLinear up through
+ops that only move or select values, and cancel DequantizeLinear -> QuantizeLinear pairs that
+share their parameters. Afterwards data movement runs on the integer tensors and every compute op
+reads its inputs straight from a DequantizeLinear and writes straight into a QuantizeLinear.
+
+Why it is exact: with a per-tensor positive scale, ``DQ(q) = s (q - z)`` is strictly increasing
+and acts elementwise, so it commutes with every op in ``INTEGER_DATA_MOVEMENT`` (they copy or
+select elements; MaxPool takes a maximum, and its padding is the type's minimum either way);
+``Q`` is non-decreasing and elementwise, so ``Q(M(x)) == M(Q(x))`` for the same ops; and
+``Q(DQ(q)) == q`` for the same parameters (``round(q - z) + z = q``, inside the range).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ._graph import GraphView, Rewrite, attribute, attributes, node
+
+# ops that commute with a per-tensor affine (de)quantization: they copy, select or take maxima.
+# Data is input 0; the other inputs are shapes, axes, indices, sizes.
+INTEGER_DATA_MOVEMENT = frozenset(
+    {
+        "MaxPool",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Resize",
+        "Identity",
+    }
+)
+
+
+def _moves_data(g: GraphView, n: onnx.NodeProto) -> bool:
+    if n.op_type not in INTEGER_DATA_MOVEMENT or len([t for t in n.output if t]) != 1:
+        return False
+    if n.op_type == "MaxPool" and g.opset < 12:  # integer MaxPool needs opset 12
+        return False
+    if n.op_type == "Resize" and attribute(n, "mode", b"nearest") not in (b"nearest", "nearest"):
+        return False
+    # the non-data inputs must not be quantized activations themselves
+    return not any(g.produced_by(t, "DequantizeLinear") for t in n.input[1:] if t)
+
+
+# Case 1
+def _sink_dequantize(g: GraphView, mover: onnx.NodeProto) -> Rewrite | None:
+    """Case 1: ``DQ -> M`` becomes ``M -> DQ``; M then moves integers. A per-channel DQ over a
+    stored weight sinks below a Transpose by transposing the stored integers."""
+    dq = g.produced_by(mover.input[0], "DequantizeLinear")
+    if dq is None or not _moves_data(g, mover):
+        return None
+    params = g.qparams(dq)
+    if params is None:
+        return None
+    if not params.per_tensor:
+        return _transpose_weight(g, dq, mover, params.axis)
+    moved = g.fresh(mover.output[0] + "_int")
+    new_mover = onnx.NodeProto.FromString(mover.SerializeToString())
+    new_mover.input[0], new_mover.output[0] = dq.input[0], moved
+    new_dq = node(
+        "DequantizeLinear", [moved, *dq.input[1:]], [mover.output[0]], g.fresh(dq.name or "dq")
+    )
+    return Rewrite(remove=[mover], add=[new_mover, new_dq])
+
+
+def _transpose_weight(g: GraphView, dq: onnx.NodeProto, mover: onnx.NodeProto, axis: int):
+    stored = g.array(dq.input[0])
+    if mover.op_type != "Transpose" or stored is None:
+        return None
+    perm = attribute(mover, "perm") or list(range(stored.ndim))[::-1]
+    weight = numpy_helper.from_array(np.transpose(stored, perm), g.fresh(dq.input[0] + "_t"))
+    new_dq = node(
+        "DequantizeLinear",
+        [weight.name, *dq.input[1:]],
+        [mover.output[0]],
+        g.fresh(dq.name or "dq"),
+        axis=list(perm).index(axis % stored.ndim),
+    )
+    return Rewrite(remove=[mover], add=[new_dq], initializers=[weight])
+
+
+# Case 2
+def _raise_quantize(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
+    """Case 2: ``M -> Q`` becomes ``Q -> M`` (per-tensor Q; M's input is not a DQ output)."""
+    mover = g.producer.get(q.input[0])
+    if mover is None or not _moves_data(g, mover) or g.sole_consumer(mover.output[0]) is not q:
+        return None
+    params = g.qparams(q)
+    if params is None or not params.per_tensor:
+        return None
+    if g.produced_by(mover.input[0], "DequantizeLinear") is not None:
+        return None  # Case 1 sinks that DQ instead
+    quantized = g.fresh(mover.input[0] + "_q")
+    new_q = node(
+        "QuantizeLinear",
+        [mover.input[0], *q.input[1:]],
+        [quantized],
+        g.fresh(q.name or "q"),
+        **attributes(q),
+    )
+    new_mover = onnx.NodeProto.FromString(mover.SerializeToString())
+    new_mover.input[0], new_mover.output[0] = quantized, q.output[0]
+    return Rewrite(remove=[mover, q], add=[new_q, new_mover])
+
+
+# Case 3
+def _cancel_pair(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
+    """Case 3: ``DQ -> Q`` with equal parameters is the identity; readers of Q read DQ's input."""
+    dq = g.produced_by(q.input[0], "DequantizeLinear")
+    if dq is None or q.output[0] in g.outputs:
+        return None
+    dq_params, q_params = g.qparams(dq), g.qparams(q)
+    if dq_params is None or q_params is None or not dq_params.same_as(q_params):
+        return None
+    remove, add = [q], []
+    for reader in g.consumers.get(q.output[0], []):
+        rewired = onnx.NodeProto.FromString(reader.SerializeToString())
+        for i, t in enumerate(rewired.input):
+            if t == q.output[0]:
+                rewired.input[i] = dq.input[0]
+        remove.append(reader)
+        add.append(rewired)
+    return Rewrite(remove=remove, add=add)
+
+
+def _first_rewrite(g: GraphView) -> Rewrite | None:
+    for n in g.nodes:
+        rewrite = None
+        if n.op_type == "QuantizeLinear":
+            rewrite = _cancel_pair(g, n) or _raise_quantize(g, n)
+        elif n.op_type in INTEGER_DATA_MOVEMENT and n.input:
+            rewrite = _sink_dequantize(g, n)
+        if rewrite is not None:
+            return rewrite
+    return None
+
+
+def normalize(g: GraphView) -> tuple[GraphView, bool]:
+    """Apply cases 1-3 until none applies; returns the new view and whether anything changed."""
+    changed = False
+    for _ in range(10 * len(g.nodes) + 10):  # every rewrite moves a Q/DQ or removes a Q
+        rewrite = _first_rewrite(g)
+        if rewrite is None:
+            return g, changed
+        g, changed = g.apply(rewrite), True
+    raise AssertionError("fold: Q/DQ normalisation did not converge")

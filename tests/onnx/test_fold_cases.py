@@ -1,0 +1,451 @@
+"""``FoldQOperator``, one hand-built QDQ graph per rewrite case (numbered as in
+``quantbridge.onnx.passes``), plus the graphs where a case must *not* apply.
+
+Every folded graph is checked three ways:
+
+* structure: the expected integer op is there and no QuantizeLinear / DequantizeLinear is left
+  except the graph input's Q and the graph output's DQ;
+* against ONNX Runtime running the QDQ graph with its default optimizations, i.e. the same fused
+  integer kernels (QLinearConv, QGemm, QLinearAdd, ...): bit-identical (0 LSB) wherever ONNX
+  Runtime fuses the op itself. ``FLOAT_IN_ORT`` names the cases ONNX Runtime runs in float
+  between the Q/DQ (spatial ReduceMean, MatMul+Add on 3-D inputs); there the folded integer op
+  may land on the other side of a rounding tie: at most 1 LSB;
+* against ``onnx.reference`` evaluating the QDQ graph in float (an independent implementation of
+  the QDQ semantics): at most 1 LSB, since an integer kernel requantizes ``acc * (sx*sw/sy)``
+  while the float graph rounds ``(sum of products in float32) / sy``; both round the same real
+  number, so they differ only when float32 rounding moves it across a .5 tie (one code).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import quantbridge as qb
+from quantbridge.onnx.passes import FoldQOperator, foldable_ops
+
+RNG = np.random.default_rng(0)
+
+
+class QDQGraph:
+    """A small QDQ graph: float input ``x`` -> Q -> DQ, ops, weights behind DQ, output DQ."""
+
+    def __init__(self, shape, scale=0.05, zero_point=128, dtype=np.uint8, opset=19):
+        self.nodes, self.inits, self.opset, self.k = [], [], opset, 0
+        self.weight_scales: dict[str, np.ndarray] = {}
+        self.inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
+        self.x = self.qdq("x", scale, zero_point, dtype)
+
+    def name(self, base):
+        self.k += 1
+        return f"{base}{self.k}"
+
+    def const(self, value, base="c"):
+        t = numpy_helper.from_array(np.asarray(value), self.name(base))
+        self.inits.append(t)
+        return t.name
+
+    def op(self, op_type, inputs, n_out=1, **attrs):
+        outs = [self.name(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs))
+        return outs[0]
+
+    def q(self, tensor, scale, zero_point=0, dtype=np.uint8):
+        return self.op(
+            "QuantizeLinear", [tensor, self.const(np.float32(scale)), self.const(dtype(zero_point))]
+        )
+
+    def dq(self, tensor, scale, zero_point, dtype=np.uint8, axis=None):
+        scale = np.asarray(scale, np.float32)
+        zp = np.zeros(scale.shape, dtype) + dtype(zero_point)
+        attrs = {} if axis is None else {"axis": axis}
+        return self.op("DequantizeLinear", [tensor, self.const(scale), self.const(zp)], **attrs)
+
+    def qdq(self, tensor, scale, zero_point=128, dtype=np.uint8):
+        return self.dq(self.q(tensor, scale, zero_point, dtype), scale, zero_point, dtype)
+
+    def weight(self, shape, axis=0, per_channel=True):
+        # 7-bit codes: ONNX Runtime's u8 x s8 kernels on AVX2 without VNNI (vpmaddubsw) add
+        # pairs of products in saturating int16; |w| <= 63 keeps 2 * 255 * 63 < 2**15, so the
+        # fused kernels compute the exact sum the float reference does
+        w = RNG.integers(-63, 64, shape).astype(np.int8)
+        n = shape[axis] if per_channel else 1
+        scale = (RNG.random(n) * 0.01 + 0.002).astype(np.float32)
+        scale = scale if per_channel else scale[0]
+        out = self.dq(self.const(w, "w"), scale, 0, np.int8, axis if per_channel else None)
+        self.weight_scales[out] = scale
+        return out
+
+    def bias(self, n, input_scale, weight_dq):
+        """int32 codes behind a DQ at ``input_scale * weight_scale`` (ONNX's bias convention)."""
+        scale = qb.numerics.bias_scale(input_scale, self.weight_scales[weight_dq])
+        codes = RNG.integers(-2000, 2000, n).astype(np.int32)
+        return self.dq(self.const(codes, "b"), scale, 0, np.int32, axis=0)
+
+    def model(self, out, scale=0.1, zero_point=128, dtype=np.uint8):
+        self.qdq(out, scale, zero_point, dtype)
+        self.nodes[-1].output[0] = "y"  # the output DQ writes the graph output
+        graph = helper.make_graph(
+            self.nodes,
+            "case",
+            self.inputs,
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            self.inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 10
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        shape = inferred[self.nodes[-1].input[0]].type.tensor_type.shape  # the output Q's
+        model.graph.output[0].type.tensor_type.shape.CopyFrom(shape)
+        return model
+
+
+def _ops(model):
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def _run_ort(model, x):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def _output_scale(model):
+    last = next(n for n in model.graph.node if n.output[0] == "y")
+    return float(
+        numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == last.input[1]))
+    )
+
+
+def _fold_and_check(model, shape, expect: dict, float_in_ort=False):
+    """Fold ``model``; assert ``expect`` op counts, one Q and one DQ left, the agreement bounds
+    of the module docstring; return the folded model."""
+    result = FoldQOperator()(model)
+    folded = result.model
+    assert result.modified
+    onnx.checker.check_model(folded, full_check=True)
+    ops = _ops(folded)
+    for op, count in expect.items():
+        assert ops[op] == count, f"{op}: {ops[op]} != {count} in {dict(ops)}"
+    assert ops["QuantizeLinear"] == 1 and ops["DequantizeLinear"] == 1, dict(ops)
+    x = RNG.standard_normal(shape).astype(np.float32) * 2
+    lsb = _output_scale(model)
+    y_fold, y_qdq = _run_ort(folded, x), _run_ort(model, x)
+    diff = np.abs(y_fold - y_qdq) / lsb
+    assert diff.max() <= (1.0 if float_in_ort else 0.0) + 1e-3, diff.max()
+    y_ref = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert np.abs(y_fold - y_ref).max() / lsb <= 1.0 + 1e-3
+    assert y_fold.size >= 8 and np.unique(y_fold).size > 2  # not a constant (saturated) output
+    return folded
+
+
+# -- cases 1-3: data movement on integers, Q/DQ pairs cancelled ----------------------------------
+def test_case1_dequantize_sinks_below_data_movement():
+    g = QDQGraph((2, 4, 8, 8))
+    t = g.op("MaxPool", [g.x], kernel_shape=[2, 2], strides=[2, 2])
+    t = g.op("Transpose", [t], perm=[0, 2, 3, 1])
+    t = g.op(
+        "Slice",
+        [
+            t,
+            g.const(np.array([1], np.int64)),
+            g.const(np.array([4], np.int64)),
+            g.const(np.array([1], np.int64)),
+        ],
+    )
+    t = g.op("Unsqueeze", [t, g.const(np.array([0], np.int64))])
+    t = g.op("Squeeze", [t, g.const(np.array([0], np.int64))])
+    t = g.op("Resize", [t, "", g.const(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    t = g.op("Flatten", [t], axis=1)
+    t = g.op("Reshape", [t, g.const(np.array([2, -1], np.int64))])
+    model = g.model(t, scale=0.05, zero_point=128)  # the input's parameters: pure data movement
+    folded = _fold_and_check(model, (2, 4, 8, 8), {"MaxPool": 1, "Resize": 1, "Slice": 1})
+    assert _ops(folded)["DequantizeLinear"] == 1
+
+
+def test_case2_quantize_rises_above_data_movement():
+    g = QDQGraph((2, 3, 6, 6))
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    t = g.op("Flatten", [t], axis=1)  # the Q behind it moves up, then the Conv folds
+    folded = _fold_and_check(g.model(t, 0.2), (2, 3, 6, 6), {"QLinearConv": 1, "Flatten": 1})
+    flatten = next(n for n in folded.graph.node if n.op_type == "Flatten")
+    assert (
+        flatten.output[0]
+        == next(n for n in folded.graph.node if n.op_type == "DequantizeLinear").input[0]
+    )
+
+
+def test_case3_equal_pair_cancels_and_requantize_stays():
+    g = QDQGraph((2, 8))
+    t = g.qdq(g.x, 0.05, 128)  # same parameters as the input's pair: cancels
+    model = g.model(t, 0.05, 128)
+    assert _ops(FoldQOperator()(model).model) == {"QuantizeLinear": 1, "DequantizeLinear": 1}
+    g = QDQGraph((2, 8))
+    t = g.qdq(g.x, 0.07, 120)  # other parameters: a requantization, not a no-op
+    folded = FoldQOperator()(g.model(t, 0.07, 120)).model
+    assert _ops(folded)["QuantizeLinear"] == 2
+
+
+# -- cases 4-7: weighted ops ----------------------------------------------------------------------
+@pytest.mark.parametrize("groups", [1, 2, 8], ids=["dense", "grouped", "depthwise"])
+def test_case4_conv(groups):
+    g = QDQGraph((2, 8, 7, 7))
+    w = g.weight((8, 8 // groups, 3, 3))
+    b = g.bias(8, 0.05, w)
+    t = g.op(
+        "Conv", [g.x, w, b], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=groups, strides=[2, 2]
+    )
+    folded = _fold_and_check(g.model(t, 0.1), (2, 8, 7, 7), {"QLinearConv": 1})
+    qconv = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
+    assert (
+        helper.get_attribute_value(next(a for a in qconv.attribute if a.name == "group")) == groups
+    )
+    assert len(qconv.input) == 9  # the int32 bias is passed through
+
+
+def test_case4_conv_float_bias_is_quantized():
+    g = QDQGraph((2, 3, 5, 5))
+    b = g.const((RNG.standard_normal(4) * 0.3).astype(np.float32))
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3)), b], kernel_shape=[3, 3])
+    folded = _fold_and_check(g.model(t, 0.1), (2, 3, 5, 5), {"QLinearConv": 1})
+    qconv = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
+    bias = next(i for i in folded.graph.initializer if i.name == qconv.input[8])
+    assert bias.data_type == TensorProto.INT32  # numerics.quantize_bias at input x weight scale
+
+
+def test_case4_int32_bias_at_another_scale_is_requantized():
+    g = QDQGraph((2, 3, 5, 5))
+    w = g.weight((4, 3, 3, 3))
+    codes = RNG.integers(-2000, 2000, 4).astype(np.int32)
+    wrong = 2 * qb.numerics.bias_scale(0.05, g.weight_scales[w])  # twice input x weight scale
+    t = g.op(
+        "Conv", [g.x, w, g.dq(g.const(codes), wrong, 0, np.int32, axis=0)], kernel_shape=[3, 3]
+    )
+    folded = _fold_and_check(g.model(t, 0.1), (2, 3, 5, 5), {"QLinearConv": 1})
+    qconv = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
+    bias = numpy_helper.to_array(
+        next(i for i in folded.graph.initializer if i.name == qconv.input[8])
+    )
+    np.testing.assert_array_equal(bias, 2 * codes)  # same real bias at the scale QLinearConv uses
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_case5_gemm(per_channel):
+    g = QDQGraph((4, 16))
+    w = g.weight((10, 16), axis=0, per_channel=per_channel)
+    t = g.op("Gemm", [g.x, w, g.bias(10, 0.05, w)], transB=1)
+    _fold_and_check(g.model(t, 0.1), (4, 16), {"QGemm": 1})
+
+
+@pytest.mark.parametrize("operand", ["activation", "weight"])
+def test_case6_matmul(operand):
+    g = QDQGraph((2, 4, 6, 8))
+    if operand == "activation":  # q @ k^T: two quantized activations
+        t = g.op("MatMul", [g.x, g.op("Transpose", [g.x], perm=[0, 1, 3, 2])])
+        scale = 0.5
+    else:  # a stored weight, one scale per column
+        t, scale = g.op("MatMul", [g.x, g.weight((8, 5), axis=1)]), 0.05
+    expect = {"QLinearMatMul": 1, "Transpose": int(operand == "activation")}
+    _fold_and_check(g.model(t, scale), (2, 4, 6, 8), expect)
+
+
+@pytest.mark.parametrize("shape", [(4, 16), (2, 5, 16)], ids=["2d", "3d"])
+def test_case7_matmul_add_is_linear(shape):
+    g = QDQGraph(shape)
+    w = g.weight((12, 16), axis=0)  # nn.Linear's [out, in] weight, per output channel
+    wt = g.op("Transpose", [w], perm=[1, 0])  # as exported: DQ -> Transpose -> MatMul
+    t = g.op("MatMul", [g.x, wt])
+    t = g.op("Add", [t, g.bias(12, 0.05, w)])
+    model = g.model(t, 0.1)
+    g.inputs[0] = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    folded = _fold_and_check(
+        model,
+        shape,
+        {"QGemm": 1, "Transpose": 0, "MatMul": 0, "Add": 0},
+        float_in_ort=len(shape) == 3,
+    )
+    assert _ops(folded)["Reshape"] == (2 if len(shape) == 3 else 0)
+
+
+# -- cases 8-12: elementwise, concat, pools, activations ------------------------------------------
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_case8_add_mul_broadcast(op):
+    g = QDQGraph((2, 4, 3, 3))
+    codes = g.const(RNG.integers(0, 256, (1, 4, 1, 1)).astype(np.uint8))
+    other = g.dq(codes, 0.04, 10)  # a stored operand on another grid, broadcast over N, H, W
+    t = g.op(op, [g.x, other])
+    _fold_and_check(g.model(t, 0.15 if op == "Add" else 0.3), (2, 4, 3, 3), {f"QLinear{op}": 1})
+
+
+def test_case9_concat_rescales_or_copies():
+    g = QDQGraph((2, 3, 4))
+    a = g.qdq(g.op("Sigmoid", [g.x]), 1 / 255, 0)
+    t = g.op("Concat", [g.x, a], axis=1)
+    _fold_and_check(g.model(t, 0.06, 120), (2, 3, 4), {"QLinearConcat": 1, "QLinearSigmoid": 1})
+    g = QDQGraph((2, 3, 4))
+    t = g.op("Concat", [g.x, g.op("Transpose", [g.x], perm=[0, 1, 2])], axis=2)
+    _fold_and_check(g.model(t, 0.05, 128), (2, 3, 4), {"Concat": 1})  # same grid: a copy
+
+
+def test_case10_average_pool():
+    g = QDQGraph((2, 4, 8, 8))
+    t = g.op("AveragePool", [g.x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    _fold_and_check(g.model(t, 0.03), (2, 4, 8, 8), {"QLinearAveragePool": 1})
+
+
+@pytest.mark.parametrize("form", ["global", "mean_keepdims", "mean_flat"])
+def test_case11_global_average_pool(form):
+    g = QDQGraph((2, 6, 5, 5))
+    if form == "global":
+        t = g.op("GlobalAveragePool", [g.x])
+    else:
+        axes = g.const(np.array([-2, -1], np.int64))
+        t = g.op("ReduceMean", [g.x, axes], keepdims=int(form == "mean_keepdims"))
+    folded = _fold_and_check(
+        g.model(t, 0.02),
+        (2, 6, 5, 5),
+        {"QLinearGlobalAveragePool": 1},
+        float_in_ort=form != "global",
+    )
+    assert _ops(folded)["Flatten"] == int(form == "mean_flat")
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "LeakyRelu"])
+def test_case12_activations(op):
+    g = QDQGraph((2, 16))
+    t = g.op(op, [g.x], **({"alpha": 0.1} if op == "LeakyRelu" else {}))
+    scale, zp = (1 / 255, 0) if op == "Sigmoid" else (0.05, 100)
+    _fold_and_check(g.model(t, scale, zp), (2, 16), {f"QLinear{op}": 1})
+
+
+# -- cases 13-14: Relu / Clip ---------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
+@pytest.mark.parametrize("act", ["Relu", "ReLU6"])
+def test_case13_activation_absorbed(act, op):
+    g = QDQGraph((2, 3, 6, 6))
+    if op == "Conv":
+        t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    else:
+        t = g.op("MatMul", [g.x, g.weight((6, 4), axis=1)])
+    if act == "Relu":
+        t, scale = g.op("Relu", [t]), 0.05
+    else:  # the output grid [0, 255 * 6/255] ends at 6: Q(6) = 255 = qmax
+        t, scale = g.op("Clip", [t, g.const(np.float32(0)), g.const(np.float32(6))]), 6 / 255
+    qop = "QLinearConv" if op == "Conv" else "QLinearMatMul"
+    folded = _fold_and_check(g.model(t, scale, 0), (2, 3, 6, 6), {qop: 1})
+    assert not {"Relu", "Clip"} & set(_ops(folded))
+
+
+def test_case14_clip_on_integers():
+    g = QDQGraph((2, 16))
+    t = g.op("Clip", [g.x, g.const(np.float32(-1.0)), g.const(np.float32(2.0))])
+    folded = _fold_and_check(g.model(t, 0.05, 128), (2, 16), {"Clip": 1})
+    clip = next(n for n in folded.graph.node if n.op_type == "Clip")
+    bounds = [
+        int(numpy_helper.to_array(i))
+        for name in clip.input[1:]
+        for i in folded.graph.initializer
+        if i.name == name
+    ]
+    assert bounds == [128 - 20, 128 + 40]  # Q(-1.0), Q(2.0) at scale 0.05, zero point 128
+
+
+# -- not applied ----------------------------------------------------------------------------------
+def test_not_applied_relu_that_is_not_exact():
+    g = QDQGraph((2, 3, 6, 6))
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    t = g.op("Relu", [t])
+    model = g.model(t, 0.05, 100)  # zero point 100 > qmin: Q keeps negatives the Relu removed
+    folded = FoldQOperator()(model).model
+    assert _ops(folded)["Conv"] == 1 and _ops(folded)["Relu"] == 1
+    assert "QLinearConv" not in _ops(folded)
+
+
+def test_not_applied_clip_wider_than_nothing_and_shared_output():
+    g = QDQGraph((2, 3, 6, 6))
+    conv = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
+    clip = g.op("Clip", [conv, g.const(np.float32(0)), g.const(np.float32(1))])
+    model = g.model(g.op("Add", [clip, conv]), 0.1, 0)  # conv read twice, clip inside the grid
+    folded = FoldQOperator()(model).model
+    assert {"Conv", "Clip", "Add"} <= set(_ops(folded))
+
+
+def test_not_applied_unregistered_op_stays_qdq_and_inspect_names_it():
+    assert "Softmax" not in foldable_ops()
+    g = QDQGraph((2, 10))
+    t = g.op("Softmax", [g.x], axis=-1)
+    t = g.qdq(t, 1 / 255, 0)
+    t = g.op("Sigmoid", [t])
+    folded = FoldQOperator()(g.model(t, 1 / 255, 0)).model
+    assert _ops(folded)["Softmax"] == 1 and _ops(folded)["QLinearSigmoid"] == 1
+    report = qb.onnx.inspect_model(folded)
+    assert report.form == "QDQ+QOperator"
+    assert [n.split()[0] for n in report.qdq_ops] == ["Softmax"]
+    assert "not folded" in report.format() and "Softmax" in report.format()
+
+
+def test_not_applied_float_operand_leaves_model_unchanged():
+    g = QDQGraph((2, 8))
+    t = g.op("Add", [g.x, "x"])  # one operand is the float graph input itself
+    model = g.model(t, 0.1)
+    result = FoldQOperator()(model)
+    assert not result.modified and result.model is model
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def test_float_model_is_refused():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "f", [x], [y])
+    )
+    with pytest.raises(ValueError, match="float model. Quantize it first"):
+        qb.fold(model)
+
+
+def test_pair_with_other_scale_is_refused():
+    g = QDQGraph((2, 8))
+    q = g.q(g.x, 0.05, 128)
+    g.dq(q, 0.07, 128)  # the partner of the Q uses another scale
+    model = g.model(g.nodes[-1].output[0], 0.1)
+    with pytest.raises(ValueError, match=r"scale 0\.05.*other parameters \(scale 0\.07"):
+        qb.fold(model)
+
+
+def test_fold_refuses_bad_sources(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        qb.fold(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"\x00\xffnot a model")
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        qb.fold(tmp_path / "junk.onnx")
+    with pytest.raises(TypeError, match="path or an onnx.ModelProto"):
+        qb.fold(3)
+
+
+def test_registry_rejects_a_second_handler():
+    from quantbridge.onnx.passes import register_fold
+
+    with pytest.raises(ValueError, match="registered twice"):
+        register_fold("Conv")(lambda g, n: None)
+    assert {
+        "Conv",
+        "Gemm",
+        "MatMul",
+        "Add",
+        "Mul",
+        "Concat",
+        "AveragePool",
+        "ReduceMean",
+        "GlobalAveragePool",
+        "Sigmoid",
+        "LeakyRelu",
+        "Relu",
+        "Clip",
+    } <= set(foldable_ops())
