@@ -13,6 +13,9 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
    *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
    exported graph its DQ -> op -> Q pattern with identical parameters).
+   IDENTITY_IN_EVAL (dropout): the output counts as on the input's grid, but no quantizer is
+   applied after it (nor after data movement following it): in QAT, train-mode dropout scales
+   the kept values by ``1 / (1 - p)``, and the input's grid would clip them.
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
 
@@ -134,6 +137,7 @@ class _Placer:
         self.constant_fq: dict[torch.fx.Node, torch.fx.Node] = {}
         self.biases: list[BiasQuantizer] = []
         self.seen_modules: set[tuple[str, str]] = set()
+        self.scaled_in_training: set[torch.fx.Node] = set()  # see identity_in_eval
         self.constant = constant_values(self.graph)  # of the graph before any insertion
 
     # -- module bookkeeping ---------------------------------------------------------------------
@@ -356,7 +360,19 @@ class _Placer:
     def data_movement(self, node: torch.fx.Node) -> None:
         src = node.args[0] if node.args else None
         if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
-            self._share(node, self.grid[src])
+            if src in self.scaled_in_training:  # after dropout: on the grid only in eval mode
+                self.identity_in_eval(node)
+            else:
+                self._share(node, self.grid[src])
+
+    def identity_in_eval(self, node: torch.fx.Node) -> None:
+        """Dropout (and data movement after it): the output is on the input's grid in eval mode,
+        so consumers do not quantize it again, but no quantizer runs after it (in training the
+        values are scaled by ``1 / (1 - p)`` and a re-quantization would clip them)."""
+        src = node.args[0] if node.args else None
+        if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
+            self.grid[node] = self.grid[src]
+            self.scaled_in_training.add(node)
 
     def _share(self, node: torch.fx.Node, q: Quantizer | None) -> None:
         if q is None:
@@ -383,6 +399,8 @@ class _Placer:
                 self.arithmetic(node, ar)
             elif role is Role.DATA_MOVEMENT:
                 self.data_movement(node)
+            elif role is Role.IDENTITY_IN_EVAL:
+                self.identity_in_eval(node)
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "
@@ -392,6 +410,25 @@ class _Placer:
         self.graph.lint()
         self.gm.recompile()
         return list(self.points.values())
+
+
+def output_quantizers(gm: torch.fx.GraphModule) -> list[str | None]:
+    """Per output of ``gm`` (in the flattened order of its return value), the container attribute
+    of the quantizer whose grid that output lies on, or None for a float output. Recorded once
+    placement is done (``QuantModel.qb_outputs``), so nobody has to guess "the output quantizer"
+    by list position."""
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    leaves = torch.utils._pytree.tree_leaves(out.args[0])
+    attrs: list[str | None] = []
+    prefix = CONTAINER + "."
+    for leaf in leaves:
+        is_quantizer = (
+            isinstance(leaf, torch.fx.Node)
+            and leaf.op == "call_module"
+            and str(leaf.target).startswith(prefix)
+        )
+        attrs.append(str(leaf.target)[len(prefix) :] if is_quantizer else None)
+    return attrs
 
 
 def place_quantizers(gm: torch.fx.GraphModule, recipe: Recipe) -> list[QuantPoint]:

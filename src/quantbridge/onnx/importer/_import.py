@@ -42,14 +42,11 @@ import torch
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
+from ...optables import is_quantized_op
 from . import _nn, _ops, _pool, _tensor  # noqa: F401 - the registry
 from ._module import OnnxModule, new_module
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 
-_QUANTIZED_OPS = {
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
-    "MatMulInteger", "QLinearConv", "QLinearMatMul", "QGemm", "QAttention",
-}  # fmt: skip
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
     "RandomNormal",
@@ -196,7 +193,7 @@ class _Graph:
 
     def refuse_unsupported(self) -> None:
         for node in self.nodes:
-            if node.op_type in _QUANTIZED_OPS or node.op_type.startswith("QLinear"):
+            if is_quantized_op(node.op_type):
                 raise ValueError(
                     f"{node.where()} is a quantized operator: this is a QDQ / QOperator model. "
                     "quantbridge.import_onnx imports float models only - importing QDQ / QOperator "
