@@ -51,7 +51,9 @@ def test_format_1_checkpoint_loads_with_its_states_and_outputs(name, states):
         assert torch.equal(qm.eval()(X), expected)
     # QAT weight ranges follow the weights until freeze_observers; otherwise they are fixed
     weights = [q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)]
-    assert weights and all(q.qstate is not QState.CALIBRATING for q in weights) == (name != "tracking")
+    assert weights and all(q.qstate is not QState.CALIBRATING for q in weights) == (
+        name != "tracking"
+    )
 
 
 def test_format_1_tracking_checkpoint_restores_the_moving_average(tmp_path):

@@ -101,7 +101,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
         if not m.enabled:
             return []
         w = model.get_parameter(m.weight_name)
-        if m.qstate is QState.CALIBRATING:  # QAT weights follow the weight: take its current parameters
+        if m.qstate is QState.CALIBRATING:  # QAT weights follow the weight: its current range
             m(w)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))

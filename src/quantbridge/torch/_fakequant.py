@@ -171,6 +171,10 @@ class BiasQuantizer(nn.Module):
         self.__dict__["weight_quantizer"] = weight_quantizer
         self.enabled = True
 
+    def use_input_quantizer(self, quantizer: Quantizer) -> None:
+        """Take the bias scale from ``quantizer`` (placement merged the op's input quantizer)."""
+        self.__dict__["input_quantizer"] = quantizer
+
     def active(self) -> bool:
         iq, wq = self.input_quantizer, self.weight_quantizer
         return self.enabled and iq.enabled and wq.enabled and not iq.observing and iq.axis is None
