@@ -68,6 +68,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import quantbridge as qb  # noqa: E402
+from quantbridge.optables import INTEGER_OPS  # noqa: E402
 
 # "torchvision is not installed. Skipping torchvision::nms" from the ONNX exporter: noise here.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -81,27 +82,7 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_SKIP = ("bert.encoder.layer.?.output", "bert.encoder.layer.?.output.dense")
 METHODS = ("minmax", "percentile", "entropy", "mse")
 # ONNX Runtime operators that compute on integers (after its QDQ fusions).
-INT8_OPS = {
-    "QLinearMatMul",
-    "QLinearAdd",
-    "QLinearMul",
-    "QLinearConv",
-    "QGemm",
-    "MatMulInteger",
-    "MatMulIntegerToFloat",
-    "DynamicQuantizeMatMul",
-    "QAttention",
-    "QLinearSoftmax",
-    "QLinearConcat",
-    "QLinearLeakyRelu",
-    "QLinearSigmoid",
-    "QLinearAveragePool",
-    "QLinearGlobalAveragePool",
-    "QLinearReduceMean",
-    "QEmbedLayerNormalization",
-    "QOrderedMatMul",
-    "ConvInteger",
-}
+INT8_OPS = INTEGER_OPS
 
 
 # ---------------------------------------------------------------------------------------------

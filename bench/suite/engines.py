@@ -17,14 +17,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from quantbridge.optables import INTEGER_OPS, ORT_FUSED_WEIGHTED_OPS, WEIGHTED_OPS
+
 THREADS = min(2, os.cpu_count() or 1)
-INT8_ORT_OPS = {
-    "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QGemm", "MatMulInteger",
-    "ConvInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearGlobalAveragePool",
-    "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
-    "QAttention", "QLinearReduceMean",
-}  # fmt: skip
-FLOAT_COMPUTE_OPS = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "FusedGemm"}
+INT8_ORT_OPS = set(INTEGER_OPS)  # ONNX Runtime's integer operators (quantbridge.optables)
+FLOAT_COMPUTE_OPS = set(WEIGHTED_OPS) | ORT_FUSED_WEIGHTED_OPS
 
 
 def ort_session(path: Path, optimized_path: Path | None = None):

@@ -31,13 +31,13 @@ import torch
 
 from . import Recipe, export, quantize
 from .onnx.inspector import inspect_model
+from .optables import WEIGHTED_OPS
 from .recipe import native_preset
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"
 AGREEMENT_REQUIRED = 0.99  # share of logits where ONNX Runtime and torch INT8 agree within 1 LSB
 LATENCY_BATCH = 64
-_WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 LATENCY_THREADS = 1  # stable medians on a shared machine; the ratio is what the demo shows
 
 
@@ -78,7 +78,7 @@ class DemoResult:
                 self.within_1_lsb >= AGREEMENT_REQUIRED,
             "no float weights in the INT8 file": not self.float_weights,
             "every Conv/Gemm of the INT8 file runs in int8":
-                not any(op in self.float_ops for op in _WEIGHTED_OPS),
+                not any(op in self.float_ops for op in WEIGHTED_OPS),
             "INT8 file smaller than the float file": self.int8_onnx_bytes < self.float_onnx_bytes,
         }  # fmt: skip
 
@@ -332,7 +332,7 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
     int8_session, float_session = _session(int8_path), _session(float_path)
     x_np = x_test.numpy()
     ort_int8, ort_float = _run(int8_session, x_np), _run(float_session, x_np)
-    output_scale = float(list(qmodel.quantizers().values())[-1].scale)
+    output_scale = float(qmodel.output_quantizer().scale)
     within, exact, max_lsb = lsb_agreement(ort_int8, torch_int8, output_scale)
     batch = x_np[:LATENCY_BATCH]
     latency = {

@@ -90,7 +90,7 @@ def _ort_optimized(path, tmp_path) -> tuple[onnx.ModelProto, ort.InferenceSessio
 
 
 def _lsb(qm, y_engine: np.ndarray, y_torch: torch.Tensor) -> np.ndarray:
-    out_q = list(qm.quantizers().values())[-1]  # the model output's quantizer
+    out_q = qm.output_quantizer()
     return np.abs(y_engine - y_torch.numpy()) / out_q.scale.item()
 
 

@@ -30,7 +30,7 @@ def _run(qm, path, x):
     y_ort = sess.run(None, {"x": x.numpy()})[0]
     with torch.no_grad():
         y = qm(x).numpy()
-    return np.abs(y_ort - y) / list(qm.quantizers().values())[-1].scale.item()
+    return np.abs(y_ort - y) / qm.output_quantizer().scale.item()
 
 
 def _init_types(m: onnx.ModelProto) -> collections.Counter:

@@ -32,7 +32,7 @@ def _ort_outputs(path, feeds: dict) -> np.ndarray:
 
 
 def _lsb_error(qm, y_ort: np.ndarray, y_torch: torch.Tensor) -> np.ndarray:
-    out_q = list(qm.quantizers().values())[-1]  # the model output's quantizer
+    out_q = qm.output_quantizer()
     return np.abs(y_ort - y_torch.numpy()) / out_q.scale.item()
 
 

@@ -72,7 +72,7 @@ def test_ptq_resnet_round_trip_is_bit_identical_and_the_header_says_what_it_hold
     assert qm2.qb_recipe == qm.qb_recipe and qm2.qb_capture == qm.qb_capture
     with safe_open(path, "pt") as f:
         meta, keys = f.metadata(), set(f.keys())
-    assert meta["format"] == "quantbridge" and meta["format_version"] == "1"
+    assert meta["format"] == "quantbridge" and meta["format_version"] == "2"
     header = json.loads(meta["quantbridge"])
     assert header["recipe"] == qm.qb_recipe.to_dict()
     assert header["model_class"] == "quantbridge.zoo.ResNet18Style"
@@ -259,8 +259,8 @@ def _rewrite(src, dst, edit_metadata=None, edit_bytes=None):
 
 def test_newer_format_version_says_upgrade(digits_ckpt, tmp_path):
     _, path = digits_ckpt
-    _rewrite(path, tmp_path / "v2.qb", edit_metadata=lambda m: {**m, "format_version": "2"})
-    _refused(tmp_path / "v2.qb", DigitsCNN(), r"newer quantbridge \(format 2.*upgrade")
+    _rewrite(path, tmp_path / "v3.qb", edit_metadata=lambda m: {**m, "format_version": "3"})
+    _refused(tmp_path / "v3.qb", DigitsCNN(), r"newer quantbridge \(format 3.*upgrade")
 
 
 @pytest.mark.parametrize("keep", [0, 7, 100, 0.5, -1])

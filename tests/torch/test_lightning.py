@@ -90,7 +90,7 @@ def _trainer(**kwargs):
 
 
 def _output_quantizer(qm: qb.QuantModel):
-    return list(qm.quantizers().values())[-1]
+    return qm.output_quantizer()
 
 
 def _on_output_grid(qm: qb.QuantModel, logits: torch.Tensor) -> bool:

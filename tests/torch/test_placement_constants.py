@@ -98,7 +98,7 @@ def _quantize_linear_on_constants(model: onnx.ModelProto) -> list[str]:
 
 
 def _lsb_error(qm, y_engine: np.ndarray, y_torch: torch.Tensor) -> np.ndarray:
-    out_q = list(qm.quantizers().values())[-1]  # the model output's quantizer
+    out_q = qm.output_quantizer()
     return np.abs(y_engine - y_torch.numpy()) / out_q.scale.item()
 
 

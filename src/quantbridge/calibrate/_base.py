@@ -21,6 +21,18 @@ Contract (every method, every subclass):
   need it ignore it. ``ValueError("observer saw no data ...")`` before any non-empty update.
 * ``qparams(scheme)`` -- ``choose_qparams(*range(scheme), scheme)``.
 
+Exact merging as tensors (observers with ``tensor_merge = True``), for an all-reduce across
+processes that never reads an observer's internals. Two rounds, each one elementwise reduction:
+
+1. ``merge_size()`` -- the layout every process holding data must share (channels, histogram
+   bins; 0 for "no data, any layout"); ``merge_maxima(size)`` -- float64 values combined by
+   elementwise MAX (ranges as ``[-min, max]``); ``load_maxima(maxima, size)`` aligns this
+   observer to the combined ranges (a histogram grows to the common range).
+2. ``merge_sums()`` -- int64 values combined by elementwise SUM (histogram counts), valid after
+   ``load_maxima``; ``load_sums(sums, values_seen)`` installs the totals.
+
+Any other observer merges by ``merge(state_dict)`` of each process's state.
+
 All-zero data gives ``(0, 0)``; ``choose_qparams`` owns the fallback scale for that case.
 """
 
@@ -107,6 +119,10 @@ class Observer(abc.ABC):
     """
 
     method: ClassVar[str] = ""
+    # Whether the merge_* / load_* tensor protocol is implemented (see the module docstring),
+    # and what merge_size() counts (for the error when processes disagree).
+    tensor_merge: ClassVar[bool] = False
+    merge_size_name: ClassVar[str] = "sizes"
     # Option names that must agree between two observers' states for them to merge.
     _state_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -192,6 +208,28 @@ class Observer(abc.ABC):
                 f"{self.granularity!r}; build the observer with the scheme's granularity"
             )
         return choose_qparams(*self.range(scheme), scheme)
+
+    # ---- exact merge as tensors (tensor_merge = True; see the module docstring) ------------
+
+    def merge_size(self) -> int:
+        """The layout processes must agree on (0: no data, any layout)."""
+        raise NotImplementedError(f"the {self.method!r} observer merges by state dicts only")
+
+    def merge_maxima(self, size: int) -> np.ndarray:
+        """float64 values to combine by elementwise MAX (``size``: the agreed layout)."""
+        raise NotImplementedError(f"the {self.method!r} observer merges by state dicts only")
+
+    def load_maxima(self, maxima: np.ndarray, size: int) -> None:
+        """Take the combined maxima (the observer then holds the common layout)."""
+        raise NotImplementedError(f"the {self.method!r} observer merges by state dicts only")
+
+    def merge_sums(self) -> np.ndarray:
+        """int64 values to combine by elementwise SUM (after ``load_maxima``)."""
+        raise NotImplementedError(f"the {self.method!r} observer merges by state dicts only")
+
+    def load_sums(self, sums: np.ndarray, values_seen: int) -> None:
+        """Take the combined sums and the total number of values seen."""
+        raise NotImplementedError(f"the {self.method!r} observer merges by state dicts only")
 
     # ---- hooks for subclasses --------------------------------------------------------------
 

@@ -20,9 +20,9 @@ smallest power of two above its own data, the result is the histogram of all dat
 smallest power of two above all of it: exact and independent of batch order, batch split and
 merge order. The exact ``min`` and ``max`` are kept beside the counts.
 
-Across processes: gather ``state_dict()``s and ``merge`` them, or all-reduce in three steps --
-MAX of ``half_range``; ``observer.histogram.grow_to(that)`` on every rank; then SUM of
-``counts`` and ``values_seen``, MIN of ``min``, MAX of ``max``. Both are exact.
+Across processes: gather ``state_dict()``s and ``merge`` them, or all-reduce the observer's
+merge tensors (``Observer`` docstring) -- MAX of ``[half_range, -min, max]``, then
+``load_maxima`` grows every histogram to that range, then SUM of ``counts``. Both are exact.
 
 Counting uses ``np.bincount`` on the computed bin indices (faster than ``np.histogram``), or,
 for large float batches when torch is loaded, the same arithmetic in torch (4x faster on 2 cores
@@ -197,6 +197,8 @@ class HistogramObserver(Observer):
     """Base of the histogram observers (per tensor only); subclasses implement ``_range``."""
 
     _state_keys = ("num_bins",)
+    tensor_merge = True
+    merge_size_name = "histogram bin counts"
 
     def __init__(
         self, granularity: PerTensor | PerChannel | None = None, num_bins: int = DEFAULT_NUM_BINS
@@ -229,6 +231,27 @@ class HistogramObserver(Observer):
 
     def _merge_state(self, state: Mapping[str, StateValue]) -> None:
         self.histogram.merge(Histogram.from_state(state, self.histogram.num_bins))
+
+    def merge_size(self) -> int:
+        return self.histogram.num_bins
+
+    def merge_maxima(self, size: int) -> np.ndarray:
+        """``[half_range, -min, max]``."""
+        h = self.histogram
+        return np.array([h.half_range, -h.min, h.max], dtype=np.float64)
+
+    def load_maxima(self, maxima: np.ndarray, size: int) -> None:
+        """Grow to the common range (exact re-binning) and take the common extrema."""
+        half_range, neg_min, max_ = (float(v) for v in maxima)
+        self.histogram.grow_to(half_range)
+        self.histogram.min, self.histogram.max = -neg_min, max_
+
+    def merge_sums(self) -> np.ndarray:
+        return self.histogram.counts.astype(np.int64)
+
+    def load_sums(self, sums: np.ndarray, values_seen: int) -> None:
+        self.histogram.counts = np.asarray(sums, dtype=np.int64).copy()
+        self.values_seen = int(values_seen)
 
 
 def bin_of(hist: Histogram, value: float) -> int:

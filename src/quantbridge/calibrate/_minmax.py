@@ -22,6 +22,7 @@ Both check that every batch of a per-channel observer has the channel count of t
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 
 import numpy as np
@@ -87,13 +88,66 @@ class _ExtremaObserver(Observer):
         assert self._lo is not None and self._hi is not None
         return self._lo.copy(), self._hi.copy()
 
+    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
+        self._fold(*self._batch_extrema(arr, lo, hi))
+
+    def update_extrema(self, lo, hi, count: int) -> None:
+        """Fold one batch of ``count`` values given by its extrema (float64, shape ``()`` per
+        tensor, ``(C,)`` per channel), e.g. extrema already reduced over several processes."""
+        lo = np.array(lo, dtype=np.float64)
+        hi = np.array(hi, dtype=np.float64)
+        want_ndim = 1 if isinstance(self.granularity, PerChannel) else 0
+        if lo.shape != hi.shape or lo.ndim != want_ndim:
+            raise ValueError(
+                f"batch extrema have shapes {lo.shape} and {hi.shape}; expected equal shapes of "
+                f"rank {want_ndim} for {self.granularity!r}"
+            )
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+            raise ValueError(f"observer got non-finite batch extrema {lo} and {hi}")
+        if count <= 0:
+            return
+        if want_ndim and self._lo is not None and lo.shape != self._lo.shape:
+            raise ValueError(
+                f"per-channel observer holds {self._lo.shape[0]} channels, got extrema of "
+                f"{lo.shape[0]}"
+            )
+        self._fold(lo, hi)
+        self.values_seen += int(count)
+
+    @abc.abstractmethod
+    def _fold(self, batch_lo: np.ndarray, batch_hi: np.ndarray) -> None:
+        """Fold one batch's extrema into the statistics."""
+
 
 @register_observer("minmax")
 class MinMaxObserver(_ExtremaObserver):
     """Running minimum and maximum, per tensor or per channel along any axis."""
 
-    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
-        batch_lo, batch_hi = self._batch_extrema(arr, lo, hi)
+    tensor_merge = True
+    merge_size_name = "channel counts"
+
+    def merge_size(self) -> int:
+        """Values per extremum (1 per tensor, ``C`` per channel); 0 before any data."""
+        return int(self._lo.size) if self._lo is not None else 0
+
+    def merge_maxima(self, size: int) -> np.ndarray:
+        """``[-min, max]`` flattened (``-inf`` for an observer without data)."""
+        if self._lo is None:
+            return np.full(2 * size, -np.inf)
+        return np.concatenate([-self._lo.reshape(-1), self._hi.reshape(-1)]).astype(np.float64)
+
+    def load_maxima(self, maxima: np.ndarray, size: int) -> None:
+        shape = (size,) if isinstance(self.granularity, PerChannel) else ()
+        maxima = np.asarray(maxima, dtype=np.float64)
+        self._lo, self._hi = (-maxima[:size]).reshape(shape), maxima[size : 2 * size].reshape(shape)
+
+    def merge_sums(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)
+
+    def load_sums(self, sums: np.ndarray, values_seen: int) -> None:
+        self.values_seen = int(values_seen)
+
+    def _fold(self, batch_lo: np.ndarray, batch_hi: np.ndarray) -> None:
         if self._lo is None:
             self._lo, self._hi = batch_lo, batch_hi
         else:
@@ -131,8 +185,7 @@ class MovingAverageMinMaxObserver(_ExtremaObserver):
         self.averaging_constant = float(averaging_constant)
         self.batches = 0
 
-    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
-        batch_lo, batch_hi = self._batch_extrema(arr, lo, hi)
+    def _fold(self, batch_lo: np.ndarray, batch_hi: np.ndarray) -> None:
         if self._lo is None:
             self._lo, self._hi = batch_lo, batch_hi
         else:

@@ -6,9 +6,13 @@
   and the quantizer state under ``_quantbridge.*``;
 * metadata (str -> str) holds ``format = "quantbridge"``, ``format_version = "1"`` and, under
   ``"quantbridge"``, a JSON object: the recipe, the placement record, how the model was captured
-  (input spec, dynamic dims, BN folding), whether BN was frozen, the training mode, per-quantizer
-  flags (enabled, observing, tracking, learnable and the moving-average range of a tracking
-  quantizer), the model class, the quantbridge and torch versions and a SHA-256 of the tensors.
+  (input spec, dynamic dims, BN folding), whether BN was frozen, the training mode, per quantizer
+  its state as data (``enabled``, the ``QState`` name and the moving-average statistics of a
+  tracking quantizer), the model class, the quantbridge and torch versions and a SHA-256 of the
+  tensors. Each quantizer's state is in the tensors too (its ``state`` buffer).
+
+Format 1 (before quantizer states) wrote flags instead (``observing``, ``tracking``,
+``learnable``, ``ema``) and a ``calibrated`` buffer: ``_state_from_flags`` reads them.
 
 ``load(path, model)`` captures the user's fresh ``model`` again from the recorded input spec,
 re-places quantizers with the saved recipe, redoes ``freeze_batchnorm`` and ``make_learnable``
@@ -23,7 +27,7 @@ files are recognised by their pickle opcodes (``pickletools.genops`` decodes, ne
 refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
 does not help): use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
 ``torch.save(qmodel.state_dict())`` + ``qmodel.load_state_dict`` works onto a QuantModel made the
-same way; ``QuantModel.load_state_dict`` refuses a float state dict (``check_state_dict``).
+same way; ``QuantModel.load_state_dict`` refuses a float state dict.
 """
 
 from __future__ import annotations
@@ -43,28 +47,26 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .._version import __version__
 from ..recipe import Recipe
 from ._batches import describe, inputs_from_spec
-from ._fakequant import Quantizer
+from ._errors import CheckpointError
+from ._fakequant import QState, Quantizer
 from ._model import QuantModel
 from ._placement import CONTAINER
+from ._qat import freeze_batchnorm
+from ._quantize import prepare
 
 FORMAT = "quantbridge"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: quantizer states as data; 1: flags (read by _state_from_flags)
 _PREFIX = CONTAINER + "."
 _SCAN_LIMIT = 16 << 20  # bytes of a foreign pickle scanned for its strings
 _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded as asked; the message says why and what to do."""
-
-
 # -- save -----------------------------------------------------------------------------------------
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
-    from .. import __version__
-
     if not isinstance(qmodel, QuantModel):
         raise TypeError(
             f"qb.save saves the QuantModel returned by quantbridge.quantize or prepare_qat, got a "
@@ -86,7 +88,7 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
         "capture": qmodel.qb_capture,
         "bn_frozen": bool(qmodel.qb_bn_frozen),
         "training": qmodel.training,
-        "quantizers": {a: _flags(q) for a, q in getattr(qmodel, CONTAINER).named_children()},
+        "quantizers": {a: _state(q) for a, q in getattr(qmodel, CONTAINER).named_children()},
         "model_class": _class_name(qmodel.__dict__.get("_qb_source")),
         "versions": {"quantbridge": __version__, "torch": torch.__version__},
         "sha256": _digest(tensors),
@@ -102,14 +104,42 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
             os.unlink(tmp)
 
 
-def _flags(q: nn.Module) -> dict:
-    flags = {"enabled": bool(q.enabled)}
+def _state(q: nn.Module) -> dict:
+    """A quantizer's state as data: enabled, its QState and a tracking quantizer's statistics."""
+    record: dict = {"enabled": bool(q.enabled)}
     if isinstance(q, Quantizer):
-        flags.update(observing=q.observing, tracking=q.tracking, learnable=q.learnable)
-        ema = q.__dict__.get("_ema")  # moving-average range of a tracking quantizer (QAT)
-        if ema is not None:
-            flags["ema"] = [float(v) for v in ema]  # float64: exact through JSON
-    return flags
+        record["state"] = q.qstate.value
+        tracker = q.tracker_state()  # float64 values: exact through JSON
+        if tracker is not None:
+            record["tracker"] = tracker
+    return record
+
+
+def _state_from_flags(record: dict) -> dict:
+    """A format-1 record (flags) as a format-2 one: learnable > tracking > observing > frozen,
+    the moving-average range ``ema = [lo, hi]`` as the tracker's statistics."""
+    if "state" in record:
+        return record
+    if record.get("learnable"):
+        state = QState.LEARNED
+    elif record.get("tracking"):
+        state = QState.TRACKING
+    elif record.get("observing"):
+        state = QState.CALIBRATING
+    else:
+        state = QState.FROZEN
+    new = {"enabled": record.get("enabled", True), "state": state.value}
+    if "ema" in record:
+        lo, hi = record["ema"]
+        new["tracker"] = {
+            "method": "moving_average_minmax",
+            "granularity": "per_tensor",
+            "values_seen": 1,
+            "min": lo,
+            "max": hi,
+            "batches": 1,
+        }
+    return new
 
 
 def _class_name(model: nn.Module | None) -> str:
@@ -254,9 +284,6 @@ def _pickle_strings(path: str) -> set[str] | None:
 
 def _rebuild(header: dict, model: nn.Module) -> QuantModel:
     """Capture ``model`` again and place quantizers as the checkpoint's record says."""
-    from ._qat import freeze_batchnorm
-    from ._quantize import prepare
-
     try:
         saved = dict(header["recipe"])
         # written before constants were quantized: their placement had none (the default is on)
@@ -325,12 +352,20 @@ def _scheme(a: dict, b: dict) -> str:
 
 
 def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """Learnable quantizers first (so parameter/buffer kinds match), then a strict load."""
-    flags = header["quantizers"]
+    """States first (a learned quantizer's Parameters, so parameter/buffer kinds match), then a
+    strict load."""
+    records = {a: _state_from_flags(r) for a, r in header["quantizers"].items()}
+    tensors = _tensors_from_format_1(tensors, records)
     container = getattr(qmodel, CONTAINER)
-    for attr, q in container.named_children():
-        if isinstance(q, Quantizer) and flags.get(attr, {}).get("learnable"):
-            q.make_learnable()  # per-channel shapes follow on load (Quantizer._load_from_state_dict)
+    try:
+        for attr, q in container.named_children():
+            record = records.get(attr, {})
+            q.enabled = bool(record.get("enabled", True))
+            if isinstance(q, Quantizer) and "state" in record:
+                # per-channel shapes follow on load (Quantizer._load_from_state_dict)
+                q.restore_state(QState(record["state"]), record.get("tracker"))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the checkpoint's quantizer states are corrupted ({e})") from None
     own = qmodel.state_dict()
     problem = None
     if own.keys() != tensors.keys():
@@ -349,26 +384,20 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     if problem is not None:
         raise CheckpointError(f"checkpoint was made with a different architecture: {problem}")
     qmodel.load_state_dict(tensors, strict=True)
-    for attr, q in container.named_children():
-        f = flags.get(attr, {})
-        q.enabled = f.get("enabled", True)
-        if isinstance(q, Quantizer):
-            q.observing, q.tracking = f.get("observing", q.observing), f.get("tracking", False)
-            if "ema" in f:
-                q._ema = tuple(torch.tensor(v, dtype=torch.float64) for v in f["ema"])
+
+
+def _tensors_from_format_1(tensors: dict, records: dict) -> dict:
+    """Format 1 kept a ``calibrated`` flag buffer per quantizer; format 2 its ``state`` code."""
+    out = {}
+    for key, value in tensors.items():
+        head, _, leaf = key.rpartition(".")
+        if key.startswith(_PREFIX) and leaf == "calibrated":
+            state = records.get(head[len(_PREFIX) :], {}).get("state", QState.FROZEN.value)
+            out[f"{head}.state"] = torch.tensor(QState(state).code, dtype=torch.uint8)
+        else:
+            out[key] = value
+    return out
 
 
 def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
-
-
-def check_state_dict(qmodel: QuantModel, state_dict, strict: bool) -> None:
-    """Called by ``QuantModel.load_state_dict``: refuse a float state dict with the fix."""
-    if not strict or any(k.startswith(_PREFIX) for k in state_dict):
-        return
-    if any(k.startswith(_PREFIX) for k in qmodel.state_dict()):
-        raise CheckpointError(
-            "this is a float checkpoint (no '_quantbridge.*' quantizer state), not a QuantModel "
-            "state_dict: load it with model.load_state_dict on your float model, then "
-            "qb.quantize(model, calib_data) (or qb.prepare_qat); strict=False loads some weights"
-        )

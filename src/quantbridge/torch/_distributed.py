@@ -9,19 +9,21 @@ zero points - the ones a single process would compute over the union of the shar
 ``local_statistics()``). Quantizers are visited in placement order on every rank, and ranks
 whose observer saw no data take part with an empty one, so no rank waits for a peer that skips.
 
-How each observer's statistics combine (a table keyed by observer type, ``_EXACT_REDUCTIONS``):
+How statistics combine is each observer's own business (``calibrate``): this module only moves
+tensors and never reads an observer's internals.
 
-* ``minmax`` (per tensor or per channel): ``all_reduce(MAX)`` of ``[-min, max]``. Exact.
-* ``percentile``, ``entropy``, ``mse`` (the power-of-two histogram of ``calibrate._histogram``):
-  ``MAX`` of ``[half_range, -min, max]``; ``histogram.grow_to(half_range)`` on every rank; ``SUM``
-  of the counts. Exact: the histogram equals the one of a single process over all the data.
+* observers with ``tensor_merge`` (``minmax``; ``percentile``, ``entropy``, ``mse`` on the
+  power-of-two histogram): one ``all_reduce(MAX)`` of everyone's ``merge_maxima`` (ranges), each
+  observer's ``load_maxima`` (a histogram grows to the common range), one ``all_reduce(SUM)`` of
+  ``merge_sums`` (counts), ``load_sums``. Exact: the statistics equal those of a single process
+  over all the data.
 * every other observer (``moving_average_minmax``, observers registered by users): all-gather of
   the ``state_dict()``s, then on every rank ``load_state_dict(rank 0)`` and ``merge`` of ranks
   ``1 .. W-1`` in rank order, so every rank computes the same (for the moving average, the
   documented batch-weighted approximation).
 
 Before any of that, one all-gather of ``[number of observers, fingerprint of names and types]``
-and one of ``[values_seen, size]`` per observer let every rank check the layout; a mismatch
+and one of ``[values_seen, merge_size]`` per observer let every rank check the layout; a mismatch
 raises ``ValueError`` on every rank (naming the first differing quantizer) instead of hanging.
 
 QAT. Under ``DistributedDataParallel`` (DDP) the moving-average ranges of ``prepare_qat``
@@ -41,84 +43,20 @@ wrap the call in ``local_statistics()``.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..calibrate import (
-    EntropyObserver,
-    MinMaxObserver,
-    MSEObserver,
-    Observer,
-    PercentileObserver,
-)
-from ._fakequant import Quantizer
+from ..calibrate import Observer
+from ._collective import all_gather as _all_gather
+from ._collective import all_reduce as _all_reduce
+from ._collective import ddp_batch_range, is_distributed, local_statistics
+from ._fakequant import QState, Quantizer
 from ._model import QuantModel
-
-_EXTREMA, _HISTOGRAM, _GATHER = 0, 1, 2
-
-# Observer types whose statistics all-reduce exactly as tensors. Exact types, not subclasses: a
-# subclass may keep more state. Any type not listed takes the gather-and-merge path.
-_EXACT_REDUCTIONS: dict[type[Observer], int] = {
-    MinMaxObserver: _EXTREMA,
-    PercentileObserver: _HISTOGRAM,
-    EntropyObserver: _HISTOGRAM,
-    MSEObserver: _HISTOGRAM,
-}
-
-_LOCAL = contextvars.ContextVar("quantbridge_local_statistics", default=False)
-
-
-@contextlib.contextmanager
-def local_statistics() -> Iterator[None]:
-    """Inside: calibration and QAT range tracking use this process's data only, no collectives.
-
-    For a process group where only some ranks quantize (``if rank == 0: qb.quantize(...)``).
-    """
-    token = _LOCAL.set(True)
-    try:
-        yield
-    finally:
-        _LOCAL.reset(token)
-
-
-def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
-    """True when statistics are to be combined: a process group of more than one rank is
-    initialized and we are not inside ``local_statistics()``."""
-    return (
-        not _LOCAL.get()
-        and dist.is_available()
-        and dist.is_initialized()
-        and dist.get_world_size(group) > 1
-    )
-
-
-def _device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where collective tensors live: the current GPU for NCCL, the CPU otherwise."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_gather(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """``(world, *t.shape)``: every rank's ``t`` (same shape and dtype on every rank)."""
-    t = t.to(_device(group))
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, t, group=group)
-    return torch.stack(out).cpu()
-
-
-def _all_reduce(t: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None):
-    t = t.to(_device(group))
-    dist.all_reduce(t, op=op, group=group)
-    return t.cpu()
-
 
 # ---- layout agreement ---------------------------------------------------------------------------
 
@@ -165,7 +103,6 @@ def sync_observer_states(
     if not is_distributed(group):
         return
     names = list(names) if names is not None else [f"observer #{i}" for i in range(len(observers))]
-    kinds = [_EXACT_REDUCTIONS.get(type(obs), _GATHER) for obs in observers]
     _check_same_layout(
         [
             f"{n}|{type(o).__name__}|{o.granularity!r}"
@@ -175,93 +112,52 @@ def sync_observer_states(
     )
     if not observers:
         return
-    local = [_meta(obs, kind) for obs, kind in zip(observers, kinds, strict=True)]
+    local = [[o.values_seen, o.merge_size() if o.tensor_merge else 0] for o in observers]
     meta = _all_gather(torch.tensor(local, dtype=torch.int64), group)
-    sizes = _agreed_sizes(meta, kinds, names)
     values_seen = meta[:, :, 0].sum(dim=0).tolist()
-
-    tensor_path = [i for i, k in enumerate(kinds) if k != _GATHER and values_seen[i] > 0]
-    if tensor_path:
-        _reduce_tensors(observers, kinds, tensor_path, sizes, values_seen, group)
-    gather_path = [i for i, k in enumerate(kinds) if k == _GATHER and values_seen[i] > 0]
-    if gather_path:
-        _gather_and_merge([observers[i] for i in gather_path], group)
-
-
-def _meta(obs: Observer, kind: int) -> list[int]:
-    """``[values_seen, size]``: channels held (0 when empty) or histogram bins."""
-    if kind == _EXTREMA:
-        return [obs.values_seen, int(np.size(obs.state_dict()["min"])) if obs.values_seen else 0]
-    if kind == _HISTOGRAM:
-        return [obs.values_seen, obs.histogram.num_bins]
-    return [obs.values_seen, 0]
+    sizes = _agreed_sizes(meta, observers, names)
+    live = [i for i, o in enumerate(observers) if values_seen[i] > 0]
+    by_tensors = [i for i in live if observers[i].tensor_merge]
+    if by_tensors:
+        _reduce_tensors([observers[i] for i in by_tensors], [sizes[i] for i in by_tensors],
+                        [values_seen[i] for i in by_tensors], group)  # fmt: skip
+    by_states = [observers[i] for i in live if not observers[i].tensor_merge]
+    if by_states:
+        _gather_and_merge(by_states, group)
 
 
-def _agreed_sizes(meta: torch.Tensor, kinds: list[int], names: Sequence[str]) -> list[int]:
-    """Per observer, the size every rank holding data agrees on (``ValueError`` otherwise)."""
+def _agreed_sizes(meta: torch.Tensor, observers, names: Sequence[str]) -> list[int]:
+    """Per observer, the merge size every rank holding one agrees on (``ValueError`` otherwise;
+    0 = no data, any layout)."""
     sizes = []
-    for i, kind in enumerate(kinds):
-        seen, size = meta[:, i, 0], meta[:, i, 1]
-        held = size[seen > 0] if kind == _EXTREMA else size
-        distinct = sorted(set(held.tolist()))
+    for i, obs in enumerate(observers):
+        size = meta[:, i, 1]
+        distinct = sorted(set(size[size > 0].tolist()))
         if len(distinct) > 1:
-            what = "channel counts" if kind == _EXTREMA else "histogram bin counts"
             raise ValueError(
-                f"{names[i]}: ranks hold different {what} {size.tolist()} (rank order); "
-                "every rank must calibrate the same model with the same recipe"
+                f"{names[i]}: ranks hold different {obs.merge_size_name} {size.tolist()} (rank "
+                "order); every rank must calibrate the same model with the same recipe"
             )
         sizes.append(distinct[0] if distinct else 0)
     return sizes
 
 
-def _reduce_tensors(observers, kinds, indices, sizes, values_seen, group) -> None:
-    """The exact paths: one MAX over extrema and histogram ranges, one SUM over counts."""
-    pieces = []
-    for i in indices:
-        obs = observers[i]
-        if kinds[i] == _EXTREMA:
-            if obs.values_seen:
-                lo, hi = (np.asarray(v, dtype=np.float64).reshape(-1) for v in obs.range())
-            else:
-                lo, hi = np.full(sizes[i], np.inf), np.full(sizes[i], -np.inf)
-            pieces.append(np.concatenate([-lo, hi]))
-        else:
-            h = obs.histogram
-            pieces.append(np.array([h.half_range, -h.min, h.max]))
+def _reduce_tensors(observers: list[Observer], sizes: list[int], values_seen: list[int], group):
+    """The observers' own merge tensors: one MAX all-reduce, then one SUM all-reduce."""
+    pieces = [obs.merge_maxima(n) for obs, n in zip(observers, sizes, strict=True)]
     maxima = _all_reduce(torch.from_numpy(np.concatenate(pieces)), dist.ReduceOp.MAX, group)
-    maxima = maxima.numpy()
-
-    states, counts, offset = {}, [], 0
-    for i in indices:
-        obs, state = observers[i], observers[i].state_dict()
-        state["values_seen"] = int(values_seen[i])
-        if kinds[i] == _EXTREMA:
-            n = sizes[i]
-            shape = np.shape(state["min"]) if obs.values_seen else _extrema_shape(obs, n)
-            state["min"] = (-maxima[offset : offset + n]).reshape(shape)
-            state["max"] = maxima[offset + n : offset + 2 * n].reshape(shape)
-            offset += 2 * n
-        else:
-            half_range, neg_min, max_ = maxima[offset : offset + 3]
-            obs.histogram.grow_to(float(half_range))
-            state.update(half_range=float(half_range), min=float(-neg_min), max=float(max_))
-            counts.append(obs.histogram.counts)
-            offset += 3
-        states[i] = state
-    if counts:
-        total = _all_reduce(torch.from_numpy(np.concatenate(counts)), dist.ReduceOp.SUM, group)
-        total, start = total.numpy(), 0
-        for i in indices:
-            if kinds[i] == _HISTOGRAM:
-                n = observers[i].histogram.num_bins
-                states[i]["counts"] = total[start : start + n].copy()
-                start += n
-    for i in indices:
-        observers[i].load_state_dict(states[i])
+    for obs, n, piece in zip(observers, sizes, _split(maxima.numpy(), pieces), strict=True):
+        obs.load_maxima(piece, n)
+    pieces = [obs.merge_sums() for obs in observers]
+    sums = np.concatenate(pieces)
+    if sums.size:  # the same on every rank: the sizes agree
+        sums = _all_reduce(torch.from_numpy(sums), dist.ReduceOp.SUM, group).numpy()
+    for obs, seen, piece in zip(observers, values_seen, _split(sums, pieces), strict=True):
+        obs.load_sums(piece, seen)
 
 
-def _extrema_shape(obs: Observer, size: int) -> tuple[int, ...]:
-    return () if obs.state_dict()["granularity"] == "per_tensor" else (size,)
+def _split(flat: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+    return np.split(flat, np.cumsum([p.size for p in like])[:-1])
 
 
 def _gather_and_merge(observers: list[Observer], group) -> None:
@@ -282,7 +178,7 @@ def _activation_quantizers(qmodel: nn.Module) -> list[tuple[str, Quantizer]]:
     return [
         (name, q)
         for name, q in _quant_model(qmodel).quantizers().items()
-        if isinstance(q, Quantizer) and q.kind == "activation" and q.observing
+        if isinstance(q, Quantizer) and q.kind == "activation" and q.qstate is QState.CALIBRATING
     ]
 
 
@@ -311,22 +207,6 @@ def sync_observers(qmodel: nn.Module, group: dist.ProcessGroup | None = None) ->
     sync_observer_states(observers, group, names=[name for name, _ in points])
     for (_, q), obs in zip(points, observers, strict=True):
         q.observer = obs if obs.values_seen > 0 else None
-
-
-def ddp_batch_range(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inside a DDP forward: ``(min, max)`` of the batch over every rank of the DDP's group.
-
-    Called by ``Quantizer._track``; outside DDP (or inside ``local_statistics()``) ``(lo, hi)``
-    unchanged, without a collective.
-    """
-    ddp = getattr(nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
-    if ddp is None or _LOCAL.get():
-        return lo, hi
-    group = ddp.process_group
-    if dist.get_world_size(group) == 1:
-        return lo, hi
-    both = _all_reduce(torch.stack([-lo, hi]).double(), dist.ReduceOp.MAX, group).to(lo.device)
-    return -both[0], both[1]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..numerics import dequantize, fake_quantize, storage_dtype
-from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
+from ._fakequant import BiasQuantizer, ConstantQuantizer, QState, Quantizer, WeightQuantizer
 
 
 @torch.library.custom_op("quantbridge::quantize_dequantize", mutates_args=())
@@ -69,18 +69,20 @@ def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 @contextlib.contextmanager
 def export_mode(model: nn.Module):
-    """Within the block, quantizers of ``model`` emit the export ops with precomputed integers."""
+    """Within the block, quantizers of ``model`` emit the export ops with precomputed integers.
+
+    Export is this context, not a quantizer state: it gives each quantizer its export tensors
+    (non-persistent buffers, which a quantizer's forward takes as the sign to emit the export
+    ops) and removes them on the way out."""
     touched: list[tuple[nn.Module, list[str]]] = []
     try:
         for m in model.modules():
             names = _prepare(model, m)
             if names:
-                m.export_mode = True
                 touched.append((m, names))
         yield model
     finally:
         for m, names in touched:
-            m.export_mode = False
             for n in names:
                 delattr(m, n)
 
@@ -99,7 +101,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
         if not m.enabled:
             return []
         w = model.get_parameter(m.weight_name)
-        if m.observing:  # QAT weights follow the weight: take its current parameters
+        if m.qstate is QState.CALIBRATING:  # QAT weights follow the weight: its current range
             m(w)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
@@ -107,7 +109,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
         _set(m, "export_zero_point", m.integer_zero_point().to(dtype))
         return ["export_qweight", "export_scale", "export_zero_point"]
     if isinstance(m, Quantizer):
-        if not m.enabled or m.observing:
+        if not m.enabled or m.qstate is QState.CALIBRATING:
             return []
         _set(m, "export_scale", m.current_scale().clone())
         _set(m, "export_zero_point", m.integer_zero_point().to(torch_storage_dtype(m)))

@@ -9,6 +9,8 @@ It is a ``torch.fx.GraphModule`` (the captured computation with quantizers in it
 * falls back to the original model for attributes and methods it does not have itself,
 * carries the recipe and the placement record (``qb_points``) as plain data for export, save and
   debug tools.
+
+It knows nothing of QAT, checkpoints or distributed code: those modules build on it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe
+from ._errors import CheckpointError
 from ._fakequant import BiasQuantizer, Quantizer
-from ._placement import CONTAINER, QuantPoint
+from ._passes import set_graph_training
+from ._placement import CONTAINER, QuantPoint, output_quantizers
 
 
 class QuantModel(torch.fx.GraphModule):
@@ -42,6 +46,8 @@ class QuantModel(torch.fx.GraphModule):
         self.qb_recipe = recipe if recipe is not None else extra.get("qb_recipe")
         self.qb_points = points if points is not None else extra.get("qb_points", [])
         self.qb_bn_frozen = extra.get("qb_bn_frozen", False)
+        # per model output: the container attribute of its quantizer (None: a float output)
+        self.qb_outputs = extra.get("qb_outputs") or output_quantizers(self)
         # how the model was captured (input spec, dynamic dims, BN folding): enough to redo it
         self.qb_capture = extra.get("qb_capture", {})
         # not a submodule: its float weights are not ours
@@ -60,9 +66,8 @@ class QuantModel(torch.fx.GraphModule):
         (``model.train()``, or ``module.training = ...`` as Lightning does)."""
         self.__dict__["_qb_training"] = bool(mode)
         if "_graph" in self.__dict__:
-            from ._qat import train_mode_hook
-
-            train_mode_hook(self, bool(mode))
+            bn = mode and not self.__dict__.get("qb_bn_frozen", False)
+            set_graph_training(self, bn=bool(bn), dropout=bool(mode))
 
     def __getattr__(self, name: str):
         try:
@@ -78,10 +83,19 @@ class QuantModel(torch.fx.GraphModule):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """As ``nn.Module.load_state_dict``; a float state dict (no quantizer state) is refused
-        with the fix (``quantbridge.torch._checkpoint.check_state_dict``)."""
-        from ._checkpoint import check_state_dict
-
-        check_state_dict(self, state_dict, strict)
+        with the fix (``CheckpointError``)."""
+        prefix = CONTAINER + "."
+        if (
+            strict
+            and not any(k.startswith(prefix) for k in state_dict)
+            and any(k.startswith(prefix) for k in self.state_dict())
+        ):
+            raise CheckpointError(
+                "this is a float checkpoint (no '_quantbridge.*' quantizer state), not a "
+                "QuantModel state_dict: load it with model.load_state_dict on your float model, "
+                "then qb.quantize(model, calib_data) (or qb.prepare_qat); strict=False loads some "
+                "weights"
+            )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     # -- quantizers -------------------------------------------------------------------------------
@@ -89,6 +103,21 @@ class QuantModel(torch.fx.GraphModule):
         """User-facing name -> quantizer module, in placement order."""
         container = getattr(self, CONTAINER)
         return {getattr(container, p.attr).name: getattr(container, p.attr) for p in self.qb_points}
+
+    def output_quantizer(self, index: int = 0) -> Quantizer:
+        """The quantizer of the model's ``index``-th output (flattened return value), from the
+        placement record ``qb_outputs``; ``ValueError`` when that output is float."""
+        if not 0 <= index < len(self.qb_outputs) and not -len(self.qb_outputs) <= index < 0:
+            raise ValueError(
+                f"output {index} does not exist: the model returns {len(self.qb_outputs)} tensors"
+            )
+        attr = self.qb_outputs[index]
+        if attr is None:
+            raise ValueError(
+                f"output {index} of the model is not quantized (it stays float: the op producing "
+                "it runs in float, or the recipe skips its layer)"
+            )
+        return getattr(getattr(self, CONTAINER), attr)
 
     def _all_quantizers(self) -> Iterator[nn.Module]:
         yield from getattr(self, CONTAINER).children()

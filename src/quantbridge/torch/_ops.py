@@ -10,6 +10,11 @@ Rules are data (named property sets), not if/elif chains. Placement asks one que
 * ``DATA_MOVEMENT`` - ops that commute with quantization (max-pool, reshape, permute, slicing...):
   ``quantize(f(x)) == f(quantize(x))`` with the same parameters, so the output reuses the input's
   quantizer and no new range is observed.
+* ``IDENTITY_IN_EVAL`` - dropout: the identity in eval mode (so its output lies on its input's
+  grid and needs no quantizer of its own), but in training it multiplies the kept values by
+  ``1 / (1 - p)``, which leave the input's range: re-quantizing them on the input's grid would
+  clip them and zero their gradients in QAT. Placement records the input's grid for the output
+  and applies no quantizer after it.
 * ``FOLDABLE_ACTIVATION`` - clamps (relu, relu6/hardtanh, clamp) that a following quantizer's range
   absorbs: the producer's output quantizer moves after them.
 * anything else runs in float (softmax, layer_norm, gelu, ...): quantized inputs are dequantized
@@ -30,6 +35,7 @@ class Role(enum.Enum):
     WEIGHTED = "weighted"
     ARITHMETIC = "arithmetic"
     DATA_MOVEMENT = "data_movement"
+    IDENTITY_IN_EVAL = "identity_in_eval"
     FOLDABLE_ACTIVATION = "foldable_activation"
     FLOAT = "float"
 
@@ -92,11 +98,13 @@ DATA_MOVEMENT_OPS: frozenset = frozenset(
         aten.contiguous.default,
         aten.expand.default,
         aten.clone.default,
-        aten.dropout.default,
         aten.pixel_shuffle.default,
         aten.t.default,
     }
 )
+
+# Ops that are the identity in eval mode but rescale values in training (see IDENTITY_IN_EVAL).
+IDENTITY_IN_EVAL_OPS: frozenset = frozenset({aten.dropout.default})
 
 # Clamps a following quantizer absorbs: op -> function(node) giving the (lo, hi) it clamps to.
 FOLDABLE_ACTIVATIONS: dict[object, object] = {
@@ -135,7 +143,7 @@ def feeds_float_input_only(node: torch.fx.Node) -> bool:
         if user.target in FLOAT_INPUT_OPS:
             continue
         if (
-            user.target in DATA_MOVEMENT_OPS
+            (user.target in DATA_MOVEMENT_OPS or user.target in IDENTITY_IN_EVAL_OPS)
             and user.args
             and user.args[0] is node
             and feeds_float_input_only(user)
@@ -181,6 +189,8 @@ def op_role(node: torch.fx.Node) -> Role:
         return Role.FLOAT if feeds_float_input_only(node) else Role.ARITHMETIC
     if target in DATA_MOVEMENT_OPS:
         return Role.DATA_MOVEMENT
+    if target in IDENTITY_IN_EVAL_OPS:
+        return Role.IDENTITY_IN_EVAL
     if target in FOLDABLE_ACTIVATIONS:
         return Role.FOLDABLE_ACTIVATION
     return Role.FLOAT

@@ -12,6 +12,8 @@
   feeds nothing but the batch norm, and the batch norm is not in training mode. The float result
   is unchanged up to float32 rounding; quantization then sees the folded weight, as the deployed
   engine does.
+* ``set_graph_training`` - flip the ``training`` argument of the captured batch-norm and dropout
+  ops (``QuantModel.train`` calls it, so the graph follows the module's mode).
 """
 
 from __future__ import annotations
@@ -132,3 +134,19 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
     bn.replace_all_uses_with(conv)
     gm.graph.erase_node(bn)
     return k
+
+
+def set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:
+    """Flip the ``training`` argument of batch_norm and dropout nodes of the captured graph."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is aten.batch_norm.default and node.args[5] != bn:
+            node.args = node.args[:5] + (bn,) + node.args[6:]
+            changed = True
+        elif node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] != dropout:
+            node.args = node.args[:2] + (dropout,) + node.args[3:]
+            changed = True
+    if changed:
+        gm.recompile()

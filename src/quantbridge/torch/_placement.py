@@ -13,6 +13,9 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
    *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
    exported graph its DQ -> op -> Q pattern with identical parameters).
+   IDENTITY_IN_EVAL (dropout): the output counts as on the input's grid, but no quantizer is
+   applied after it (nor after data movement following it): in QAT, train-mode dropout scales
+   the kept values by ``1 / (1 - p)``, and the input's grid would clip them.
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
 
@@ -30,15 +33,14 @@ observed without it). The weight slot of a WEIGHTED op is the exception: a param
 weight quantizer, and a weight computed from parameters (``w.t()``, a parametrization) keeps the
 activation-style quantizer it had, so the op still runs on int8 weights.
 
-The result is recorded as plain data (``QuantPoint``) - which user module and tensor each
-quantizer serves - so export and debug tools use the record, not name guessing.
+The result is recorded as plain data (``QuantPoint``, in ``_record`` with the graph edits that
+put one quantizer in place) - which user module and tensor each quantizer serves - so export and
+debug tools use the record, not name guessing.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -55,30 +57,16 @@ from ._ops import (
     op_role,
     tensor_args,
 )
-
-CONTAINER = "_quantbridge"
-
-
-@dataclass
-class QuantPoint:
-    """Record of one quantizer: where it sits and what it quantizes."""
-
-    attr: str  # attribute under the container module
-    name: str  # user-facing name: '<module path>/<node>' or a parameter name
-    kind: str  # 'activation' | 'weight' | 'bias'
-    module: str  # user module path the quantized tensor comes from ('' = top level)
-    tensor: str  # fx node name of the quantized value (first call site)
-    scheme: dict  # QScheme.to_dict()
-    method: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _parameter_point(param: torch.fx.Node, kind: str, scheme: dict, method: str) -> QuantPoint:
-    """Record of a quantizer on a parameter (a get_attr node), named by the parameter."""
-    module = param.target.rpartition(".")[0]
-    return QuantPoint("", param.target, kind, module, param.name, scheme, method)
+from ._record import (
+    CONTAINER,
+    QuantPoint,
+    add_bias_quantizer,
+    add_quantizer,
+    insert_call,
+    output_quantizers,
+    parameter_point,
+    quantize_new_bias,
+)
 
 
 def module_of(node: torch.fx.Node) -> tuple[str, str]:
@@ -134,27 +122,17 @@ class _Placer:
         self.constant_fq: dict[torch.fx.Node, torch.fx.Node] = {}
         self.biases: list[BiasQuantizer] = []
         self.seen_modules: set[tuple[str, str]] = set()
+        self.scaled_in_training: set[torch.fx.Node] = set()  # see identity_in_eval
         self.constant = constant_values(self.graph)  # of the graph before any insertion
 
     # -- module bookkeeping ---------------------------------------------------------------------
     def _add(self, module: nn.Module, point: QuantPoint) -> str:
-        base = re.sub(r"\W", "_", point.name).strip("_") or "q"
-        attr, i = base, 1
-        while hasattr(self.container, attr):
-            i += 1
-            attr = f"{base}_{i}"
-        self.container.add_module(attr, module)
-        point.attr = attr
-        self.points[attr] = point
-        return f"{CONTAINER}.{attr}"
+        target = add_quantizer(self.container, module, point)
+        self.points[point.attr] = point
+        return target
 
     def _call(self, target: str, value: torch.fx.Node, observe: bool = True) -> torch.fx.Node:
-        with self.graph.inserting_after(value):
-            kwargs = {} if observe else {"observe": False}
-            node = self.graph.call_module(target, (value,), kwargs)
-        node.meta["val"] = value.meta.get("val")
-        node.meta["nn_module_stack"] = value.meta.get("nn_module_stack", {})
-        return node
+        return insert_call(self.graph, target, value, observe)
 
     def _new_activation(
         self, value: torch.fx.Node, recipe: TensorRecipe, module: str, producer: torch.fx.Node
@@ -214,7 +192,7 @@ class _Placer:
         if w not in self.weight_fq:
             wq = WeightQuantizer(w.target, wr, axis)
             wq.weight_name = w.target
-            point = _parameter_point(w, "weight", wr.scheme.to_dict(), wr.method)
+            point = parameter_point(w, "weight", wr.scheme.to_dict(), wr.method)
             self.weight_fq[w] = self._call(self._add(wq, point), w)
         node.replace_input_with(w, self.weight_fq[w])
         bq = self.quantize_bias(node)
@@ -224,18 +202,12 @@ class _Placer:
 
     def quantize_bias(self, node: torch.fx.Node) -> BiasQuantizer | None:
         """int32 bias quantizer for a WEIGHTED op whose input and weight are quantized."""
-        i_x, i_w, i_b, _ = WEIGHTED_OPS[node.target]
-        b = node.args[i_b] if len(node.args) > i_b else None
-        x_q = self.grid.get(node.args[i_x])
-        w_node = node.args[i_w]
-        if not (isinstance(b, torch.fx.Node) and b.op == "get_attr") or x_q is None:
+        x_q = self.grid.get(node.args[WEIGHTED_OPS[node.target][0]])
+        placed = add_bias_quantizer(self.gm, node, x_q)
+        if placed is None:
             return None
-        if not (w_node.op == "call_module" and w_node.target.startswith(CONTAINER + ".")):
-            return None
-        bq = BiasQuantizer(b.target, x_q, self.gm.get_submodule(w_node.target))
-        bq.bias_name = b.target
-        point = _parameter_point(b, "bias", {"bits": 32, "signed": True}, "derived")
-        node.replace_input_with(b, self._call(self._add(bq, point), b))
+        bq, point = placed
+        self.points[point.attr] = point
         return bq
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
@@ -313,7 +285,7 @@ class _Placer:
         if buffer not in self.constant_fq:
             q = ConstantQuantizer(buffer.target, ar, self.gm.get_buffer(buffer.target))
             q.constant_name = buffer.target
-            point = _parameter_point(buffer, "constant", ar.scheme.to_dict(), "constant")
+            point = parameter_point(buffer, "constant", ar.scheme.to_dict(), "constant")
             fq = self._call(self._add(q, point), buffer)
             self.grid[fq] = q
             self.constant_fq[buffer] = fq
@@ -348,7 +320,7 @@ class _Placer:
                 self.grid[k] = new
         for bq in self.biases:
             if bq.input_quantizer is old:
-                bq.__dict__["input_quantizer"] = new
+                bq.use_input_quantizer(new)
         attr = next(a for a, m in self.container.named_children() if m is old)
         delattr(self.container, attr)
         del self.points[attr]
@@ -356,7 +328,19 @@ class _Placer:
     def data_movement(self, node: torch.fx.Node) -> None:
         src = node.args[0] if node.args else None
         if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
-            self._share(node, self.grid[src])
+            if src in self.scaled_in_training:  # after dropout: on the grid only in eval mode
+                self.identity_in_eval(node)
+            else:
+                self._share(node, self.grid[src])
+
+    def identity_in_eval(self, node: torch.fx.Node) -> None:
+        """Dropout (and data movement after it): the output is on the input's grid in eval mode,
+        so consumers do not quantize it again, but no quantizer runs after it (in training the
+        values are scaled by ``1 / (1 - p)`` and a re-quantization would clip them)."""
+        src = node.args[0] if node.args else None
+        if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
+            self.grid[node] = self.grid[src]
+            self.scaled_in_training.add(node)
 
     def _share(self, node: torch.fx.Node, q: Quantizer | None) -> None:
         if q is None:
@@ -383,6 +367,8 @@ class _Placer:
                 self.arithmetic(node, ar)
             elif role is Role.DATA_MOVEMENT:
                 self.data_movement(node)
+            elif role is Role.IDENTITY_IN_EVAL:
+                self.identity_in_eval(node)
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "
@@ -399,19 +385,12 @@ def place_quantizers(gm: torch.fx.GraphModule, recipe: Recipe) -> list[QuantPoin
     return _Placer(gm, recipe).run()
 
 
-def quantize_new_bias(
-    gm: torch.fx.GraphModule, node: torch.fx.Node, recipe: Recipe
-) -> QuantPoint | None:
-    """Give a WEIGHTED op a bias quantizer after the fact (a bias created by BN folding)."""
-    placer = _Placer.__new__(_Placer)
-    placer.gm, placer.graph, placer.recipe = gm, gm.graph, recipe
-    placer.container = getattr(gm, CONTAINER)
-    placer.points = {}
-    x = node.args[WEIGHTED_OPS[node.target][0]]
-    placer.grid = {x: gm.get_submodule(x.target)} if x.op == "call_module" else {}
-    bq = placer.quantize_bias(node)
-    if bq is None:
-        return None
-    gm.graph.lint()
-    gm.recompile()
-    return next(iter(placer.points.values()))
+__all__ = [
+    "CONTAINER",
+    "QuantPoint",
+    "constant_values",
+    "module_of",
+    "output_quantizers",
+    "place_quantizers",
+    "quantize_new_bias",
+]

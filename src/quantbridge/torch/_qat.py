@@ -26,13 +26,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
-from ._fakequant import ConstantQuantizer, Quantizer, WeightQuantizer
+from ._collective import is_distributed
+from ._fakequant import ConstantQuantizer, QState, Quantizer, WeightQuantizer
 from ._model import QuantModel
-from ._passes import fold_batchnorm
+from ._passes import fold_batchnorm, set_graph_training
 from ._placement import CONTAINER, quantize_new_bias
+from ._quantize import calibrate_and_freeze
 
 aten = torch.ops.aten
 
@@ -56,8 +59,6 @@ def prepare_qat(
     ``DistributedDataParallel``, the moving-average ranges follow the min / max over every
     rank's batch, so scales stay equal on all ranks (``quantbridge.torch._distributed``).
     """
-    from ._quantize import calibrate_and_freeze
-
     recipe = resolve_recipe(recipe)
     qmodel = calibrate_and_freeze(
         model,
@@ -82,7 +83,7 @@ def prepare_qat(
             if learn_scales:
                 m.make_learnable()
             else:
-                m.tracking = True
+                m.track()
     return qmodel.train()
 
 
@@ -90,10 +91,10 @@ def freeze_observers(qmodel: QuantModel) -> QuantModel:
     """Stop every range from moving: weights fixed from their current values, activations at
     their current moving average. Learned (LSQ) scales keep learning."""
     for m in getattr(qmodel, CONTAINER).children():
-        if isinstance(m, WeightQuantizer) and not m.learnable:
+        if isinstance(m, WeightQuantizer) and m.qstate is not QState.LEARNED:
             m.compute_from(qmodel.get_parameter(m.weight_name))
         elif isinstance(m, Quantizer):
-            m.tracking = False
+            m.stop_tracking()
     return qmodel
 
 
@@ -112,7 +113,7 @@ def freeze_batchnorm(qmodel: QuantModel) -> QuantModel:
                 qmodel.qb_points.append(point)
 
     qmodel.qb_bn_frozen = True
-    _set_graph_training(qmodel, bn=False, dropout=qmodel.training)
+    set_graph_training(qmodel, bn=False, dropout=qmodel.training)
     _broadcast_batchnorm_statistics(qmodel)
     fold_batchnorm(qmodel, on_fold=follow)
     return qmodel
@@ -122,10 +123,6 @@ def _broadcast_batchnorm_statistics(qmodel: QuantModel) -> None:
     """Under torch.distributed every rank's running statistics differ (each saw its own batches);
     take rank 0's so that the folded weights are identical everywhere. A collective: every rank
     must call ``freeze_batchnorm``. Wrap the model in a new DDP afterwards (parameters changed)."""
-    import torch.distributed as dist
-
-    from ._distributed import is_distributed
-
     if not is_distributed():
         return
     for node in qmodel.graph.nodes:
@@ -140,36 +137,14 @@ def _rescale(wq: WeightQuantizer, k: torch.Tensor, qmodel: QuantModel) -> None:
     the learned ``log_scale``) so the integer codes stay the same."""
     with torch.no_grad():
         if wq.axis is None:  # per-tensor: |k| differs per channel, so recompute from the weight
-            if not wq.observing:
+            if wq.qstate is not QState.CALIBRATING:
                 wq.compute_from(qmodel.get_parameter(wq.weight_name))
-            if wq.learnable:
+            if wq.qstate is QState.LEARNED:
                 wq.log_scale.copy_(torch.log(wq.scale))
             return
         wq.scale = wq.scale * k
-        if wq.learnable:
+        if wq.qstate is QState.LEARNED:
             wq.log_scale.add_(torch.log(k))
-
-
-def _set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:
-    """Flip the ``training`` argument of batch_norm and dropout nodes of the captured graph."""
-    changed = False
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is aten.batch_norm.default and node.args[5] != bn:
-            node.args = node.args[:5] + (bn,) + node.args[6:]
-            changed = True
-        elif node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] != dropout:
-            node.args = node.args[:2] + (dropout,) + node.args[3:]
-            changed = True
-    if changed:
-        gm.recompile()
-
-
-def train_mode_hook(qmodel: QuantModel, mode: bool) -> None:
-    """Called by ``QuantModel.train``: the captured ops follow the module's mode."""
-    bn = mode and not getattr(qmodel, "qb_bn_frozen", False)
-    _set_graph_training(qmodel, bn=bn, dropout=mode)
 
 
 def folded_copy(qmodel: QuantModel) -> QuantModel:

@@ -45,6 +45,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
+from ...optables import is_quantized_op
 from ...torch._model import QuantModel
 from . import _nn, _ops, _pool, _qoperator, _tensor  # noqa: F401 - the registries
 from ._module import OnnxModule, new_module
@@ -53,10 +54,6 @@ from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 from ._site import SITE_HANDLER
 
-_QUANTIZED_OPS = {
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
-    "MatMulInteger", "QLinearConv", "QLinearMatMul", "QGemm", "QAttention",
-}  # fmt: skip
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
     "RandomNormal",
@@ -249,7 +246,7 @@ class _Graph:
 
     def refuse_unsupported(self) -> None:
         for node in self.nodes:
-            if node.op_type in _QUANTIZED_OPS or node.op_type.startswith("QLinear"):
+            if is_quantized_op(node.op_type):
                 raise ValueError(
                     f"{node.where()} is a quantized operator quantbridge.import_onnx does not "
                     f"import (quantized ops it imports: {', '.join(sorted(RULES))}). Import the "

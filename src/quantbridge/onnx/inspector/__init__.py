@@ -4,7 +4,8 @@ Q/DQ pairs left, weight storage dtypes, opset and size (``quantbridge inspect``)
 Reads ONNX only; knows nothing of torch.
 """
 
-from ._inspect import bits_for_range, inspect_model
+from ._graph import bits_for_range
+from ._inspect import inspect_model
 from ._report import InspectReport, TensorInfo, WeightInfo
 
 __all__ = ["InspectReport", "TensorInfo", "WeightInfo", "bits_for_range", "inspect_model"]

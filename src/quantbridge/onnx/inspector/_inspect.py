@@ -14,8 +14,8 @@ When is a node "int8"? In order (the first that applies wins):
 
 1. QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear are not compute ops; they are counted
    apart. Constant and shape plumbing are neither.
-2. QOperator ops (QLinearConv, QGemm, ConvInteger, QLinearAdd, ...; ``_QOPERATOR``) are int8.
-3. Data-movement ops (``_DATA_MOVEMENT``: MaxPool, Reshape, Transpose, ...) whose data inputs are
+2. QOperator ops (QLinearConv, QGemm, ConvInteger, QLinearAdd, ...; ``QOPERATOR_OPS``) are int8.
+3. Data-movement ops (``DATA_MOVEMENT_OPS``: MaxPool, Reshape, Transpose, ...) whose data inputs are
    quantized integers (QOperator form) are int8.
 4. QDQ form: an op is int8 when every float input comes from a DequantizeLinear and every consumer
    of its outputs is a QuantizeLinear - possibly through a Relu/Clip that the QuantizeLinear
@@ -33,101 +33,24 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
+from ...optables import (
+    DATA_MOVEMENT_OPS,
+    QDQ_OPS,
+    QOPERATOR_OPS,
+    WEIGHTED_OPS,
+    WeightSlots,
+)
+from ._graph import FLOAT_TYPES, QUANT_TYPES, Graph, bits_for_range, type_name, type_range
 from ._report import InspectReport, TensorInfo, WeightInfo
 
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _NOT_COMPUTE = frozenset({"Constant", "Shape", "Size", "ConstantOfShape"})
 _ABSORBED_BY_QUANTIZE = frozenset({"Relu", "Clip"})
-# ops that move or select values without arithmetic: int8 when their data inputs are integers
-_DATA_MOVEMENT = frozenset(
-    {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
-     "Concat", "Split", "Pad", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile",
-     "Expand", "GatherElements", "GatherND"}
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _WeightSlots:
-    """Input positions of an op's weight, the weight's scale (None: no scale input) and bias."""
-
-    weight: int
-    scale: int | None = None
-    bias: int | None = None
-
-
-_FLOAT_COMPUTE = {
-    "Conv": _WeightSlots(1, None, 2),
-    "ConvTranspose": _WeightSlots(1, None, 2),
-    "Gemm": _WeightSlots(1, None, 2),
-    "MatMul": _WeightSlots(1),
-}
-_QOPERATOR: dict[str, _WeightSlots | None] = {
-    "QLinearConv": _WeightSlots(3, 4, 8),
-    "QLinearConvTranspose": _WeightSlots(3, 4, 8),
-    "QLinearMatMul": _WeightSlots(3, 4),
-    "QGemm": _WeightSlots(3, 4, 6),
-    "ConvInteger": _WeightSlots(1),
-    "MatMulInteger": _WeightSlots(1),
-    "DynamicQuantizeMatMul": _WeightSlots(1, 2, 4),
-    "MatMulIntegerToFloat": _WeightSlots(1, 3, 6),
-    "QLinearAdd": None,
-    "QLinearMul": None,
-    "QLinearConcat": None,
-    "QLinearAveragePool": None,
-    "QLinearGlobalAveragePool": None,
-    "QLinearReduceMean": None,
-    "QLinearSigmoid": None,
-    "QLinearLeakyRelu": None,
-    "QLinearSoftmax": None,
-    "QLinearWhere": None,
-    "QAttention": _WeightSlots(1, 4),
-}
-# the ops whose output is a quantized integer tensor (the others produce int32 or float)
-_QUANTIZED_OUTPUT = frozenset(op for op in _QOPERATOR if op.startswith(("QLinear", "QGemm")))
-
-_FLOAT_TYPES = frozenset(
-    {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
-)
-_QUANT_TYPES = frozenset(
-    {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
-     TensorProto.INT4, TensorProto.UINT4}
-)  # fmt: skip
-
-
-def _type_name(data_type: int | None) -> str:
-    if data_type is None:
-        return "?"
-    return TensorProto.DataType.Name(data_type).lower()
-
-
-def _type_range(data_type: int) -> tuple[int, int]:
-    info = {
-        TensorProto.INT4: (-8, 7),
-        TensorProto.UINT4: (0, 15),
-    }
-    if data_type in info:
-        return info[data_type]
-    ii = np.iinfo(onnx.helper.tensor_dtype_to_np_dtype(data_type))
-    return int(ii.min), int(ii.max)
-
-
-def bits_for_range(lo: int, hi: int) -> int:
-    """Fewest bits of a signed (``lo < 0``) or unsigned integer type holding ``[lo, hi]``."""
-    bits = 1
-    if lo < 0:
-        while not (-(1 << (bits - 1)) <= lo and hi <= (1 << (bits - 1)) - 1):
-            bits += 1
-    else:
-        while hi > (1 << bits) - 1:
-            bits += 1
-    return bits
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -180,88 +103,18 @@ def _size_on_disk(model: onnx.ModelProto, path: str) -> int:
     return os.path.getsize(path) + sum(os.path.getsize(f) for f in extra if os.path.isfile(f))
 
 
-# -- graph facts --------------------------------------------------------------------------------
-class _Graph:
-    """Producers, consumers, constants and element types of one graph's tensors."""
-
-    def __init__(self, model: onnx.ModelProto):
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.outputs = {o.name for o in graph.output}
-        self.producer = {t: n for n in self.nodes for t in n.output if t}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in self.nodes:
-            for t in n.input:
-                if t:
-                    self.consumers.setdefault(t, []).append(n)
-        self.constants = {init.name: init for init in graph.initializer}
-        for n in self.nodes:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.constants[n.output[0]] = n.attribute[0].t
-        self.dtype: dict[str, int] = {t: c.data_type for t, c in self.constants.items()}
-        for v in _value_infos(model):
-            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-                self.dtype.setdefault(v.name, v.type.tensor_type.elem_type)
-        self._propagate_quantized_types()
-
-    def _propagate_quantized_types(self) -> None:
-        """Element types shape inference cannot give (com.microsoft ops and what follows them)."""
-        for n in self.nodes:
-            if not n.output or not n.output[0] or n.output[0] in self.dtype:
-                continue
-            if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
-                self.dtype[n.output[0]] = self.quantize_type(n)
-            elif n.op_type in _QUANTIZED_OUTPUT:
-                self.dtype[n.output[0]] = self.dtype.get(n.input[0], TensorProto.UINT8)
-            elif n.op_type in _DATA_MOVEMENT and n.input and n.input[0] in self.dtype:
-                for out in n.output:
-                    self.dtype.setdefault(out, self.dtype[n.input[0]])
-
-    def array(self, name: str) -> np.ndarray | None:
-        c = self.constants.get(name)
-        return None if c is None else numpy_helper.to_array(c)
-
-    def quantize_type(self, node: onnx.NodeProto) -> int:
-        """Integer type a QuantizeLinear produces: its zero point's, ``output_dtype``, or uint8."""
-        if len(node.input) > 2 and node.input[2] in self.dtype:
-            return self.dtype[node.input[2]]
-        for a in node.attribute:
-            if a.name == "output_dtype" and a.i:
-                return a.i
-        return TensorProto.UINT8
-
-    def is_float_data(self, tensor: str) -> bool:
-        return self.dtype.get(tensor) in _FLOAT_TYPES or tensor not in self.dtype
-
-    def is_quantized(self, tensor: str) -> bool:
-        return self.dtype.get(tensor) in _QUANT_TYPES
-
-    def produced_by(self, tensor: str, op_type: str) -> bool:
-        n = self.producer.get(tensor)
-        return n is not None and n.op_type == op_type
-
-
-def _value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # unknown ops or broken shapes: fall back to what the file declares
-        inferred = model
-    g = inferred.graph
-    return list(g.input) + list(g.output) + list(g.value_info)
-
-
 def _node_label(node: onnx.NodeProto, index: int) -> str:
     return f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
 
 
 # -- int8 or float ------------------------------------------------------------------------------
-def _absorbed(g: _Graph, act: onnx.NodeProto, quantize: onnx.NodeProto) -> bool:
+def _absorbed(g: Graph, act: onnx.NodeProto, quantize: onnx.NodeProto) -> bool:
     """Does ``quantize`` make the Relu/Clip ``act`` in front of it redundant? (module docstring)"""
     scale = g.array(quantize.input[1])
     zero_point = g.array(quantize.input[2]) if len(quantize.input) > 2 else np.zeros(1, np.uint8)
     if scale is None or zero_point is None:
         return False
-    qmin, qmax = _type_range(g.quantize_type(quantize))
+    qmin, qmax = type_range(g.quantize_type(quantize))
     if act.op_type == "Relu":
         return bool(np.all(zero_point == qmin))
     lo, hi = _clip_bounds(g, act)
@@ -273,7 +126,7 @@ def _absorbed(g: _Graph, act: onnx.NodeProto, quantize: onnx.NodeProto) -> bool:
     return ok_lo and ok_hi
 
 
-def _feeds_quantize(g: _Graph, tensor: str, through_activation: bool = True) -> bool:
+def _feeds_quantize(g: Graph, tensor: str, through_activation: bool = True) -> bool:
     """Every consumer of ``tensor`` is a QuantizeLinear (or an activation one absorbs)."""
     users = g.consumers.get(tensor, [])
     if not users or tensor in g.outputs:
@@ -291,14 +144,14 @@ def _feeds_quantize(g: _Graph, tensor: str, through_activation: bool = True) -> 
     return True
 
 
-def _absorbed_after(g: _Graph, act: onnx.NodeProto) -> bool:
+def _absorbed_after(g: Graph, act: onnx.NodeProto) -> bool:
     users = g.consumers.get(act.output[0], [])
     return _feeds_quantize(g, act.output[0], through_activation=False) and all(
         _absorbed(g, act, q) for q in users
     )
 
 
-def _qdq_int8(g: _Graph, node: onnx.NodeProto) -> bool:
+def _qdq_int8(g: Graph, node: onnx.NodeProto) -> bool:
     data = [t for t in node.input if t and g.is_float_data(t)]
     if not data or not all(g.produced_by(t, "DequantizeLinear") for t in data):
         return False
@@ -306,18 +159,18 @@ def _qdq_int8(g: _Graph, node: onnx.NodeProto) -> bool:
     return bool(outs) and all(_feeds_quantize(g, t) for t in outs)
 
 
-def _classify(g: _Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | None:
+def _classify(g: Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | None:
     """The rule that decides ``node`` (module docstring), or None for nodes that are not compute.
 
     "qoperator", "integer-data", "qdq", "absorbed" mean int8; "float" means float.
     """
     op = node.op_type
-    if op in _QDQ_OPS or op in _NOT_COMPUTE:
+    if op in QDQ_OPS or op in _NOT_COMPUTE:
         return None
-    if op in _QOPERATOR:
+    if op in QOPERATOR_OPS:
         return "qoperator"
     data = [t for t in node.input if t] if op == "Concat" else node.input[:1]
-    if op in _DATA_MOVEMENT and data and all(g.is_quantized(t) for t in data):
+    if op in DATA_MOVEMENT_OPS and data and all(g.is_quantized(t) for t in data):
         return "integer-data"
     if _qdq_int8(g, node):
         return "qdq"
@@ -326,7 +179,7 @@ def _classify(g: _Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | 
     return "float"
 
 
-def _compute_ops(g: _Graph) -> tuple[Counter, Counter, list[str], Counter]:
+def _compute_ops(g: Graph) -> tuple[Counter, Counter, list[str], Counter]:
     """int8 op counts, float op counts, float node labels, and how often each rule decided."""
     int8, floats, float_nodes, rules = Counter(), Counter(), [], Counter()
     int8_tensors: set[str] = set()
@@ -345,14 +198,14 @@ def _compute_ops(g: _Graph) -> tuple[Counter, Counter, list[str], Counter]:
 
 
 # -- Q/DQ and activations -----------------------------------------------------------------------
-def _quantize_nodes(g: _Graph) -> tuple[int, Counter]:
+def _quantize_nodes(g: Graph) -> tuple[int, Counter]:
     """Number of QuantizeLinear -> [Clip ->] DequantizeLinear pairs, and their integer ranges."""
     pairs, schemes = 0, Counter()
     for node in g.nodes:
         if node.op_type != "QuantizeLinear":
             continue
         dtype = g.quantize_type(node)
-        full = _type_range(dtype) if dtype in _QUANT_TYPES else (None, None)
+        full = type_range(dtype) if dtype in QUANT_TYPES else (None, None)
         for user in g.consumers.get(node.output[0], []):
             lo, hi = full
             ends = [user]
@@ -364,11 +217,11 @@ def _quantize_nodes(g: _Graph) -> tuple[int, Counter]:
                     pairs += 1
                     if lo is not None:
                         bits = bits_for_range(lo, hi)
-                        schemes[f"{_type_name(dtype)} [{lo}, {hi}] {bits}-bit"] += 1
+                        schemes[f"{type_name(dtype)} [{lo}, {hi}] {bits}-bit"] += 1
     return pairs, schemes
 
 
-def _clip_bounds(g: _Graph, clip: onnx.NodeProto) -> tuple[Any, Any]:
+def _clip_bounds(g: Graph, clip: onnx.NodeProto) -> tuple[Any, Any]:
     """A Clip's (min, max), None where unbounded: inputs 1 and 2 (opset 11+) or attributes."""
     attrs = {a.name: a.f for a in clip.attribute}
     bounds = []
@@ -381,7 +234,7 @@ def _clip_bounds(g: _Graph, clip: onnx.NodeProto) -> tuple[Any, Any]:
     return bounds[0], bounds[1]
 
 
-def _clip_range(g: _Graph, clip: onnx.NodeProto, lo, hi) -> tuple[Any, Any]:
+def _clip_range(g: Graph, clip: onnx.NodeProto, lo, hi) -> tuple[Any, Any]:
     """``[lo, hi]`` narrowed by an integer Clip's bounds."""
     lo_c, hi_c = _clip_bounds(g, clip)
     lo = lo if lo_c is None else int(lo_c) if lo is None else max(lo, int(lo_c))
@@ -390,7 +243,7 @@ def _clip_range(g: _Graph, clip: onnx.NodeProto, lo, hi) -> tuple[Any, Any]:
 
 
 # -- weights ------------------------------------------------------------------------------------
-def _trace_weight(g: _Graph, tensor: str) -> tuple[str, onnx.NodeProto | None, tuple | None] | None:
+def _trace_weight(g: Graph, tensor: str) -> tuple[str, onnx.NodeProto | None, tuple | None] | None:
     """Follow a weight input back to its initializer: (name, DequantizeLinear or None, clip range)."""
     dq, clip = None, None
     for _ in range(8):
@@ -409,7 +262,7 @@ def _trace_weight(g: _Graph, tensor: str) -> tuple[str, onnx.NodeProto | None, t
     return None
 
 
-def _granularity(g: _Graph, scale_name: str | None, axis: int | None) -> str:
+def _granularity(g: Graph, scale_name: str | None, axis: int | None) -> str:
     scale = g.array(scale_name) if scale_name else None
     if scale is None:
         return "per-tensor" if scale_name else "unknown"
@@ -421,7 +274,7 @@ def _granularity(g: _Graph, scale_name: str | None, axis: int | None) -> str:
 
 
 def _weight_info(
-    g: _Graph, node: onnx.NodeProto, index: int, slots: _WeightSlots
+    g: Graph, node: onnx.NodeProto, index: int, slots: WeightSlots
 ) -> WeightInfo | None:
     if len(node.input) <= slots.weight or not node.input[slots.weight]:
         return None
@@ -431,7 +284,7 @@ def _weight_info(
     name, dq, clip = traced
     values = g.array(name)
     dtype = g.constants[name].data_type
-    is_float = dtype in _FLOAT_TYPES
+    is_float = dtype in FLOAT_TYPES
     value_range = (float(values.min()), float(values.max())) if values.size else None
     if is_float:
         bits, granularity = 8 * values.dtype.itemsize, "float"
@@ -439,7 +292,7 @@ def _weight_info(
         lo, hi = clip if clip is not None else (None, None)
         lo = int(values.min()) if lo is None else lo
         hi = int(values.max()) if hi is None else hi
-        bits = bits_for_range(lo, hi) if values.size else _type_range(dtype)[1].bit_length()
+        bits = bits_for_range(lo, hi) if values.size else type_range(dtype)[1].bit_length()
         if dq is not None:
             axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
             granularity = _granularity(g, dq.input[1], axis)
@@ -450,12 +303,12 @@ def _weight_info(
     if slots.bias is not None and len(node.input) > slots.bias and node.input[slots.bias]:
         bias = _trace_weight(g, node.input[slots.bias])
         if bias is not None:
-            bias_dtype = _type_name(g.constants[bias[0]].data_type)
+            bias_dtype = type_name(g.constants[bias[0]].data_type)
     return WeightInfo(
         node=node.name or f"#{index}",
         op_type=node.op_type,
         name=name,
-        dtype=_type_name(dtype),
+        dtype=type_name(dtype),
         shape=tuple(int(d) for d in g.constants[name].dims),
         is_float=is_float,
         bits=bits,
@@ -465,10 +318,10 @@ def _weight_info(
     )
 
 
-def _weights(g: _Graph) -> list[WeightInfo]:
+def _weights(g: Graph) -> list[WeightInfo]:
     found = []
     for i, node in enumerate(g.nodes):
-        slots = _FLOAT_COMPUTE.get(node.op_type) or _QOPERATOR.get(node.op_type)
+        slots = WEIGHTED_OPS.get(node.op_type) or QOPERATOR_OPS.get(node.op_type)
         if slots is not None:
             info = _weight_info(g, node, i, slots)
             if info is not None:
@@ -487,7 +340,7 @@ def _tensor_infos(values) -> list[TensorInfo]:
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in tt.shape.dim
             )
-        infos.append(TensorInfo(v.name, _type_name(tt.elem_type or None), shape))
+        infos.append(TensorInfo(v.name, type_name(tt.elem_type or None), shape))
     return infos
 
 
@@ -522,7 +375,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
     ONNX model. Only the main graph is inspected (not If/Loop subgraphs).
     """
     model, path, size = _load(path_or_proto)
-    g = _Graph(model)
+    g = Graph(model)
     op_counts = Counter(n.op_type for n in g.nodes)
     int8, floats, float_nodes, rules = _compute_ops(g)
     pairs, schemes = _quantize_nodes(g)

@@ -1,0 +1,117 @@
+"""Graph facts for the inspector: producers, consumers, constants and element types of one ONNX
+graph's tensors (``Graph``), and the integer types' names, ranges and bit counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ...optables import DATA_MOVEMENT_OPS, QUANTIZED_OUTPUT_OPS
+
+FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+)
+QUANT_TYPES = frozenset(
+    {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+     TensorProto.INT4, TensorProto.UINT4}
+)  # fmt: skip
+
+
+def type_name(data_type: int | None) -> str:
+    if data_type is None:
+        return "?"
+    return TensorProto.DataType.Name(data_type).lower()
+
+
+def type_range(data_type: int) -> tuple[int, int]:
+    info = {
+        TensorProto.INT4: (-8, 7),
+        TensorProto.UINT4: (0, 15),
+    }
+    if data_type in info:
+        return info[data_type]
+    ii = np.iinfo(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+    return int(ii.min), int(ii.max)
+
+
+def bits_for_range(lo: int, hi: int) -> int:
+    """Fewest bits of a signed (``lo < 0``) or unsigned integer type holding ``[lo, hi]``."""
+    bits = 1
+    if lo < 0:
+        while not (-(1 << (bits - 1)) <= lo and hi <= (1 << (bits - 1)) - 1):
+            bits += 1
+    else:
+        while hi > (1 << bits) - 1:
+            bits += 1
+    return bits
+
+
+# -- graph facts --------------------------------------------------------------------------------
+class Graph:
+    """Producers, consumers, constants and element types of one graph's tensors."""
+
+    def __init__(self, model: onnx.ModelProto):
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.outputs = {o.name for o in graph.output}
+        self.producer = {t: n for n in self.nodes for t in n.output if t}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.nodes:
+            for t in n.input:
+                if t:
+                    self.consumers.setdefault(t, []).append(n)
+        self.constants = {init.name: init for init in graph.initializer}
+        for n in self.nodes:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.constants[n.output[0]] = n.attribute[0].t
+        self.dtype: dict[str, int] = {t: c.data_type for t, c in self.constants.items()}
+        for v in value_infos(model):
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                self.dtype.setdefault(v.name, v.type.tensor_type.elem_type)
+        self._propagate_quantized_types()
+
+    def _propagate_quantized_types(self) -> None:
+        """Element types shape inference cannot give (com.microsoft ops and what follows them)."""
+        for n in self.nodes:
+            if not n.output or not n.output[0] or n.output[0] in self.dtype:
+                continue
+            if n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear"):
+                self.dtype[n.output[0]] = self.quantize_type(n)
+            elif n.op_type in QUANTIZED_OUTPUT_OPS:
+                self.dtype[n.output[0]] = self.dtype.get(n.input[0], TensorProto.UINT8)
+            elif n.op_type in DATA_MOVEMENT_OPS and n.input and n.input[0] in self.dtype:
+                for out in n.output:
+                    self.dtype.setdefault(out, self.dtype[n.input[0]])
+
+    def array(self, name: str) -> np.ndarray | None:
+        c = self.constants.get(name)
+        return None if c is None else numpy_helper.to_array(c)
+
+    def quantize_type(self, node: onnx.NodeProto) -> int:
+        """Integer type a QuantizeLinear produces: its zero point's, ``output_dtype``, or uint8."""
+        if len(node.input) > 2 and node.input[2] in self.dtype:
+            return self.dtype[node.input[2]]
+        for a in node.attribute:
+            if a.name == "output_dtype" and a.i:
+                return a.i
+        return TensorProto.UINT8
+
+    def is_float_data(self, tensor: str) -> bool:
+        return self.dtype.get(tensor) in FLOAT_TYPES or tensor not in self.dtype
+
+    def is_quantized(self, tensor: str) -> bool:
+        return self.dtype.get(tensor) in QUANT_TYPES
+
+    def produced_by(self, tensor: str, op_type: str) -> bool:
+        n = self.producer.get(tensor)
+        return n is not None and n.op_type == op_type
+
+
+def value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # unknown ops or broken shapes: fall back to what the file declares
+        inferred = model
+    g = inferred.graph
+    return list(g.input) + list(g.output) + list(g.value_info)

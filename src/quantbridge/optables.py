@@ -1,0 +1,77 @@
+"""ONNX op taxonomies: the one home of every table that sorts ONNX op types by how quantization
+treats them. Plain data, no dependencies (bottom layer): the ONNX importer and inspector, the
+demo, ``bench`` and the examples read these tables instead of keeping their own lists.
+
+(Tables keyed by captured torch ops, such as ``torch._ops.WEIGHTED_OPS``, are torch's own and
+live in ``quantbridge.torch._ops``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WeightSlots:
+    """Input positions of an op's weight, the weight's scale (None: no scale input) and bias."""
+
+    weight: int
+    scale: int | None = None
+    bias: int | None = None
+
+
+# Quantize / dequantize nodes of a QDQ graph.
+QDQ_OPS: frozenset[str] = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+# Float ops with a weight (an initializer input): op -> where its weight and bias are.
+WEIGHTED_OPS: dict[str, WeightSlots] = {
+    "Conv": WeightSlots(1, None, 2),
+    "ConvTranspose": WeightSlots(1, None, 2),
+    "Gemm": WeightSlots(1, None, 2),
+    "MatMul": WeightSlots(1),
+}
+
+# ONNX Runtime's fused forms of the weighted ops (in a graph it optimized): still float compute.
+ORT_FUSED_WEIGHTED_OPS: frozenset[str] = frozenset({"FusedConv", "FusedGemm", "FusedMatMul"})
+
+# QOperator ops (ONNX and ONNX Runtime contrib ops that compute on integers): op -> where its
+# integer weight, that weight's scale and its bias are (None: no weight input).
+QOPERATOR_OPS: dict[str, WeightSlots | None] = {
+    "QLinearConv": WeightSlots(3, 4, 8),
+    "QLinearConvTranspose": WeightSlots(3, 4, 8),
+    "QLinearMatMul": WeightSlots(3, 4),
+    "QGemm": WeightSlots(3, 4, 6),
+    "ConvInteger": WeightSlots(1),
+    "MatMulInteger": WeightSlots(1),
+    "DynamicQuantizeMatMul": WeightSlots(1, 2, 4),
+    "MatMulIntegerToFloat": WeightSlots(1, 3, 6),
+    "QLinearAdd": None,
+    "QLinearMul": None,
+    "QLinearConcat": None,
+    "QLinearAveragePool": None,
+    "QLinearGlobalAveragePool": None,
+    "QLinearReduceMean": None,
+    "QLinearSigmoid": None,
+    "QLinearLeakyRelu": None,
+    "QLinearSoftmax": None,
+    "QLinearWhere": None,
+    "QAttention": WeightSlots(1, 4),
+}
+INTEGER_OPS: frozenset[str] = frozenset(QOPERATOR_OPS)
+
+# QOperator ops whose output is a quantized integer tensor (the others give int32 or float).
+QUANTIZED_OUTPUT_OPS: frozenset[str] = frozenset(
+    op for op in QOPERATOR_OPS if op.startswith(("QLinear", "QGemm"))
+)
+
+# Ops that move or select values without arithmetic: integer when their data inputs are.
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
+    {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
+     "Concat", "Split", "Pad", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile",
+     "Expand", "GatherElements", "GatherND"}
+)  # fmt: skip
+
+
+def is_quantized_op(op_type: str) -> bool:
+    """A QDQ node or a QOperator (any ``QLinear*`` op counts, known here or not)."""
+    return op_type in QDQ_OPS or op_type in QOPERATOR_OPS or op_type.startswith("QLinear")
