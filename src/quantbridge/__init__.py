@@ -5,6 +5,7 @@ qmodel = qb.quantize(model, calib_data, recipe="int8")
 qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
+from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
@@ -29,6 +30,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureError",
     "CheckpointError",
+    "IntegerProgram",
+    "LoweringError",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -44,6 +47,7 @@ __all__ = [
     "import_onnx",
     "load",
     "local_statistics",
+    "lower",
     "prepare_qat",
     "quantize",
     "save",

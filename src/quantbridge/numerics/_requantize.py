@@ -1,4 +1,4 @@
-"""Integer requantization with one rounding: ``y = clip(z + round_half_up(acc * M / 2**n))``.
+"""Integer requantization with one rounding: ``y = clip(z + round_half_even(acc * M / 2**n))``.
 
 This is the rescale every integer-only kernel ends in (``quantbridge.integer``): an int32 (or
 wider) accumulator ``acc`` holding ``real / acc_scale`` becomes the output code of scale
@@ -8,13 +8,14 @@ wider) accumulator ``acc`` holding ``real / acc_scale`` becomes the output code 
 Rounding rule, and why not gemmlowp's: TFLite's default ``MultiplyByQuantizedMultiplier``
 rounds twice (``SaturatingRoundingDoublingHighMul``, then ``RoundingDivideByPOT``; see
 ``_fixed_point``), which can land one code away from the correctly rounded result. Here the
-product ``acc * M`` is formed exactly in int64 and rounded once, half up (toward +inf) -- the
-same arithmetic as TFLite's ``TFLITE_SINGLE_ROUNDING`` build. One rounding is never further
-from ``round(acc * real)`` than two, and it makes a power-of-two scale ratio a pure shift that
-computes *the same integers* as the multiplier form (``M = 2**k`` gives
-``(acc * 2**k + 2**(n-1)) >> n == (acc + 2**(n-k-1)) >> (n-k)``). It is also what an integer
-ONNX graph (int64 Mul, Add, shift) and C (``int64_t``) express without emulating gemmlowp's
-saturating high multiply.
+product ``acc * M`` is formed exactly in int64 and rounded once (as TFLite's
+``TFLITE_SINGLE_ROUNDING`` build does), and ties go to even -- the rule of ONNX QuantizeLinear
+and of torch, so wherever the float QDQ model computes exactly (power-of-two scales: every value
+is a dyadic rational and ties are common) the integer program gives the same codes, not the
+other neighbour on every tie. One rounding also makes a power-of-two scale ratio a pure shift
+that computes *the same integers* as the multiplier form (both round the same rational number
+``acc * 2**k / 2**n``). Integer ONNX (int64 Mul, Add, shifts) and C (``int64_t``) express it
+in a few operations, with no emulation of gemmlowp's saturating high multiply.
 
 Overflow contract: the caller guarantees ``|acc| * M < 2**62`` (``fixed_point_multiplier``'s
 ``bits`` argument chooses ``M`` small enough for a known accumulator bound); then every
@@ -88,7 +89,7 @@ def common_shift_multipliers(reals: object, bits: int = 31) -> tuple[np.ndarray,
     """Several multipliers over one shared right shift: ``reals[i] ~= multiplier[i] / 2**shift``.
 
     For sums of rescaled terms (Add, Concat): ``sum_i x_i * reals[i]`` becomes
-    ``(sum_i x_i * multiplier[i] + 2**(shift-1)) >> shift``, rounded once. The shift is the
+    ``rounding_shift_right(sum_i x_i * multiplier[i], shift)``, rounded once. The shift is the
     largest real's ``fixed_point_multiplier`` shift (its multiplier has ``bits`` bits, the
     others fewer; at most ``MAX_RIGHT_SHIFT``); when every real is a power of two the multipliers are powers of two
     (shifts) and ``shift >= 0`` is the smallest that makes them integers.
@@ -105,17 +106,24 @@ def common_shift_multipliers(reals: object, bits: int = 31) -> tuple[np.ndarray,
 
 
 def rounding_shift_right(x: object, shift: object) -> np.ndarray:
-    """``x / 2**shift`` rounded half up (toward +inf), on int64: ``(x + 2**(shift-1)) >> shift``.
+    """``x / 2**shift`` rounded to nearest, ties to even, on int64 (``shift >= 1``):
 
-    Arithmetic (flooring) shift, so ``-2.5 -> -2`` and ``2.5 -> 3``. ``shift <= 0`` is an exact
-    left shift ``x * 2**-shift``. ``shift`` broadcasts against ``x`` (per-channel shifts).
+        ``(x + 2**(shift-1) - 1 + ((x >> shift) & 1)) >> shift``
+
+    with arithmetic (flooring) shifts: ``x >> shift`` is ``floor(x / 2**shift)`` and its low bit
+    says whether that floor is odd, in which case a tie goes up (0.5 -> 0, 1.5 -> 2, -0.5 -> 0,
+    -1.5 -> -2, 2.5 -> 2). ``shift <= 0`` is an exact left shift ``x * 2**-shift``. ``shift``
+    broadcasts against ``x`` (per-channel shifts).
     """
     x = np.asarray(x, dtype=np.int64)
     shift = np.asarray(shift, dtype=np.int64)
     right = np.maximum(shift, 0)
     left = np.maximum(-shift, 0)
-    rounder = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
-    return np.left_shift(np.right_shift(x + rounder, right), left)
+    half_minus_one = np.where(
+        right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)) - 1, 0
+    )
+    odd = np.where(right > 0, np.right_shift(x, right) & 1, 0)
+    return np.left_shift(np.right_shift(x + half_minus_one + odd, right), left)
 
 
 def requantize(
@@ -129,8 +137,8 @@ def requantize(
     """Output codes from an integer accumulator, in this order (all int64):
 
     1. ``p = acc * multiplier``                     -- exact (overflow contract above);
-    2. ``r = (p + 2**(shift-1)) >> shift``         -- one rounding, half up; a left shift when
-                                                      ``shift <= 0`` (``rounding_shift_right``);
+    2. ``r = round_half_even(p / 2**shift)``       -- one rounding (``rounding_shift_right``);
+                                                      a left shift when ``shift <= 0``;
     3. ``y = clip(r + zero_point, qmin, qmax)``    -- saturation in int64, then the caller casts.
 
     Computes ``round(acc * real) + zero_point`` saturated, for ``real ~= multiplier / 2**shift``.

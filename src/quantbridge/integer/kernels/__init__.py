@@ -1,7 +1,7 @@
 """Integer kernels of the numpy executor: one module per op family, a registry keyed by step op.
 
 Each kernel is a pure function ``kernel(attrs, *inputs) -> codes`` on integer arrays; every one
-that changes scale ends in ``numerics.requantize`` (one rounding, half up). The kernels' module
+that changes scale ends in ``numerics.requantize`` (one rounding, ties to even). The kernels' module
 docstrings state ``r = s(q - z)``, the integer pipeline and the accumulator bound, TFLite style.
 """
 

@@ -1,12 +1,12 @@
 """Elementwise kernels: rescaled sums (Add, Concat, requantization), Mul, 256-entry tables.
 
 ``rescale_sum`` (Add with any input scales; one input: a plain requantization):
-    r_y = sum_i s_i (q_i - z_i)   ->   q_y = clip(z_y + round_half_up(sum_i M_i (q_i - z_i) / 2**n))
+    r_y = sum_i s_i (q_i - z_i)   ->   q_y = clip(z_y + round_half_even(sum_i M_i (q_i - z_i) / 2**n))
     with M_i / 2**n ~= s_i / s_y over one shared shift n (numerics.common_shift_multipliers).
     Bound: |sum| <= sum_i M_i * max|q_i - z_i| < k * 2**31 * 2**16, far inside int64.
 ``mul``: r_y = s_a s_b (q_a - z_a)(q_b - z_b); acc = (q_a - z_a)(q_b - z_b), |acc| <= 2**16 for
     8-bit operands (2**34 for 16-bit: the lowering then gives M fewer bits, |acc| M < 2**62);
-    q_y = clip(z_y + round_half_up(acc M / 2**n)) with M / 2**n ~= s_a s_b / s_y.
+    q_y = clip(z_y + round_half_even(acc M / 2**n)) with M / 2**n ~= s_a s_b / s_y.
 ``concat``: each input requantized to the output's (scale, zero point), then concatenated.
 ``lut``: q_y = table[q_x - qmin(x)], the table holding quantize(f(dequantize(q))) for all codes.
 """

@@ -4,7 +4,7 @@ Real arithmetic: ``r_x = s_x (q_x - z_x)``, ``r_w = s_w[c] (q_w - z_w[c])``, bia
 ``r_b = s_x s_w[c] q_b`` (zero point 0), output ``r_y = s_y (q_y - z_y)``. Integer pipeline:
 
     acc[c] = sum_k (q_x - z_x) (q_w[c, k] - z_w[c]) + q_b[c]            (exact integer)
-    q_y    = clip(z_y + round_half_up(acc[c] * M[c] / 2**n[c]), qmin, qmax)
+    q_y    = clip(z_y + round_half_even(acc[c] * M[c] / 2**n[c]), qmin, qmax)
     with M[c] / 2**n[c] ~= s_x s_w[c] / s_y                              (numerics.requantize)
 
 Accumulator bound (checked at lowering, ``lowering._linear``): ``|acc[c]| <= max|q_x - z_x| *
@@ -106,7 +106,10 @@ def conv_transpose_sums(x, w, strides, pads, dilations, group, output_padding) -
 def conv_transpose(attrs, x: np.ndarray) -> np.ndarray:
     dtype = _sum_dtype(attrs)
     xc = _centered(x, attrs["x_zero"], dtype)
-    wc = _centered(attrs["weight"], attrs["w_zero"], dtype, (1, -1, 1, 1))
+    w, group = attrs["weight"], attrs["group"]  # w_zero is per output channel g * O/group + o
+    grouped = w.astype(np.int64).reshape(group, w.shape[0] // group, *w.shape[1:])
+    zero = np.asarray(attrs["w_zero"], np.int64).reshape(group, 1, -1, 1, 1)
+    wc = (grouped - zero).reshape(w.shape).astype(dtype)
     acc = conv_transpose_sums(
         xc,
         wc,

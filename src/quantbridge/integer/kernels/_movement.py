@@ -54,10 +54,48 @@ def slice_(attrs, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x[tuple(index)])
 
 
+COORDINATES = {
+    "half_pixel": lambda i, scale, n_in, n_out: (i + 0.5) / scale - 0.5,
+    "pytorch_half_pixel": lambda i, scale, n_in, n_out: (
+        (i + 0.5) / scale - 0.5 if n_out > 1 else 0.0 * i
+    ),
+    "asymmetric": lambda i, scale, n_in, n_out: i / scale,
+    "tf_half_pixel_for_nn": lambda i, scale, n_in, n_out: (i + 0.5) / scale,
+    "align_corners": lambda i, scale, n_in, n_out: (
+        i * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0 * i
+    ),
+}
+NEAREST = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+def resize_indices(attrs, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Source index of each output position along each resized axis (ONNX Resize, nearest):
+    ``index = clip(nearest(coordinate(i)), 0, n_in - 1)``, coordinates in float64."""
+    out = {}
+    for axis, n_in in enumerate(shape):
+        if attrs["sizes"] is not None:
+            n_out = int(attrs["sizes"][axis])
+            scale = n_out / n_in
+        else:
+            scale = float(attrs["scales"][axis])
+            n_out = int(np.floor(n_in * scale))
+        if n_out == n_in and scale == 1.0:
+            continue
+        i = np.arange(n_out, dtype=np.float64)
+        x = COORDINATES[attrs["coordinates"]](i, scale, n_in, n_out)
+        out[axis] = np.clip(NEAREST[attrs["nearest_mode"]](x), 0, n_in - 1).astype(np.int64)
+    return out
+
+
 @register_kernel("resize_nearest")
 def resize_nearest(attrs, x: np.ndarray) -> np.ndarray:
-    """Gather along each resized axis with the precomputed source indices."""
-    for axis, index in attrs["indices"].items():
+    """A gather along each resized axis (``resize_indices``)."""
+    for axis, index in resize_indices(attrs, x.shape).items():
         x = np.take(x, index, axis=axis)
     return x
 

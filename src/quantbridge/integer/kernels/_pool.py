@@ -4,7 +4,7 @@ MaxPool: ``r = s(q - z)`` is increasing in ``q``, so ``max`` commutes with dequa
     q_y = max over the window of q_x (padding holds the type's minimum code); no rescale.
 Average pool / GlobalAveragePool / ReduceMean:
     acc   = sum over the window of (q_x - z_x)          |acc| <= count * 2**8 (8-bit codes)
-    q_y   = clip(z_y + round_half_up(acc * M / 2**n))   M / 2**n ~= s_x / (count * s_y)
+    q_y   = clip(z_y + round_half_even(acc * M / 2**n))   M / 2**n ~= s_x / (count * s_y)
     ``count`` may differ per output position (padding excluded): M and n are then arrays over
     the output's spatial positions.
 """

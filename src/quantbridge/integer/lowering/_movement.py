@@ -16,6 +16,7 @@ import onnx
 
 from .._program import QTensor
 from ..kernels import KERNELS
+from ..kernels._movement import COORDINATES
 from ._core import (
     Builder,
     Const,
@@ -62,7 +63,8 @@ def _fold(node: onnx.NodeProto, v: QConst, op: str, attrs: dict) -> QConst:
     if v.axis is None:
         return QConst(q, v.scale, v.zero_point, None)
     if op == "transpose":
-        return QConst(q, v.scale, v.zero_point, list(attrs["perm"]).index(v.axis % v.q.ndim))
+        perm = attrs["perm"] or tuple(reversed(range(v.q.ndim)))
+        return QConst(q, v.scale, v.zero_point, list(perm).index(v.axis % v.q.ndim))
     raise LoweringError(f"{describe_node(node)}: {op} of a per-channel constant is not lowered")
 
 
@@ -109,13 +111,42 @@ def _slice_attrs(node, ins, a) -> dict[str, Any]:
     }
 
 
+def _resize_attrs(node, ins, a) -> dict[str, Any]:
+    def text(key: str, default: str) -> str:
+        v = a.get(key, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    mode, coordinates = (
+        text("mode", "nearest"),
+        text("coordinate_transformation_mode", "half_pixel"),
+    )
+    nearest = text("nearest_mode", "round_prefer_floor")
+    if mode != "nearest" or coordinates not in COORDINATES or a.get("antialias", 0):
+        raise LoweringError(
+            f"{describe_node(node)}: mode={mode}, coordinate_transformation_mode={coordinates}; "
+            f"only nearest resizing with {sorted(COORDINATES)} moves codes exactly"
+        )
+    if a.get("axes") is not None or text("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise LoweringError(f"{describe_node(node)}: axes / keep_aspect_ratio_policy not lowered")
+    scales = ins[2] if len(ins) > 2 else None
+    sizes = _ints(node, ins[3], "sizes") if len(ins) > 3 and ins[3] is not None else None
+    scale_list = None
+    if sizes is None:
+        if not isinstance(scales, Const):
+            raise LoweringError(f"{describe_node(node)}: scales or sizes must be constants")
+        scale_list = tuple(float(s) for s in np.asarray(scales.array).reshape(-1))
+    return {"scales": scale_list, "sizes": None if sizes is None else tuple(sizes),
+            "coordinates": coordinates, "nearest_mode": nearest}  # fmt: skip
+
+
 MOVEMENTS = {
     "Reshape": ("reshape", _reshape_attrs),
     "Flatten": ("flatten", lambda n, i, a: {"axis": int(a.get("axis", 1))}),
-    "Transpose": ("transpose", lambda n, i, a: {"perm": tuple(a["perm"])}),
+    "Transpose": ("transpose", lambda n, i, a: {"perm": tuple(a["perm"]) if "perm" in a else None}),
     "Squeeze": ("squeeze", _axes),
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
+    "Resize": ("resize_nearest", _resize_attrs),
     "Identity": ("identity", lambda n, i, a: {}),
     "Dropout": ("identity", lambda n, i, a: {}),
 }
