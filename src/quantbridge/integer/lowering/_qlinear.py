@@ -32,6 +32,14 @@ def _scalar_param(node, v: Value | None, what: str, default: object = 0) -> np.n
     return np.asarray(default if v is None else as_const(node, v, what))
 
 
+def _one(node, v: Value | None, what: str) -> np.ndarray:
+    """A per-tensor parameter (any shape with one element) as a 0-d array."""
+    a = np.asarray(as_const(node, v, what))
+    if a.size != 1:
+        raise LoweringError(f"{describe_node(node)}: {what} must hold one value, got {a.shape}")
+    return a.reshape(())
+
+
 def int_operand(b: Builder, node, v: Value | None, scale: float, zero: int) -> QTensor:
     """The program tensor of integer codes ``v``, read with (scale, zero point)."""
     if isinstance(v, QValue):
@@ -64,7 +72,7 @@ def _pad(ins: list[Value | None], n: int) -> list[Value | None]:
 @register_lowering("QLinearConv")
 def _qlinear_conv(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x, xs, xz, w, ws, wz, ys, yz, bias = _pad(ins, 9)
-    x_scale, x_zero = float(as_const(node, xs, "x_scale")), int(as_const(node, xz, "x_zero_point"))
+    x_scale, x_zero = float(_one(node, xs, "x_scale")), int(_one(node, xz, "x_zero_point"))
     xt = int_operand(b, node, x, x_scale, x_zero)
     w_scale = np.asarray(as_const(node, ws, "w_scale"))
     wq = _weight(node, w, w_scale, np.asarray(as_const(node, wz, "w_zero_point")), 0)
@@ -73,15 +81,13 @@ def _qlinear_conv(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
         acc = np.float32(x_scale) * w_scale.astype(np.float32)
         bq = QConst(as_const(node, bias, "B"), acc, np.zeros(1, np.int64), 0)
     pending = conv(b, node, xt, x_scale, x_zero, wq, bq)
-    return _output(
-        b, node, pending, float(as_const(node, ys, "y_scale")), as_const(node, yz, "y_zp")
-    )
+    return _output(b, node, pending, float(_one(node, ys, "y_scale")), _one(node, yz, "y_zp"))
 
 
 @register_lowering("ConvInteger")
 def _conv_integer(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x, w, xz, wz = _pad(ins, 4)
-    x_zero = int(_scalar_param(node, xz, "x_zero_point"))
+    x_zero = int(_scalar_param(node, xz, "x_zero_point").reshape(-1)[0])
     xt = int_operand(b, node, x, 1.0, x_zero)
     wq = _weight(node, w, np.ones(1), _scalar_param(node, wz, "w_zero_point").reshape(-1), 0)
     pending = conv(b, node, xt, 1.0, x_zero, wq, None)
@@ -91,19 +97,17 @@ def _conv_integer(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
 @register_lowering("QLinearMatMul")
 def _qlinear_matmul(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     a, a_s, a_z, bv, b_s, b_z, ys, yz = _pad(ins, 8)
-    a_scale, a_zero = float(as_const(node, a_s, "a_scale")), int(as_const(node, a_z, "a_zp"))
+    a_scale, a_zero = float(_one(node, a_s, "a_scale")), int(_one(node, a_z, "a_zp"))
     at = int_operand(b, node, a, a_scale, a_zero)
     b_scale, b_zero = np.asarray(as_const(node, b_s, "b_scale")), as_const(node, b_z, "b_zp")
     pending = _matmul(b, node, at, a_scale, a_zero, bv, b_scale, np.asarray(b_zero))
-    return _output(
-        b, node, pending, float(as_const(node, ys, "y_scale")), as_const(node, yz, "y_zp")
-    )
+    return _output(b, node, pending, float(_one(node, ys, "y_scale")), _one(node, yz, "y_zp"))
 
 
 @register_lowering("MatMulInteger")
 def _matmul_integer(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     a, bv, a_z, b_z = _pad(ins, 4)
-    a_zero = int(_scalar_param(node, a_z, "a_zero_point"))
+    a_zero = int(_scalar_param(node, a_z, "a_zero_point").reshape(-1)[0])
     at = int_operand(b, node, a, 1.0, a_zero)
     pending = _matmul(b, node, at, 1.0, a_zero, bv, np.ones(1), _scalar_param(node, b_z, "b_zp"))
     return _output(b, node, pending, 1.0, np.zeros((), np.int32))
