@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..numerics import dequantize, quantize
+from .emit import emit_c
 from .kernels import run_step
 
 
@@ -92,6 +94,7 @@ class IntegerProgram:
         tensors: dict[str, QTensor],
         constants: dict[str, np.ndarray],
         onnx_tensors: dict[str, str] | None = None,
+        input_shapes: dict[str, tuple[int | None, ...]] | None = None,
     ):
         self.inputs = inputs
         self.outputs = outputs
@@ -100,6 +103,8 @@ class IntegerProgram:
         self.constants = constants
         # ONNX tensor name -> program tensor holding its codes (recorded by the lowering)
         self.onnx_tensors = dict(onnx_tensors or {})
+        # ONNX input name -> its declared shape (None for a symbolic dimension)
+        self.input_shapes = dict(input_shapes or {})
 
     def _feeds(self, inputs: Mapping[str, Any] | np.ndarray) -> dict[str, np.ndarray]:
         if not isinstance(inputs, Mapping):
@@ -149,6 +154,28 @@ class IntegerProgram:
             else:
                 out[b.name] = q
         return out
+
+    def tensor_shapes(
+        self, input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape for concrete input shapes (default: the declared ones, symbolic
+        dimensions set to 1), found by running the program once on zero codes."""
+        feeds = {}
+        for b in self.inputs:
+            shape = (input_shapes or {}).get(b.name) or self.input_shapes.get(b.name)
+            if shape is None:
+                raise ValueError(f"input {b.name!r} has no static shape; pass input_shapes")
+            feeds[b.name] = np.full([d or 1 for d in shape], b.tensor.zero_point, b.tensor.dtype)
+        return {name: v.shape for name, v in self.run_integer(feeds).items()}
+
+    def emit_c(
+        self,
+        directory: str | os.PathLike,
+        input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> list[str]:
+        """Write portable C99 (``qb_model.h``, ``qb_model.c``: static arrays, no malloc, no
+        float) computing the same codes as ``run_integer``; returns the two paths."""
+        return emit_c(self, directory, input_shapes)
 
     def formats(self) -> list[dict[str, Any]]:
         """Each tensor's fixed-point format (``QTensor.fixed_point``), in program order."""

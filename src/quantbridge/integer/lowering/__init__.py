@@ -126,8 +126,9 @@ def lower(
             + "; ".join(b.overflows)
             + ". Lower with accumulator_bits=64 to accept a wider accumulator."
         )
+    shapes = {b_.name: b.shapes.get(b_.name) for b_ in b.inputs}
     return IntegerProgram(
-        b.inputs, _outputs(graph, env), b.steps, b.tensors, b.constants, b.onnx_tensors
+        b.inputs, _outputs(graph, env), b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
     )
 
 
