@@ -115,3 +115,50 @@ def qdq_graph():
 @pytest.fixture
 def layerwise():
     return layerwise_lsb
+
+
+C_TYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t",
+           "int32": "int32_t"}  # fmt: skip
+
+
+def run_c_program(prog, feeds: dict, directory: Path, opt: str = "-O0") -> dict:
+    """Emit ``prog`` as C into ``directory``, compile it with gcc and a main that reads the input
+    codes from stdin and writes the output codes; returns {output name: codes}."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    shapes = {b.name: np.asarray(feeds[b.name]).shape for b in prog.inputs}
+    prog.emit_c(directory, shapes)
+    env = prog.run_integer(feeds)
+    decls, reads, args, writes = [], [], [], []
+    for i, b in enumerate(prog.inputs):
+        decls.append(f"static {C_TYPES[b.tensor.dtype.name]} in{i}[QB_IN{i}_SIZE];")
+        reads.append(f"if (fread(in{i}, 1, sizeof in{i}, stdin) != sizeof in{i}) return 1;")
+        args.append(f"in{i}")
+    for i, b in enumerate(prog.outputs):
+        decls.append(f"static {C_TYPES[b.tensor.dtype.name]} out{i}[QB_OUT{i}_SIZE];")
+        args.append(f"out{i}")
+        writes.append(f"fwrite(out{i}, 1, sizeof out{i}, stdout);")
+    main = "\n".join(["#include <stdio.h>", '#include "qb_model.h"', *decls, "int main(void) {",
+                      *reads, f"qb_run({', '.join(args)});", *writes, "return 0; }"])  # fmt: skip
+    (directory / "main.c").write_text(main)
+    exe = directory / "run"
+    subprocess.run(["gcc", "-std=c99", opt, "-Wall", "-Werror", "-o", str(exe),
+                    str(directory / "main.c"), str(directory / "qb_model.c")], check=True)  # fmt: skip
+    stdin = b"".join(env[b.tensor.name].tobytes() for b in prog.inputs)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, check=True).stdout
+    result, offset = {}, 0
+    for b in prog.outputs:
+        ref = env[b.tensor.name]
+        result[b.name] = np.frombuffer(out[offset : offset + ref.nbytes], ref.dtype).reshape(
+            ref.shape
+        )
+        offset += ref.nbytes
+    return result
+
+
+@pytest.fixture
+def run_c():
+    return run_c_program
