@@ -37,3 +37,23 @@ def test_c_output_folder_not_writable(qdq_graph, tmp_path):
     blocker.write_text("")
     with pytest.raises(OSError, match="not writable"):
         prog.emit_c(blocker / "sub")
+
+
+def test_integer_onnx_is_bit_exact_in_onnx_runtime(qdq_graph, tmp_path):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(1)
+    for name, model, shape in _models(qdq_graph):
+        prog = qb.lower(model)
+        x = (rng.standard_normal(shape) * 2).astype(np.float32)
+        path = tmp_path / f"{name}.onnx"
+        integer_model = prog.save_onnx(path, {"x": shape})
+        float_types = {1, 10, 11, 16}  # float, float16, double, bfloat16
+        for vi in [*integer_model.graph.input, *integer_model.graph.output]:
+            assert vi.type.tensor_type.elem_type not in float_types, name
+        assert all(t.data_type not in float_types for t in integer_model.graph.initializer), name
+        env = prog.run_integer({"x": x})
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        got = sess.run(None, {b.tensor.name: env[b.tensor.name] for b in prog.inputs})
+        for b, codes in zip(prog.outputs, got, strict=True):
+            np.testing.assert_array_equal(codes, env[b.tensor.name], err_msg=name)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..numerics import dequantize, quantize
-from .emit import emit_c
+from .emit import emit_c, to_onnx
 from .kernels import run_step
 
 
@@ -176,6 +176,20 @@ class IntegerProgram:
         """Write portable C99 (``qb_model.h``, ``qb_model.c``: static arrays, no malloc, no
         float) computing the same codes as ``run_integer``; returns the two paths."""
         return emit_c(self, directory, input_shapes)
+
+    def to_onnx(self, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Any:
+        """The program as an integer-only ONNX ModelProto (ConvInteger, MatMulInteger, int64
+        arithmetic, Gather tables): inputs and outputs are the boundary tensors' codes."""
+        return to_onnx(self, input_shapes)
+
+    def save_onnx(
+        self, path: str | os.PathLike, input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    ) -> Any:
+        """Write ``to_onnx(input_shapes)`` to ``path``; returns the ModelProto."""
+        model = self.to_onnx(input_shapes)
+        with open(path, "wb") as f:
+            f.write(model.SerializeToString())
+        return model
 
     def formats(self) -> list[dict[str, Any]]:
         """Each tensor's fixed-point format (``QTensor.fixed_point``), in program order."""

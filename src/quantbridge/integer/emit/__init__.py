@@ -2,5 +2,6 @@
 and integer-only ONNX (``_onnx``)."""
 
 from ._c import emit_c
+from ._onnx import to_onnx
 
-__all__ = ["emit_c"]
+__all__ = ["emit_c", "to_onnx"]

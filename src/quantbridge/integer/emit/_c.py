@@ -359,7 +359,7 @@ def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> lis
     shapes = program.tensor_shapes(input_shapes)
     c = _Ctx(program, shapes)
     for step in program.steps:
-        if step.op in ("conv", "matmul") and step.attrs["bound"] >= 2**31:
+        if step.op in ("conv", "conv_transpose", "matmul") and step.attrs["bound"] >= 2**31:
             raise ValueError(f"C emitter: {step.node!r} needs a 64-bit accumulator")
     bodies = []
     for i, step in enumerate(program.steps):
