@@ -3,10 +3,21 @@ which every tensor is integer codes and every rescale an integer multiplier and 
 
 * ``lowering/``  symbolic interpretation of the ONNX graph, a registry keyed by op type;
 * ``kernels/``   the numpy executor (the reference), one module per op family;
-* ``_program``   the program: tensors with their fixed-point formats, steps, ``run``.
+* ``_program``   the program: tensors with their fixed-point formats, steps, ``run``;
+* ``emit/``      integer-only ONNX and C99, bit-exact with the executor; ``_npz`` the arrays.
 """
 
+from ._npz import load_npz, save_npz
 from ._program import Boundary, IntegerProgram, QTensor, Step
 from .lowering import LoweringError, lower
 
-__all__ = ["Boundary", "IntegerProgram", "LoweringError", "QTensor", "Step", "lower"]
+__all__ = [
+    "Boundary",
+    "IntegerProgram",
+    "LoweringError",
+    "QTensor",
+    "Step",
+    "load_npz",
+    "lower",
+    "save_npz",
+]
