@@ -64,3 +64,21 @@ def test_zoo_describe_and_run_types(exported):
     assert f"{len(prog.tensors)} tensors" in text and "fraction bits" in text
     formats = {f["tensor"]: f for f in prog.formats()}
     assert formats[out.name]["bits"] == 8 and formats[out.name]["scale"] == out.scale
+
+
+@pytest.mark.slow
+def test_zoo_three_emitters_identical(exported, run_c, tmp_path):
+    import onnxruntime as ort
+
+    _, path = exported
+    prog = qb.lower(path)
+    x = np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    reference = prog.run({"x": x}, integer=True)
+    from_c = run_c(prog, {"x": x}, tmp_path / "c", opt="-O1")
+    prog.save_onnx(tmp_path / "int.onnx", {"x": x.shape})
+    sess = ort.InferenceSession(str(tmp_path / "int.onnx"), providers=["CPUExecutionProvider"])
+    codes = prog.run_integer({"x": x})
+    from_onnx = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
+    for b, onnx_codes in zip(prog.outputs, from_onnx, strict=True):
+        np.testing.assert_array_equal(from_c[b.name], reference[b.name])
+        np.testing.assert_array_equal(onnx_codes, reference[b.name])
