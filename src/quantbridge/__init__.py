@@ -6,6 +6,7 @@ qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
 from ._version import __version__
+from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, fold, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
@@ -29,6 +30,8 @@ from .torch import (
 __all__ = [
     "CaptureError",
     "CheckpointError",
+    "IntegerProgram",
+    "LoweringError",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -45,6 +48,7 @@ __all__ = [
     "import_onnx",
     "load",
     "local_statistics",
+    "lower",
     "prepare_qat",
     "quantize",
     "save",

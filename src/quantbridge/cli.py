@@ -3,6 +3,7 @@
     quantbridge demo [--epochs N] [--out DIR] [--recipe NAME] [--seed N] [--json] [--quiet]
     quantbridge inspect MODEL.onnx [--json]
     quantbridge fold MODEL.onnx -o OUT.onnx
+    quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -82,6 +83,39 @@ def _fold(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise ValueError(f"--input-shape {spec!r}: expected NAME=D,D,... of integers") from None
+    return shapes
+
+
+def _lower(args: argparse.Namespace) -> int:
+    from .integer import lower, save_npz
+
+    try:
+        if args.emit != "c" and not args.output:
+            raise ValueError(f"--emit {args.emit} needs -o OUT")
+        shapes = _shapes(args.input_shape) or None
+        prog = lower(args.model, accumulator_bits=args.accumulator_bits)
+        if args.emit == "onnx":
+            prog.save_onnx(args.output, shapes)
+            written = [args.output]
+        elif args.emit == "npz":
+            save_npz(prog, args.output)
+            written = [args.output]
+        else:
+            written = prog.emit_c(args.c_dir or args.output or ".", shapes)
+    except (ValueError, OSError) as e:
+        return _fail("lower", e)
+    print(f"{prog!r}\nwrote {', '.join(map(str, written))}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quantbridge",
@@ -127,6 +161,24 @@ def _parser() -> argparse.ArgumentParser:
     fold.add_argument("model", metavar="MODEL.onnx", help="a QDQ ONNX file")
     fold.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="folded file")
     fold.set_defaults(run=_fold)
+
+    low = sub.add_parser(
+        "lower",
+        help="lower a quantized ONNX model to an integer-only program (ONNX, npz or C99)",
+    )
+    low.add_argument("model", metavar="MODEL.onnx", help="QDQ (or QLinear*) ONNX file")
+    low.add_argument("-o", "--output", metavar="OUT", help="output file (onnx, npz)")
+    low.add_argument("--emit", choices=("onnx", "npz", "c"), default="onnx", help="(default: onnx)")
+    low.add_argument("--c-dir", metavar="DIR", help="folder for qb_model.c/.h (--emit c)")
+    low.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME=D,D,..",
+        help="static input shape for onnx / c (default: the model's, symbolic dims = 1)",
+    )  # fmt: skip
+    low.add_argument(
+        "--accumulator-bits", type=int, default=32, choices=(32, 64),
+        help="accept layers whose sums need int64 (default: refuse beyond int32)",
+    )  # fmt: skip
+    low.set_defaults(run=_lower)
     return parser
 
 

@@ -14,6 +14,14 @@ from ._fixed_point import (
     saturating_rounding_doubling_high_mul,
 )
 from ._qparams import FALLBACK_SCALE, MIN_SCALE, choose_qparams, pow2_ceil
+from ._requantize import (
+    common_shift_multipliers,
+    fixed_point_multiplier,
+    fixed_point_multipliers,
+    is_power_of_two,
+    requantize,
+    rounding_shift_right,
+)
 from ._scheme import (
     Granularity,
     PerChannel,
@@ -33,16 +41,22 @@ __all__ = [
     "QScheme",
     "bias_scale",
     "choose_qparams",
+    "common_shift_multipliers",
     "dequantize",
     "fake_quantize",
+    "fixed_point_multiplier",
+    "fixed_point_multipliers",
     "granularity_from_dict",
+    "is_power_of_two",
     "multiply_by_quantized_multiplier",
     "normalize_axis",
     "pow2_ceil",
     "quantize",
     "quantize_bias",
     "quantize_multiplier",
+    "requantize",
     "rounding_divide_by_pot",
+    "rounding_shift_right",
     "saturating_rounding_doubling_high_mul",
     "storage_dtype",
 ]

@@ -1,0 +1,7 @@
+"""Emitters of an ``IntegerProgram``, bit-exact with the numpy executor: portable C99 (``_c``)
+and integer-only ONNX (``_onnx``)."""
+
+from ._c import emit_c
+from ._onnx import to_onnx
+
+__all__ = ["emit_c", "to_onnx"]

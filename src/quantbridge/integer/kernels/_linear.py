@@ -1,0 +1,133 @@
+"""Conv, ConvTranspose and MatMul kernels: int8 x int8 sums, + int32 bias, one requantize.
+
+Real arithmetic: ``r_x = s_x (q_x - z_x)``, ``r_w = s_w[c] (q_w - z_w[c])``, bias
+``r_b = s_x s_w[c] q_b`` (zero point 0), output ``r_y = s_y (q_y - z_y)``. Integer pipeline:
+
+    acc[c] = sum_k (q_x - z_x) (q_w[c, k] - z_w[c]) + q_b[c]            (exact integer)
+    q_y    = clip(z_y + round_half_even(acc[c] * M[c] / 2**n[c]), qmin, qmax)
+    with M[c] / 2**n[c] ~= s_x s_w[c] / s_y                              (numerics.requantize)
+
+Accumulator bound (checked at lowering, ``lowering._linear``): ``|acc[c]| <= max|q_x - z_x| *
+sum_k |q_w[c, k] - z_w[c]| + |q_b[c]|``; below 2**31 for an int32 accumulator. The sums run as
+float64 matrix products (BLAS), exact while the bound is below 2**53; wider ones use int64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ...numerics import requantize
+from . import register_kernel
+
+EXACT_FLOAT64 = 2**53
+
+
+def _sum_dtype(attrs) -> type:
+    return np.float64 if attrs["bound"] < EXACT_FLOAT64 else np.int64
+
+
+def _finish(attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
+    """``+ bias``, requantize per output channel, cast: the shared tail of every kernel here."""
+    shape = [1] * acc.ndim
+    shape[channel_axis] = -1
+    acc = np.rint(acc).astype(np.int64) if acc.dtype.kind == "f" else acc
+    acc = acc + np.asarray(attrs["bias"], np.int64).reshape(shape)
+    m = np.asarray(attrs["multiplier"]).reshape(shape)
+    n = np.asarray(attrs["shift"]).reshape(shape)
+    y = requantize(acc, m, n, attrs["out_zero"], attrs["qmin"], attrs["qmax"])
+    return y.astype(attrs["dtype"])
+
+
+def _centered(q: np.ndarray, zero: object, dtype: type, shape: tuple[int, ...] = ()) -> np.ndarray:
+    zero = np.asarray(zero, np.int64)
+    if zero.ndim and shape:
+        zero = zero.reshape(shape)
+    return (q.astype(np.int64) - zero).astype(dtype)
+
+
+def conv_sums(x, w, strides, pads, dilations, group) -> np.ndarray:
+    """``sum_k x * w`` of a 2-D convolution (N, C, H, W) x (O, C/group, KH, KW), any dtype."""
+    n, _, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (dh, dw) = strides, dilations
+    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    win = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # N, C, OH, OW, KH, KW
+    oh, ow = win.shape[2:4]
+    cols = win.reshape(n, group, cg, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
+    cols = cols.reshape(n, group, oh * ow, cg * kh * kw)
+    wm = w.reshape(group, o // group, cg * kh * kw).transpose(0, 2, 1)
+    out = np.matmul(cols, wm)  # N, G, OH*OW, O/G
+    return out.transpose(0, 1, 3, 2).reshape(n, o, oh, ow)
+
+
+def _as_2d(x: np.ndarray, w: np.ndarray, attrs) -> tuple:
+    """1-D convolutions run as 2-D ones with a unit height."""
+    if x.ndim == 4:
+        return x, w, attrs["strides"], attrs["pads"], attrs["dilations"]
+    (s,), (d,), (p0, p1) = attrs["strides"], attrs["dilations"], attrs["pads"]
+    return x[:, :, None], w[:, :, None], (1, s), (0, p0, 0, p1), (1, d)
+
+
+@register_kernel("conv")
+def conv(attrs, x: np.ndarray) -> np.ndarray:
+    dtype = _sum_dtype(attrs)
+    xc = _centered(x, attrs["x_zero"], dtype)
+    w = attrs["weight"]
+    wc = _centered(w, attrs["w_zero"], dtype, (-1,) + (1,) * (w.ndim - 1))
+    x2, w2, strides, pads, dilations = _as_2d(xc, wc, attrs)
+    acc = conv_sums(x2, w2, strides, pads, dilations, attrs["group"])
+    return _finish(attrs, acc.reshape(acc.shape[:2] + acc.shape[-(x.ndim - 2) :]), 1)
+
+
+def conv_transpose_sums(x, w, strides, pads, dilations, group, output_padding) -> np.ndarray:
+    """``sum`` of a 2-D transposed convolution (N, C, H, W) x (C, O/group, KH, KW)."""
+    n, c, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    (sh, sw), (dh, dw) = strides, dilations
+    full_h = sh * (h - 1) + output_padding[0] + (kh - 1) * dh + 1
+    full_w = sw * (wd - 1) + output_padding[1] + (kw - 1) * dw + 1
+    out = np.zeros((n, group * og, full_h, full_w), dtype=x.dtype)
+    cg = c // group
+    for g in range(group):
+        xg = x[:, g * cg : (g + 1) * cg].reshape(n, cg, h * wd).transpose(0, 2, 1)
+        cols = np.matmul(xg, w[g * cg : (g + 1) * cg].reshape(cg, og * kh * kw))
+        cols = cols.reshape(n, h, wd, og, kh, kw).transpose(0, 3, 4, 5, 1, 2)
+        for i in range(kh):
+            for j in range(kw):
+                rows = slice(i * dh, i * dh + (h - 1) * sh + 1, sh)
+                colz = slice(j * dw, j * dw + (wd - 1) * sw + 1, sw)
+                out[:, g * og : (g + 1) * og, rows, colz] += cols[:, :, i, j]
+    return out[:, :, pads[0] : full_h - pads[2], pads[1] : full_w - pads[3]]
+
+
+@register_kernel("conv_transpose")
+def conv_transpose(attrs, x: np.ndarray) -> np.ndarray:
+    dtype = _sum_dtype(attrs)
+    xc = _centered(x, attrs["x_zero"], dtype)
+    w, group = attrs["weight"], attrs["group"]  # w_zero is per output channel g * O/group + o
+    grouped = w.astype(np.int64).reshape(group, w.shape[0] // group, *w.shape[1:])
+    zero = np.asarray(attrs["w_zero"], np.int64).reshape(group, 1, -1, 1, 1)
+    wc = (grouped - zero).reshape(w.shape).astype(dtype)
+    acc = conv_transpose_sums(
+        xc,
+        wc,
+        attrs["strides"],
+        attrs["pads"],
+        attrs["dilations"],
+        attrs["group"],
+        attrs["output_padding"],
+    )
+    return _finish(attrs, acc, 1)
+
+
+@register_kernel("matmul")
+def matmul(attrs, a: np.ndarray, *b: np.ndarray) -> np.ndarray:
+    """``a @ w`` with a constant (K, N) weight (per-column zero point), or ``a @ b`` of two
+    activations (scalar zero points), + bias, requantized along the last axis."""
+    dtype = _sum_dtype(attrs)
+    ac = _centered(a, attrs["a_zero"], dtype)
+    bc = _centered(b[0] if b else attrs["weight"], attrs["b_zero"], dtype, (1, -1))
+    acc = np.matmul(ac, bc) if dtype is np.float64 else np.einsum("...ik,...kj->...ij", ac, bc)
+    return _finish(attrs, acc, acc.ndim - 1)

@@ -1,0 +1,105 @@
+"""Data movement on integer codes: no arithmetic, the (scale, zero point) pass through.
+
+Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, nearest-neighbour Resize (a gather
+with index maps computed at lowering) and Identity move codes without changing them, so they
+commute with quantization exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import register_kernel
+
+
+@register_kernel("reshape")
+def reshape(attrs, x: np.ndarray) -> np.ndarray:
+    shape = [x.shape[i] if d == 0 else d for i, d in enumerate(attrs["shape"])]
+    return x.reshape(shape)
+
+
+@register_kernel("flatten")
+def flatten(attrs, x: np.ndarray) -> np.ndarray:
+    axis = attrs["axis"] % x.ndim if x.ndim else 0
+    return x.reshape(int(np.prod(x.shape[:axis])), -1)
+
+
+@register_kernel("transpose")
+def transpose(attrs, x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.transpose(attrs["perm"]))
+
+
+@register_kernel("squeeze")
+def squeeze(attrs, x: np.ndarray) -> np.ndarray:
+    axes = attrs["axes"]
+    if axes is None:
+        return x.reshape([d for d in x.shape if d != 1])
+    return np.squeeze(x, axis=tuple(a % x.ndim for a in axes))
+
+
+@register_kernel("unsqueeze")
+def unsqueeze(attrs, x: np.ndarray) -> np.ndarray:
+    rank = x.ndim + len(attrs["axes"])
+    return np.expand_dims(x, tuple(a % rank for a in attrs["axes"]))
+
+
+@register_kernel("slice")
+def slice_(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX Slice: its clamping of starts and ends (either step sign) is Python's slicing."""
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(
+        attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"], strict=True
+    ):
+        index[axis % x.ndim] = slice(int(start), int(end), int(step))
+    return np.ascontiguousarray(x[tuple(index)])
+
+
+COORDINATES = {
+    "half_pixel": lambda i, scale, n_in, n_out: (i + 0.5) / scale - 0.5,
+    "pytorch_half_pixel": lambda i, scale, n_in, n_out: (
+        (i + 0.5) / scale - 0.5 if n_out > 1 else 0.0 * i
+    ),
+    "asymmetric": lambda i, scale, n_in, n_out: i / scale,
+    "tf_half_pixel_for_nn": lambda i, scale, n_in, n_out: (i + 0.5) / scale,
+    "align_corners": lambda i, scale, n_in, n_out: (
+        i * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0 * i
+    ),
+}
+NEAREST = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+def resize_indices(attrs, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Source index of each output position along each resized axis (ONNX Resize, nearest):
+    ``index = clip(nearest(coordinate(i)), 0, n_in - 1)``, coordinates in float64."""
+    out = {}
+    for axis, n_in in enumerate(shape):
+        if attrs["sizes"] is not None:
+            n_out = int(attrs["sizes"][axis])
+            scale = n_out / n_in
+        else:
+            scale = float(attrs["scales"][axis])
+            n_out = int(np.floor(n_in * scale))
+        if n_out == n_in and scale == 1.0:
+            continue
+        i = np.arange(n_out, dtype=np.float64)
+        x = COORDINATES[attrs["coordinates"]](i, scale, n_in, n_out)
+        out[axis] = np.clip(NEAREST[attrs["nearest_mode"]](x), 0, n_in - 1).astype(np.int64)
+    return out
+
+
+@register_kernel("resize_nearest")
+def resize_nearest(attrs, x: np.ndarray) -> np.ndarray:
+    """A gather along each resized axis (``resize_indices``)."""
+    for axis, index in resize_indices(attrs, x.shape).items():
+        x = np.take(x, index, axis=axis)
+    return x
+
+
+@register_kernel("identity")
+def identity(attrs, x: np.ndarray) -> np.ndarray:
+    return x

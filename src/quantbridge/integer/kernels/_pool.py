@@ -1,0 +1,57 @@
+"""Pooling and reductions: MaxPool on codes, average pools and means as integer sums.
+
+MaxPool: ``r = s(q - z)`` is increasing in ``q``, so ``max`` commutes with dequantization:
+    q_y = max over the window of q_x (padding holds the type's minimum code); no rescale.
+Average pool / GlobalAveragePool / ReduceMean:
+    acc   = sum over the window of (q_x - z_x)          |acc| <= count * 2**8 (8-bit codes)
+    q_y   = clip(z_y + round_half_even(acc * M / 2**n))   M / 2**n ~= s_x / (count * s_y)
+    ``count`` may differ per output position (padding excluded): M and n are then arrays over
+    the output's spatial positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ...numerics import requantize
+from . import register_kernel
+
+
+def windows(x: np.ndarray, attrs, pad_value: int) -> np.ndarray:
+    """(N, C, OH, OW, KH, KW) windows of a 2-D pool, padding filled with ``pad_value``."""
+    kh, kw = attrs["kernel"]
+    (sh, sw), (dh, dw), pads = attrs["strides"], attrs["dilations"], attrs["pads"]
+    x = np.pad(
+        x,
+        ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])),
+        constant_values=pad_value,
+    )
+    win = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+@register_kernel("maxpool")
+def maxpool(attrs, x: np.ndarray) -> np.ndarray:
+    pad = int(np.iinfo(x.dtype).min)
+    return windows(x, attrs, pad).max(axis=(-2, -1)).astype(x.dtype)
+
+
+@register_kernel("avgpool")
+def avgpool(attrs, x: np.ndarray) -> np.ndarray:
+    centered = x.astype(np.int64) - np.int64(attrs["x_zero"])
+    acc = windows(centered, attrs, 0).sum(axis=(-2, -1))
+    y = requantize(
+        acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"]
+    )
+    return y.astype(attrs["dtype"])
+
+
+@register_kernel("reduce_mean")
+def reduce_mean(attrs, x: np.ndarray) -> np.ndarray:
+    centered = x.astype(np.int64) - np.int64(attrs["x_zero"])
+    acc = centered.sum(axis=tuple(attrs["axes"]), keepdims=attrs["keepdims"])
+    y = requantize(
+        acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"]
+    )
+    return y.astype(attrs["dtype"])

@@ -1,0 +1,148 @@
+"""Lowering of a QDQ (or QOperator) ONNX model to an ``IntegerProgram``.
+
+``lower`` walks the graph once in topological order, interpreting each node symbolically
+(``_core`` explains the values) through a registry keyed by ONNX op type; one module per op
+family registers its handlers. Refusals are collected so that one error lists them all: the
+ops that have no lowering, and the layers whose accumulator could overflow.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .._program import Boundary, IntegerProgram
+from . import _eltwise, _linear, _movement, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from ._core import (
+    LOWERINGS,
+    Builder,
+    Const,
+    FloatInput,
+    IntInput,
+    LoweringError,
+    QValue,
+    Value,
+    node_name,
+)
+
+QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                    "ConvInteger", "MatMulInteger"}  # fmt: skip
+
+
+def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(src, onnx.ModelProto):
+        return src
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
+    return onnx.load(os.fspath(src))
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shapes only sharpen bounds; lowering reports what it lacks
+        inferred = model
+    g = inferred.graph
+    shapes = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
+                                    for d in t.shape.dim)  # fmt: skip
+    for init in g.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _check(model: onnx.ModelProto) -> None:
+    nodes = model.graph.node
+    if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
+        raise LoweringError(
+            "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
+            "model; quantize it first (qb.quantize + qb.export, or `quantbridge quantize`)"
+        )
+    missing: dict[str, list[str]] = {}
+    for n in nodes:
+        if n.op_type not in LOWERINGS:
+            missing.setdefault(n.op_type, []).append(node_name(n))
+    if missing:
+        listed = "; ".join(
+            f"{op} ({len(v)}: {', '.join(map(repr, v[:5]))}{', ...' if len(v) > 5 else ''})"
+            for op, v in sorted(missing.items())
+        )
+        raise LoweringError(
+            f"cannot lower {sum(map(len, missing.values()))} nodes with no integer lowering: "
+            f"{listed}. Lowered op types: {', '.join(sorted(LOWERINGS))}"
+        )  # fmt: skip
+
+
+def _graph_inputs(graph: onnx.GraphProto) -> dict[str, Value]:
+    env: dict[str, Value] = {}
+    initializers = {i.name for i in graph.initializer}
+    for vi in graph.input:
+        if vi.name in initializers:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        env[vi.name] = (IntInput(vi.name, np.dtype(dtype)) if np.issubdtype(dtype, np.integer)
+                        else FloatInput(vi.name))  # fmt: skip
+    for init in graph.initializer:
+        env[init.name] = Const(numpy_helper.to_array(init))
+    return env
+
+
+def lower(
+    src: str | os.PathLike | onnx.ModelProto, *, accumulator_bits: int = 32
+) -> IntegerProgram:
+    """Lower a quantized ONNX model (QDQ, or QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger)
+    to an integer-only program.
+
+    ``accumulator_bits`` (32 or 64): layers whose accumulator could exceed it (bound from the
+    integer weights and the input code ranges) are refused, all named in one error.
+    LoweringError (a ValueError) for float models, ops with no lowering, mismatched Q/DQ pairs.
+    """
+    if accumulator_bits not in (32, 64):
+        raise ValueError(f"accumulator_bits must be 32 or 64, got {accumulator_bits}")
+    model = _load(src)
+    _check(model)
+    graph = model.graph
+    env = _graph_inputs(graph)
+    b = Builder(accumulator_bits, _shapes(model))
+    for node in graph.node:
+        if node.op_type == "Constant":
+            env[node.output[0]] = Const(numpy_helper.to_array(node.attribute[0].t))
+            continue
+        ins = [env[i] if i else None for i in node.input]
+        outs = LOWERINGS[node.op_type](b, node, ins)
+        env.update(zip(node.output, outs, strict=False))
+        for name, v in zip(node.output, outs, strict=False):
+            if isinstance(v, QValue):
+                b.onnx_tensors[name] = v.tensor.name
+    if b.overflows:
+        raise LoweringError(
+            f"{len(b.overflows)} layers could overflow their int{accumulator_bits} accumulator: "
+            + "; ".join(b.overflows)
+            + ". Lower with accumulator_bits=64 to accept a wider accumulator."
+        )
+    shapes = {b_.name: b.shapes.get(b_.name) for b_ in b.inputs}
+    return IntegerProgram(
+        b.inputs, _outputs(graph, env), b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
+    )
+
+
+def _outputs(graph: onnx.GraphProto, env: dict[str, Value]) -> list[Boundary]:
+    outputs = []
+    for vi in graph.output:
+        v = env.get(vi.name)
+        if not isinstance(v, QValue):
+            raise LoweringError(
+                f"graph output {vi.name!r} is not quantized ({type(v).__name__}); end the model "
+                "with QuantizeLinear (and DequantizeLinear for a float output)"
+            )
+        outputs.append(Boundary(vi.name, v.tensor, not v.integer))
+    return outputs
+
+
+__all__ = ["LoweringError", "lower"]

@@ -1,0 +1,221 @@
+"""What lowering works on: symbolic values of ONNX tensors, the program builder, the registry.
+
+Lowering interprets the QDQ graph symbolically. Each ONNX tensor becomes one of:
+
+* ``Const``       a float or integer initializer (shapes, Clip bounds, constants);
+* ``FloatInput``  a float graph input, waiting for its QuantizeLinear;
+* ``IntInput``    an integer graph input (codes), waiting for its DequantizeLinear or QLinear op;
+* ``QConst``      an integer initializer with its (scale, zero point, axis): weights, biases;
+* ``QValue``      a program tensor of codes (``QTensor``); ``integer`` says the ONNX tensor is
+                  the codes themselves (a QuantizeLinear output), not their dequantized floats;
+* ``Pending``     a float result of an integer kernel (Conv, Add, AveragePool, ...) that needs
+                  the output (scale, zero point) of the QuantizeLinear that will consume it;
+                  Relu / Clip in between narrow its clamp; ops that commute with quantization
+                  (data movement, MaxPool) are applied after the requantization;
+* ``Elementwise`` a float function of one 8-bit program tensor (Sigmoid, x * sigmoid(x), ...):
+                  at its QuantizeLinear it becomes an exact 256-entry table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ...numerics import quantize
+from .._program import Boundary, QTensor, Step
+
+
+class LoweringError(ValueError):
+    """The model cannot be lowered to an integer-only program; the message says why and how."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    array: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatInput:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class IntInput:
+    name: str
+    dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class QConst:
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class QValue:
+    tensor: QTensor
+    integer: bool = False
+
+
+Realize = Callable[["Builder", QTensor, int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """``realize(builder, out, qmin, qmax)`` adds the steps that write ``out``."""
+
+    node: str
+    realize: Realize
+    lo: float = -math.inf
+    hi: float = math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Elementwise:
+    source: QTensor
+    fn: Callable[[np.ndarray], np.ndarray]
+    node: str
+
+
+Value = Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise
+
+
+def node_name(node: onnx.NodeProto) -> str:
+    return node.name or (node.output[0] if node.output else node.op_type)
+
+
+def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def describe_node(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} {node_name(node)!r}"
+
+
+def accumulator_multiplier_bits(bound: float) -> int:
+    """Multiplier bits that keep ``bound * M < 2**62`` (``numerics.requantize``'s contract)."""
+    return max(1, min(31, 61 - math.ceil(math.log2(bound + 1))))
+
+
+def quantize_real(r: float, t: QTensor) -> int:
+    """``r`` quantized to ``t``'s grid, saturated (ONNX QuantizeLinear in float64)."""
+    q = quantize(np.float64(r), np.float64(t.scale), np.float64(t.zero_point), t.qmin, t.qmax)
+    return int(q)
+
+
+class Builder:
+    """Accumulates the program while the handlers lower nodes."""
+
+    def __init__(self, accumulator_bits: int, shapes: dict[str, tuple[int | None, ...]]):
+        self.accumulator_bits = accumulator_bits
+        self.shapes = shapes
+        self.steps: list[Step] = []
+        self.tensors: dict[str, QTensor] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        self.inputs: list[Boundary] = []
+        self.overflows: list[str] = []
+        self.onnx_tensors: dict[str, str] = {}
+
+    def dim(self, name: str, axis: int) -> int | None:
+        """A static dimension of ONNX tensor ``name`` (shape inference), or None."""
+        shape = self.shapes.get(name)
+        if shape is None or not -len(shape) <= axis < len(shape):
+            return None
+        return shape[axis]
+
+    def tensor(self, base: str, dtype: Any, scale: float, zero_point: int) -> QTensor:
+        name, k = base, 1
+        while name in self.tensors:
+            name, k = f"{base}_{k}", k + 1
+        t = QTensor(name, np.dtype(dtype), float(scale), int(zero_point))
+        self.tensors[name] = t
+        return t
+
+    def like(self, base: str, t: QTensor) -> QTensor:
+        return self.tensor(base, t.dtype, t.scale, t.zero_point)
+
+    def step(self, op: str, node: str, inputs: list[QTensor], out: QTensor, **attrs: Any) -> None:
+        self.steps.append(Step(op, node, tuple(i.name for i in inputs), out.name, attrs))
+
+    def constant(self, base: str, q: np.ndarray, scale: float, zero_point: int) -> QTensor:
+        t = self.tensor(base, q.dtype, scale, zero_point)
+        self.constants[t.name] = q
+        return t
+
+    def check_accumulator(self, node: str, bound: float) -> int:
+        """Record ``node`` when its accumulator bound exceeds the accumulator; the multiplier
+        bits that keep the requantization product inside int64."""
+        limit = 2 ** (self.accumulator_bits - 1) - 1
+        if bound > limit:
+            self.overflows.append(
+                f"{node}: |accumulator| can reach {int(bound)} > {limit} "
+                f"(int{self.accumulator_bits})"
+            )
+        return accumulator_multiplier_bits(bound)
+
+
+Handler = Callable[[Builder, onnx.NodeProto, list[Value | None]], list[Value]]
+LOWERINGS: dict[str, Handler] = {}
+
+
+def register_lowering(*op_types: str) -> Callable[[Handler], Handler]:
+    """Register a handler for ONNX op types: ``handler(builder, node, input values) -> outputs``."""
+
+    def add(fn: Handler) -> Handler:
+        for op in op_types:
+            if op in LOWERINGS:
+                raise ValueError(f"lowering for {op!r} registered twice")
+            LOWERINGS[op] = fn
+        return fn
+
+    return add
+
+
+def code_range(t: QTensor, zero: object) -> int:
+    """``max |q - z|`` over ``t``'s codes."""
+    z = np.asarray(zero, np.int64)
+    return int(max(np.max(t.qmax - z), np.max(z - t.qmin)))
+
+
+def as_activation(node: onnx.NodeProto, v: Value | None, what: str = "input") -> QTensor:
+    if isinstance(v, QValue):
+        return v.tensor
+    raise LoweringError(
+        f"{describe_node(node)}: its {what} is {_kind(v)}, not a quantized tensor; "
+        "the QDQ pattern is DequantizeLinear -> op -> QuantizeLinear"
+    )
+
+
+def as_qconst(node: onnx.NodeProto, v: Value | None, what: str) -> QConst:
+    if isinstance(v, QConst):
+        return v
+    raise LoweringError(
+        f"{describe_node(node)}: {what} is {_kind(v)}; expected an integer initializer "
+        "followed by DequantizeLinear"
+    )
+
+
+def as_const(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarray:
+    if isinstance(v, Const):
+        return v.array
+    raise LoweringError(f"{describe_node(node)}: {what} must be a constant, got {_kind(v)}")
+
+
+def _kind(v: Value | None) -> str:
+    return {
+        type(None): "missing",
+        Const: "a constant",
+        FloatInput: "an unquantized graph input",
+        IntInput: "an integer graph input",
+        QConst: "an integer constant",
+        QValue: "a quantized tensor",
+        Pending: "an unquantized float result (no QuantizeLinear after it)",
+        Elementwise: "an unquantized float function (no QuantizeLinear after it)",
+    }[type(v)]

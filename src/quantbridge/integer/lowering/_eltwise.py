@@ -1,0 +1,207 @@
+"""Lowering of elementwise ops: Add / Sub / Mul / Concat by integer rescaling, Relu / Clip into
+the requantization clamp, and float functions of one 8-bit tensor into exact lookup tables.
+
+Rules, in the order a handler asks them:
+
+1. every non-constant operand is a function of the same program tensor ``x`` (``x`` itself, or
+   an ``Elementwise`` of it) and every constant is a scalar: the result is ``Elementwise(x, f)``
+   with the composed float function (SiLU ``x * sigmoid(x)``, HardSwish written out, ``x / 6``);
+   its QuantizeLinear turns it into a 256-entry table computed in float64;
+2. Relu / Clip of a ``Pending`` kernel result: the clamp narrows (the requantization saturates);
+3. Add / Sub / Mul / Concat of program tensors (or integer constants) with any scales: a
+   ``Pending`` realized as ``rescale_sum`` / ``mul`` / ``concat`` with integer multipliers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from ...numerics import fixed_point_multiplier, fixed_point_multipliers
+from .._program import QTensor
+from ._core import (
+    Builder,
+    Const,
+    Elementwise,
+    LoweringError,
+    Pending,
+    QConst,
+    QValue,
+    Value,
+    attrs_of,
+    code_range,
+    describe_node,
+    node_name,
+    register_lowering,
+)
+from ._qdq import rescale_sum
+
+Fn = Callable[[np.ndarray], np.ndarray]
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(r: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * r))  # exact form without exp overflow
+
+
+def _gelu(attrs: dict) -> Fn:
+    if attrs.get("approximate", "none") in ("tanh", b"tanh"):
+        return lambda r: 0.5 * r * (1 + np.tanh(math.sqrt(2 / math.pi) * (r + 0.044715 * r**3)))
+    return lambda r: 0.5 * r * (1.0 + _erf(r / math.sqrt(2.0)))
+
+
+def _hard_sigmoid(attrs: dict) -> Fn:
+    alpha, beta = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
+    return lambda r: np.clip(alpha * r + beta, 0.0, 1.0)
+
+
+# ONNX unary ops as float64 functions of their input (attributes -> function)
+UNARY: dict[str, Callable[[dict], Fn]] = {
+    "Relu": lambda a: lambda r: np.maximum(r, 0.0),
+    "Sigmoid": lambda a: _sigmoid,
+    "Tanh": lambda a: np.tanh,
+    "Exp": lambda a: np.exp,
+    "Erf": lambda a: _erf,
+    "Neg": lambda a: np.negative,
+    "Abs": lambda a: np.abs,
+    "Sqrt": lambda a: np.sqrt,
+    "Softplus": lambda a: lambda r: np.logaddexp(0.0, r),
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": lambda a: lambda r: r * np.clip(r / 6.0 + 0.5, 0.0, 1.0),
+    "LeakyRelu": lambda a: lambda r: np.where(r >= 0, r, a.get("alpha", 0.01) * r),
+    "Gelu": _gelu,
+}
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Pow": np.power,
+}
+
+
+def _as_function(v: Value | None) -> tuple[QTensor | None, Fn] | None:
+    """``(source, f)`` when ``v`` is ``f(source)`` (source None: a scalar constant)."""
+    if isinstance(v, QValue) and not v.integer:
+        return v.tensor, lambda r: r
+    if isinstance(v, Elementwise):
+        return v.source, v.fn
+    if isinstance(v, Const) and np.size(v.array) == 1 and v.array.dtype.kind == "f":
+        c = np.float64(np.asarray(v.array).reshape(()))
+        return None, lambda r: c
+    return None
+
+
+def _compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
+    parts = [_as_function(v) for v in operands]
+    if any(p is None for p in parts):
+        return None
+    sources = {p[0].name: p[0] for p in parts if p[0] is not None}
+    if len(sources) != 1:
+        return None
+    fns = [p[1] for p in parts]
+    return Elementwise(next(iter(sources.values())), lambda r: combine(*(f(r) for f in fns)),
+                       node_name(node))  # fmt: skip
+
+
+def _clip_bounds(node: onnx.NodeProto, ins: list[Value | None]) -> tuple[float, float]:
+    a = attrs_of(node)
+    lo, hi = a.get("min", -math.inf), a.get("max", math.inf)
+    for i, v in enumerate(ins[1:3]):
+        if v is None:
+            continue
+        if not isinstance(v, Const):
+            raise LoweringError(f"{describe_node(node)}: Clip bounds must be constants")
+        value = float(np.asarray(v.array).reshape(()))
+        lo, hi = (value, hi) if i == 0 else (lo, value)
+    return float(lo), float(hi)
+
+
+@register_lowering("Relu", "Clip")
+def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    lo, hi = (0.0, math.inf) if node.op_type == "Relu" else _clip_bounds(node, ins)
+    x = ins[0]
+    if isinstance(x, Pending):
+        return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi))]
+    composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))
+    if composed is None:
+        raise LoweringError(f"{describe_node(node)}: input is not a quantized tensor")
+    return [composed]
+
+
+@register_lowering(*[op for op in UNARY if op != "Relu"])
+def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    fn = UNARY[node.op_type](attrs_of(node))
+    composed = _compose(node, ins[:1], fn)
+    if composed is None:
+        raise LoweringError(
+            f"{describe_node(node)}: lowered as a table, its input must be a quantized 8-bit "
+            "tensor (DequantizeLinear -> op -> QuantizeLinear)"
+        )
+    return [composed]
+
+
+def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+    if isinstance(v, QValue):
+        return v.tensor
+    if isinstance(v, QConst) and np.size(v.scale) == 1 and np.size(v.zero_point) == 1:
+        zero = int(np.asarray(v.zero_point).reshape(()))
+        scale = float(np.asarray(v.scale).reshape(()))
+        return b.constant(node_name(node) + "_operand", v.q, scale, zero)
+    raise LoweringError(
+        f"{describe_node(node)}: operands must be quantized tensors (or per-tensor quantized "
+        "constants) unless all are functions of one tensor"
+    )
+
+
+@register_lowering("Add", "Sub", "Mul", "Div", "Pow")
+def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    composed = _compose(node, ins, BINARY[node.op_type])
+    if composed is not None:
+        return [composed]
+    if node.op_type not in ("Add", "Sub", "Mul"):
+        raise LoweringError(
+            f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
+        )
+    a, c = _operand(b, node, ins[0]), _operand(b, node, ins[1])
+    name = node_name(node)
+    if node.op_type == "Mul":
+        return [_mul(b, name, a, c)]
+    sign = 1 if node.op_type == "Add" else -1
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
+
+    return [Pending(name, realize)]
+
+
+def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
+    bound = code_range(a, a.zero_point) * code_range(c, c.zero_point)
+    bits = b.check_accumulator(name, bound)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        multiplier, shift = fixed_point_multiplier(a.scale * c.scale / out.scale, bits)
+        builder.step("mul", name, [a, c], out, zeros=[a.zero_point, c.zero_point],
+                     multiplier=multiplier, shift=shift, out_zero=out.zero_point, qmin=qmin,
+                     qmax=qmax, dtype=out.dtype)  # fmt: skip
+
+    return Pending(name, realize)
+
+
+@register_lowering("Concat")
+def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    parts = [_operand(b, node, v) for v in ins]
+    axis, name = int(attrs_of(node)["axis"]), node_name(node)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in parts])
+        builder.step("concat", name, parts, out, zeros=[t.zero_point for t in parts],
+                     multipliers=[int(m) for m in multiplier], shifts=[int(s) for s in shift],
+                     axis=axis, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
+                     dtype=out.dtype)  # fmt: skip
+
+    return [Pending(name, realize)]

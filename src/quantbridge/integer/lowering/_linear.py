@@ -1,0 +1,199 @@
+"""Lowering of Conv, ConvTranspose, Gemm, MatMul (QDQ form) and of QLinearConv, QLinearMatMul,
+ConvInteger, MatMulInteger (integer ONNX operators) to the ``conv`` / ``conv_transpose`` /
+``matmul`` kernels (``kernels._linear``: pipeline and bound stated there).
+
+The accumulator bound of each layer is computed here from the integer weights and the input's
+code range: ``max|q_x - z_x| * sum_k |q_w - z_w| + |q_b|`` per output channel (``K * range_a *
+range_b`` for a product of two activations). A layer whose bound exceeds the accumulator
+(int32 unless ``lower(..., accumulator_bits=64)``) is reported by name and lowering refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ...numerics import fixed_point_multipliers
+from .._program import QTensor
+from ._core import (
+    Builder,
+    LoweringError,
+    Pending,
+    QConst,
+    QValue,
+    Value,
+    as_activation,
+    as_qconst,
+    attrs_of,
+    code_range,
+    describe_node,
+    node_name,
+    register_lowering,
+)
+
+
+def _per_channel(v: np.ndarray, channels: int, what: str, node: onnx.NodeProto) -> np.ndarray:
+    v = np.asarray(v).reshape(-1)
+    if v.size == 1:
+        return np.repeat(v, channels)
+    if v.size != channels:
+        raise LoweringError(
+            f"{describe_node(node)}: {what} has {v.size} values for {channels} channels"
+        )
+    return v
+
+
+def _bias_codes(node, bias: QConst | None, acc_scale: np.ndarray) -> np.ndarray:
+    """int32 bias codes in accumulator units (``s_x * s_w[c]``); rescaled offline (float64,
+    rounded half to even) only when the file stores it with another scale."""
+    if bias is None:
+        return np.zeros(acc_scale.shape, np.int64)
+    q = _per_channel(bias.q, acc_scale.size, "bias", node).astype(np.int64)
+    s = _per_channel(bias.scale, acc_scale.size, "bias scale", node).astype(np.float64)
+    z = _per_channel(bias.zero_point, acc_scale.size, "bias zero point", node).astype(np.int64)
+    stored = (s.astype(np.float32) == acc_scale.astype(np.float32)) & (z == 0)
+    if stored.all():
+        return q
+    return np.round((q - z) * s / acc_scale).astype(np.int64)
+
+
+def linear(
+    b: Builder,
+    node: onnx.NodeProto,
+    op: str,
+    inputs: list[QTensor],
+    acc_scale: np.ndarray,
+    bound: np.ndarray,
+    **attrs: Any,
+) -> Pending:
+    """The Pending of one linear layer: accumulator scale and bound per output channel; the
+    requantization multipliers are chosen when the output's scale is known."""
+    name = node_name(node)
+    worst = float(np.max(bound))
+    bits = b.check_accumulator(name, worst)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        multiplier, shift = fixed_point_multipliers(acc_scale / out.scale, bits)
+        builder.step(
+            op, name, inputs, out, multiplier=multiplier, shift=shift, out_zero=out.zero_point,
+            qmin=qmin, qmax=qmax, dtype=out.dtype, bound=worst, **attrs,
+        )  # fmt: skip
+
+    return Pending(name, realize)
+
+
+def _conv_geometry(node: onnx.NodeProto, weight: np.ndarray, transpose: bool) -> dict[str, Any]:
+    a = attrs_of(node)
+    spatial = weight.ndim - 2
+    if spatial not in ((1, 2) if not transpose else (2,)):
+        raise LoweringError(f"{describe_node(node)}: {spatial}-D convolution is not lowered")
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        raise LoweringError(f"{describe_node(node)}: auto_pad={auto_pad}; export explicit pads")
+    geometry = {
+        "strides": tuple(a.get("strides", [1] * spatial)),
+        "pads": tuple(a.get("pads", [0] * 2 * spatial)),
+        "dilations": tuple(a.get("dilations", [1] * spatial)),
+        "group": int(a.get("group", 1)),
+    }
+    if transpose:
+        if "output_shape" in a:
+            raise LoweringError(f"{describe_node(node)}: output_shape is not lowered; use pads")
+        geometry["output_padding"] = tuple(a.get("output_padding", [0] * spatial))
+    return geometry
+
+
+def conv(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias: QConst | None) -> Pending:
+    """Conv (weight (O, C/group, *K), parameters per output channel O) or ConvTranspose
+    (weight (C, O/group, *K); per-channel parameters along axis 1, repeated per group)."""
+    transpose = node.op_type in ("ConvTranspose",)
+    geometry = _conv_geometry(node, w.q, transpose)
+    weight, group = w.q, geometry["group"]
+    channels = weight.shape[1] * group if transpose else weight.shape[0]
+    w_scale = _group_tile(w.scale, channels, group, node).astype(np.float64)
+    w_zero = _group_tile(w.zero_point, channels, group, node).astype(np.int64)
+    if transpose:  # per output channel g * O/group + o: sum over C/group and the kernel
+        grouped = weight.astype(np.int64).reshape(group, -1, *weight.shape[1:])
+        zeros = w_zero.reshape(group, 1, -1, *([1] * (weight.ndim - 2)))
+        w_sum = np.abs(grouped - zeros).sum(axis=(1, *range(3, weight.ndim + 1))).reshape(-1)
+    else:
+        zeros = w_zero.reshape(-1, *([1] * (weight.ndim - 1)))
+        w_sum = np.abs(weight.astype(np.int64) - zeros).sum(axis=tuple(range(1, weight.ndim)))
+    acc_scale = np.float64(xs) * w_scale
+    bias_codes = _bias_codes(node, bias, acc_scale)
+    bound = code_range(x, xz) * w_sum + np.abs(bias_codes)
+    op = "conv_transpose" if transpose else "conv"
+    return linear(b, node, op, [x], acc_scale, bound, x_zero=xz, weight=weight, w_zero=w_zero,
+                  bias=bias_codes, **geometry)  # fmt: skip
+
+
+def _group_tile(v, channels: int, group: int, node) -> np.ndarray:
+    v = np.asarray(v).reshape(-1)
+    if group > 1 and v.size * group == channels:
+        return np.tile(v, group)
+    return _per_channel(v, channels, "weight parameter", node)
+
+
+@register_lowering("Conv", "ConvTranspose")
+def _conv_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = as_activation(node, ins[0])
+    w = as_qconst(node, ins[1], "the weight")
+    bias = as_qconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    return [conv(b, node, x, x.scale, x.zero_point, w, bias)]
+
+
+def matmul_const(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias) -> Pending:
+    """``x @ W`` with a constant W (K, N), parameters per tensor or per column N."""
+    if w.q.ndim != 2:
+        raise LoweringError(f"{describe_node(node)}: weight has {w.q.ndim} dims; expected 2")
+    if w.axis is not None and w.axis % 2 != 1:
+        raise LoweringError(f"{describe_node(node)}: weight quantized along its reduction axis")
+    channels = w.q.shape[1]
+    w_scale = _per_channel(w.scale, channels, "weight scale", node).astype(np.float64)
+    w_zero = _per_channel(w.zero_point, channels, "weight zero point", node).astype(np.int64)
+    acc_scale = np.float64(xs) * w_scale
+    bias_codes = _bias_codes(node, bias, acc_scale)
+    w_sum = np.abs(w.q.astype(np.int64) - w_zero[None, :]).sum(axis=0)
+    bound = code_range(x, xz) * w_sum + np.abs(bias_codes)
+    return linear(b, node, "matmul", [x], acc_scale, bound, a_zero=xz, weight=w.q,
+                  b_zero=w_zero, bias=bias_codes)  # fmt: skip
+
+
+def matmul_act(b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float) -> Pending:
+    """``a @ b`` of two program tensors (attention scores, ...): scalar parameters; the bound
+    uses K from ONNX shape inference (``K * range_a * range_b``)."""
+    k = b.dim(node.input[0], -1)
+    if k is None:
+        raise LoweringError(
+            f"{describe_node(node)}: the reduction length of {node.input[0]!r} is unknown, so "
+            "its accumulator cannot be bounded; export with static shapes"
+        )
+    bound = np.array([k * code_range(a, az) * code_range(bt, bz)], dtype=np.float64)
+    return linear(b, node, "matmul", [a, bt], np.array([acc_scale]), bound, a_zero=az,
+                  b_zero=np.int64(bz), bias=np.zeros(1, np.int64))  # fmt: skip
+
+
+@register_lowering("MatMul")
+def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    a = as_activation(node, ins[0])
+    if isinstance(ins[1], QValue):
+        t = ins[1].tensor
+        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, a.scale * t.scale)]
+    w = as_qconst(node, ins[1], "the second operand")
+    return [matmul_const(b, node, a, a.scale, a.zero_point, w, None)]
+
+
+@register_lowering("Gemm")
+def _gemm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    a = attrs_of(node)
+    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        raise LoweringError(f"{describe_node(node)}: only transA=0, alpha=beta=1 are lowered")
+    x = as_activation(node, ins[0])
+    w = as_qconst(node, ins[1], "B")
+    bias = as_qconst(node, ins[2], "C") if len(ins) > 2 and ins[2] is not None else None
+    if a.get("transB", 0):
+        w = QConst(w.q.T, w.scale, w.zero_point, None if w.axis is None else 1 - w.axis % 2)
+    return [matmul_const(b, node, x, x.scale, x.zero_point, w, bias)]

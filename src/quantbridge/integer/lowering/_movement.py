@@ -1,0 +1,154 @@
+"""Lowering of ops that commute with quantization: data movement (Reshape, Flatten, Transpose,
+Squeeze, Unsqueeze, Slice, nearest Resize, Identity, Dropout) and MaxPool.
+
+``moved`` applies one such op to any symbolic value: a program tensor gets a movement step
+(same scale and zero point), an integer constant is folded now, a pending kernel result is
+requantized first and moved after (the same codes, since requantization is elementwise and
+monotone), and a float function of one tensor moves its source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .._program import QTensor
+from ..kernels import KERNELS
+from ..kernels._movement import COORDINATES
+from ._core import (
+    Builder,
+    Const,
+    Elementwise,
+    LoweringError,
+    Pending,
+    QConst,
+    QValue,
+    Value,
+    attrs_of,
+    describe_node,
+    node_name,
+    register_lowering,
+)
+
+
+def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dict) -> Value:
+    name = node_name(node)
+    if isinstance(v, QValue):
+        out = b.like(node.output[0], v.tensor)
+        b.step(op, name, [v.tensor], out, **attrs)
+        return QValue(out, v.integer)
+    if isinstance(v, QConst):
+        return _fold(node, v, op, attrs)
+    if isinstance(v, Elementwise):
+        out = b.like(node.output[0], v.source)
+        b.step(op, name, [v.source], out, **attrs)
+        return Elementwise(out, v.fn, v.node)
+    if isinstance(v, Pending):
+        inner = v
+
+        def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+            before = builder.like(out.name + "_before_" + op, out)
+            inner.realize(builder, before, qmin, qmax)
+            builder.step(op, name, [before], out, **attrs)
+
+        return Pending(v.node, realize, v.lo, v.hi)
+    raise LoweringError(f"{describe_node(node)}: input is not quantized (no DequantizeLinear)")
+
+
+def _fold(node: onnx.NodeProto, v: QConst, op: str, attrs: dict) -> QConst:
+    """Constant folding of a movement on an integer initializer (e.g. DQ -> Transpose -> MatMul)."""
+    q = KERNELS[op](attrs, v.q)
+    if v.axis is None:
+        return QConst(q, v.scale, v.zero_point, None)
+    if op == "transpose":
+        perm = attrs["perm"] or tuple(reversed(range(v.q.ndim)))
+        return QConst(q, v.scale, v.zero_point, list(perm).index(v.axis % v.q.ndim))
+    raise LoweringError(f"{describe_node(node)}: {op} of a per-channel constant is not lowered")
+
+
+def _ints(node: onnx.NodeProto, v: Value | None, what: str) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, Const):
+        raise LoweringError(f"{describe_node(node)}: {what} must be a constant")
+    return [int(i) for i in np.asarray(v.array).reshape(-1)]
+
+
+def _movement(op: str, make_attrs):
+    def handler(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+        return [moved(b, node, ins[0], op, make_attrs(node, ins, attrs_of(node)))]
+
+    return handler
+
+
+def _reshape_attrs(node, ins, a) -> dict[str, Any]:
+    if a.get("allowzero", 0):
+        raise LoweringError(f"{describe_node(node)}: allowzero=1 is not lowered")
+    return {"shape": tuple(_ints(node, ins[1], "shape"))}
+
+
+def _axes(node, ins, a) -> dict[str, Any]:
+    axes = _ints(node, ins[1], "axes") if len(ins) > 1 else a.get("axes")
+    return {"axes": None if axes is None else tuple(axes)}
+
+
+def _slice_attrs(node, ins, a) -> dict[str, Any]:
+    if len(ins) > 1:
+        starts, ends = _ints(node, ins[1], "starts"), _ints(node, ins[2], "ends")
+        axes = _ints(node, ins[3], "axes") if len(ins) > 3 else None
+        steps = _ints(node, ins[4], "steps") if len(ins) > 4 else None
+    else:
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    return {
+        "starts": tuple(starts),
+        "ends": tuple(ends),
+        "axes": tuple(axes),
+        "steps": tuple(steps),
+    }
+
+
+def _resize_attrs(node, ins, a) -> dict[str, Any]:
+    def text(key: str, default: str) -> str:
+        v = a.get(key, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    mode, coordinates = (
+        text("mode", "nearest"),
+        text("coordinate_transformation_mode", "half_pixel"),
+    )
+    nearest = text("nearest_mode", "round_prefer_floor")
+    if mode != "nearest" or coordinates not in COORDINATES or a.get("antialias", 0):
+        raise LoweringError(
+            f"{describe_node(node)}: mode={mode}, coordinate_transformation_mode={coordinates}; "
+            f"only nearest resizing with {sorted(COORDINATES)} moves codes exactly"
+        )
+    if a.get("axes") is not None or text("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise LoweringError(f"{describe_node(node)}: axes / keep_aspect_ratio_policy not lowered")
+    scales = ins[2] if len(ins) > 2 else None
+    sizes = _ints(node, ins[3], "sizes") if len(ins) > 3 and ins[3] is not None else None
+    scale_list = None
+    if sizes is None:
+        if not isinstance(scales, Const):
+            raise LoweringError(f"{describe_node(node)}: scales or sizes must be constants")
+        scale_list = tuple(float(s) for s in np.asarray(scales.array).reshape(-1))
+    return {"scales": scale_list, "sizes": None if sizes is None else tuple(sizes),
+            "coordinates": coordinates, "nearest_mode": nearest}  # fmt: skip
+
+
+MOVEMENTS = {
+    "Reshape": ("reshape", _reshape_attrs),
+    "Flatten": ("flatten", lambda n, i, a: {"axis": int(a.get("axis", 1))}),
+    "Transpose": ("transpose", lambda n, i, a: {"perm": tuple(a["perm"]) if "perm" in a else None}),
+    "Squeeze": ("squeeze", _axes),
+    "Unsqueeze": ("unsqueeze", _axes),
+    "Slice": ("slice", _slice_attrs),
+    "Resize": ("resize_nearest", _resize_attrs),
+    "Identity": ("identity", lambda n, i, a: {}),
+    "Dropout": ("identity", lambda n, i, a: {}),
+}
+for _op, (_kernel, _attrs) in MOVEMENTS.items():
+    register_lowering(_op)(_movement(_kernel, _attrs))

@@ -1,0 +1,120 @@
+"""Lowering of MaxPool (on codes, no rescale; after the requantization of a pending kernel,
+with which it commutes), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
+and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ...numerics import fixed_point_multipliers
+from .._program import QTensor
+from ._core import (
+    Builder,
+    Const,
+    LoweringError,
+    Pending,
+    Value,
+    as_activation,
+    attrs_of,
+    code_range,
+    describe_node,
+    node_name,
+    register_lowering,
+)
+from ._movement import moved
+
+
+def _window(node: onnx.NodeProto) -> dict:
+    a = attrs_of(node)
+    kernel = tuple(a["kernel_shape"])
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    if len(kernel) != 2 or a.get("ceil_mode", 0) or auto_pad not in (b"NOTSET", "NOTSET"):
+        raise LoweringError(
+            f"{describe_node(node)}: only 2-D pools with explicit pads and ceil_mode=0 are lowered"
+        )
+    if a.get("storage_order", 0):
+        raise LoweringError(f"{describe_node(node)}: storage_order=1 is not lowered")
+    return {
+        "kernel": kernel,
+        "strides": tuple(a.get("strides", [1, 1])),
+        "pads": tuple(a.get("pads", [0, 0, 0, 0])),
+        "dilations": tuple(a.get("dilations", [1, 1])),
+    }
+
+
+@register_lowering("MaxPool")
+def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if len(node.output) > 1 and node.output[1]:
+        raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
+    return [moved(b, node, ins[0], "maxpool", _window(node))]
+
+
+def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
+    name = node_name(node)
+    bound = float(code_range(x, x.zero_point) * counts.max())
+    bits = b.check_accumulator(name, bound)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        multiplier, shift = fixed_point_multipliers(x.scale / (counts * out.scale), bits)
+        builder.step(op, name, [x], out, x_zero=x.zero_point, multiplier=multiplier,
+                     shift=shift, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
+                     dtype=out.dtype, **attrs)  # fmt: skip
+
+    return Pending(name, realize)
+
+
+def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -> np.ndarray:
+    """Elements averaged at each output position: the kernel size, or (padding excluded and
+    pads present) an (OH, OW) array from the static input shape."""
+    kh, kw = window["kernel"]
+    if include_pad or not any(window["pads"]):
+        return np.array(kh * kw, dtype=np.float64)
+    h, w = b.dim(node.input[0], -2), b.dim(node.input[0], -1)
+    if h is None or w is None:
+        raise LoweringError(f"{describe_node(node)}: padded average pool needs a static H, W")
+    (sh, sw), (dh, dw), pads = window["strides"], window["dilations"], window["pads"]
+    ones = np.pad(np.ones((h, w)), ((pads[0], pads[2]), (pads[1], pads[3])))
+    win = np.lib.stride_tricks.sliding_window_view(ones, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
+    return win[::sh, ::sw, ::dh, ::dw].sum(axis=(-2, -1))
+
+
+@register_lowering("AveragePool")
+def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = as_activation(node, ins[0])
+    window = _window(node)
+    counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
+    return [_averaging(b, node, x, "avgpool", counts, **window)]
+
+
+def _reduce(b: Builder, node: onnx.NodeProto, x: QTensor, axes: list[int], keepdims: bool):
+    dims = [b.dim(node.input[0], a) for a in axes]
+    if any(d is None for d in dims):
+        raise LoweringError(f"{describe_node(node)}: averaged axes {axes} need static sizes")
+    counts = np.array(float(np.prod(dims)))
+    return _averaging(b, node, x, "reduce_mean", counts, axes=tuple(axes), keepdims=keepdims)
+
+
+@register_lowering("GlobalAveragePool")
+def _global_average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = as_activation(node, ins[0])
+    rank = len(b.shapes.get(node.input[0]) or ())
+    if rank < 3:
+        raise LoweringError(f"{describe_node(node)}: needs the input's rank (shape inference)")
+    return [_reduce(b, node, x, list(range(2, rank)), True)]
+
+
+@register_lowering("ReduceMean")
+def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = as_activation(node, ins[0])
+    a = attrs_of(node)
+    axes = a.get("axes")
+    if len(ins) > 1 and ins[1] is not None:
+        if not isinstance(ins[1], Const):
+            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
+        axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    if not axes:
+        raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
+    rank = len(b.shapes.get(node.input[0]) or ())
+    axes = [ax % rank if rank else ax for ax in axes]
+    return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]

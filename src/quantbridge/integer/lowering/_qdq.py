@@ -1,0 +1,172 @@
+"""QuantizeLinear and DequantizeLinear: where symbolic values become program tensors.
+
+QuantizeLinear is where every deferred computation is realized with the output's (scale, zero
+point): a float graph input becomes a program input; a ``Pending`` kernel gets its requantization
+(clamped by any Relu / Clip in between); an ``Elementwise`` function becomes a 256-entry table;
+a program tensor with other parameters is requantized (``rescale_sum`` with one term).
+DequantizeLinear gives integer initializers their parameters and checks that it reads its
+QuantizeLinear partner's codes with the same scale and zero point.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ...numerics import common_shift_multipliers, quantize
+from .._program import Boundary, QTensor
+from ._core import (
+    Builder,
+    Const,
+    Elementwise,
+    FloatInput,
+    IntInput,
+    LoweringError,
+    Pending,
+    QConst,
+    QValue,
+    Value,
+    as_const,
+    attrs_of,
+    describe_node,
+    node_name,
+    quantize_real,
+    register_lowering,
+)
+
+
+def qparams(node: onnx.NodeProto, scale: Value | None, zero: Value | None) -> tuple:
+    """(scale array, zero point array) of a Q/DQ node; the zero point defaults to uint8 0, or
+    to ``output_dtype`` where opset 21 gives one."""
+    s = np.asarray(as_const(node, scale, "scale"))
+    if zero is None:
+        dtype = attrs_of(node).get("output_dtype", onnx.TensorProto.UINT8) or 2
+        z = np.zeros(s.shape, onnx.helper.tensor_dtype_to_np_dtype(dtype))
+    else:
+        z = np.asarray(as_const(node, zero, "zero point"))
+    if not np.issubdtype(z.dtype, np.integer):
+        raise LoweringError(f"{describe_node(node)}: zero point type {z.dtype} is not an integer")
+    return s, z
+
+
+def _scalar(node: onnx.NodeProto, s: np.ndarray, z: np.ndarray) -> tuple[float, int]:
+    if s.size != 1 or z.size != 1:
+        raise LoweringError(
+            f"{describe_node(node)}: per-channel quantization of an activation ({s.size} scales) "
+            "cannot be lowered; quantize activations per tensor"
+        )
+    if z.dtype.itemsize > 2:
+        raise LoweringError(f"{describe_node(node)}: {z.dtype} activations are not lowered")
+    return float(s.reshape(())), int(z.reshape(()))
+
+
+def same_grid(t: QTensor, scale: float, zero: int, dtype: np.dtype) -> bool:
+    return t.scale == scale and t.zero_point == zero and t.dtype == dtype
+
+
+def rescale_sum(
+    b: Builder,
+    node: str,
+    inputs: list[QTensor],
+    out: QTensor,
+    qmin: int,
+    qmax: int,
+    signs: tuple[int, ...] | None = None,
+) -> None:
+    """``out = requantize(sum_i sign_i s_i (q_i - z_i))``: Add / Sub with any scales, or (one
+    input) a requantization."""
+    multipliers, shift = common_shift_multipliers([t.scale / out.scale for t in inputs])
+    multipliers = multipliers * np.asarray(signs or [1] * len(inputs), np.int64)
+    b.step(
+        "rescale_sum",
+        node,
+        inputs,
+        out,
+        zeros=[t.zero_point for t in inputs],
+        multipliers=[int(m) for m in multipliers],
+        shift=int(shift),
+        out_zero=out.zero_point,
+        qmin=qmin,
+        qmax=qmax,
+        dtype=out.dtype,
+    )
+
+
+def table_step(
+    b: Builder, node: str, source: QTensor, fn, out: QTensor, qmin: int, qmax: int
+) -> None:
+    """An exact lookup table: ``table[q - qmin] = quantize(fn(s (q - z)))`` in float64 for each
+    of the 2**bits codes of an 8-bit ``source``."""
+    if source.bits > 8:
+        raise LoweringError(
+            f"{node}: an elementwise function of a {source.bits}-bit tensor needs a "
+            f"{2**source.bits}-entry table; only 8-bit inputs are lowered to tables"
+        )
+    codes = np.arange(source.qmin, source.qmax + 1, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        real = np.asarray(fn((codes - source.zero_point) * np.float64(source.scale)), np.float64)
+    table = quantize(real, np.float64(out.scale), np.float64(out.zero_point), qmin, qmax)
+    b.step(
+        "lut", node, [source], out, table=np.asarray(table).astype(out.dtype), in_qmin=source.qmin
+    )
+
+
+@register_lowering("QuantizeLinear")
+def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = ins[0]
+    s, z = qparams(node, ins[1], ins[2] if len(ins) > 2 else None)
+    if isinstance(x, Const):
+        axis = attrs_of(node).get("axis", 1) if s.size > 1 else None
+        q = quantize(np.asarray(x.array, np.float32), s, z, *_range(z.dtype), axis=axis)
+        return [QConst(np.asarray(q).astype(z.dtype), s, z, axis)]
+    scale, zero = _scalar(node, s, z)
+    name = node.output[0]
+    if isinstance(x, QValue) and same_grid(x.tensor, scale, zero, z.dtype):
+        return [QValue(x.tensor, integer=True)]
+    out = b.tensor(name, z.dtype, scale, zero)
+    if isinstance(x, FloatInput):
+        b.inputs.append(Boundary(x.name, out, True))
+    elif isinstance(x, QValue):
+        rescale_sum(b, node_name(node), [x.tensor], out, out.qmin, out.qmax)
+    elif isinstance(x, Pending):
+        lo = out.qmin if x.lo == -np.inf else max(out.qmin, quantize_real(x.lo, out))
+        hi = out.qmax if x.hi == np.inf else min(out.qmax, quantize_real(x.hi, out))
+        x.realize(b, out, lo, min(max(lo, hi), out.qmax))
+    elif isinstance(x, Elementwise):
+        table_step(b, x.node, x.source, x.fn, out, out.qmin, out.qmax)
+    else:
+        raise LoweringError(f"{describe_node(node)}: cannot quantize {type(x).__name__}")
+    return [QValue(out, integer=True)]
+
+
+def _range(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+@register_lowering("DequantizeLinear")
+def _dequantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = ins[0]
+    s, z = qparams(node, ins[1], ins[2] if len(ins) > 2 else None)
+    if isinstance(x, Const):
+        if not np.issubdtype(x.array.dtype, np.integer):
+            raise LoweringError(f"{describe_node(node)}: dequantizes a float constant")
+        axis = attrs_of(node).get("axis", 1) if s.size > 1 else None
+        return [QConst(x.array, s, z.astype(np.int64), axis)]
+    if isinstance(x, QConst):
+        return [x]
+    scale, zero = _scalar(node, s, z)
+    if isinstance(x, IntInput):
+        t = b.tensor(x.name, x.dtype, scale, zero)
+        b.inputs.append(Boundary(x.name, t, False))
+        return [QValue(t)]
+    if isinstance(x, QValue):
+        if not same_grid(x.tensor, scale, zero, z.dtype):
+            t = x.tensor
+            raise LoweringError(
+                f"{describe_node(node)}: scale {scale} / zero point {zero} ({z.dtype}) differ from "
+                f"its QuantizeLinear partner's ({t.scale} / {t.zero_point}, {t.dtype}) for "
+                f"tensor {node.input[0]!r}; a Q -> DQ pair must share its parameters"
+            )
+        return [QValue(x.tensor)]
+    raise LoweringError(f"{describe_node(node)}: dequantizes {type(x).__name__}, not codes")
