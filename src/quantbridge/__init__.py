@@ -3,8 +3,10 @@
 import quantbridge as qb
 qmodel = qb.quantize(model, calib_data, recipe="int8")
 qb.export(qmodel, "model.int8.onnx", example_inputs=x)
+fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in ONNX Runtime
 """
 
+from .engine import EngineModel, to_engine
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
@@ -29,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureError",
     "CheckpointError",
+    "EngineModel",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -48,4 +51,5 @@ __all__ = [
     "quantize",
     "save",
     "sync_observers",
+    "to_engine",
 ]

@@ -7,7 +7,14 @@
 Public names are re-exported from ``quantbridge``.
 """
 
-from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from .exporter import (
+    PerformanceWarning,
+    export,
+    float_to_onnx,
+    float_weights,
+    slow_form_warnings,
+    to_onnx,
+)
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
 
@@ -15,6 +22,7 @@ __all__ = [
     "OnnxModule",
     "PerformanceWarning",
     "export",
+    "float_to_onnx",
     "float_weights",
     "import_onnx",
     "inspect_model",

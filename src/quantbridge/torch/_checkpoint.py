@@ -18,6 +18,9 @@ bit-identical outputs. Every check runs before anything is returned; ``model`` i
 
 Not saved: statistics of observers still calibrating (they observe afresh). Tensors load on CPU.
 
+An ``EngineModel`` (the engine layer) has its own format; ``save``/``load`` hand it to the layer
+that registered it in ``OTHER_FORMATS`` (``quantbridge.engine._checkpoint``).
+
 Reading never runs code from the file: safetensors parses a JSON header and raw bytes; foreign
 files are recognised by their pickle opcodes (``pickletools.genops`` decodes, never executes) and
 refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
@@ -36,6 +39,7 @@ import os
 import pickletools
 import warnings
 import zipfile
+from collections.abc import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -59,11 +63,29 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as asked; the message says why and what to do."""
 
 
+# checkpoint formats of higher layers (the engine layer's "quantbridge-engine"), registered by
+# them: format name -> (the type it saves, save(obj, path), load(path, model))
+OTHER_FORMATS: dict[str, tuple[type, Callable, Callable]] = {}
+
+
+def _other_format(path: str | os.PathLike) -> str | None:
+    """The safetensors ``format`` of ``path`` when a higher layer registered it, else None."""
+    try:
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+            fmt = (f.metadata() or {}).get("format")
+    except (SafetensorError, OSError):
+        return None
+    return fmt if fmt in OTHER_FORMATS else None
+
+
 # -- save -----------------------------------------------------------------------------------------
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
     from .. import __version__
 
+    for cls, save_other, _ in OTHER_FORMATS.values():
+        if isinstance(qmodel, cls):
+            return save_other(qmodel, path)
     if not isinstance(qmodel, QuantModel):
         raise TypeError(
             f"qb.save saves the QuantModel returned by quantbridge.quantize or prepare_qat, got a "
@@ -137,9 +159,13 @@ def _check_writable(path: str | os.PathLike) -> str:
 
 
 # -- load -----------------------------------------------------------------------------------------
-def load(path: str | os.PathLike, model: nn.Module) -> QuantModel:
+def load(path: str | os.PathLike, model: nn.Module | None = None) -> QuantModel:
     """The QuantModel saved at ``path``, re-created on ``model`` (a fresh instance of the user's
-    class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible."""
+    class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible.
+    A checkpoint of a registered higher-layer format (an engine model) is loaded by its layer."""
+    fmt = _other_format(path)
+    if fmt is not None:
+        return OTHER_FORMATS[fmt][2](path, model)
     if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
         raise TypeError(
             f"qb.load needs a fresh instance of your float model class (model=MyModel()) to "
