@@ -146,6 +146,11 @@ def engine_name(engine: str) -> str:
     return name
 
 
+def check_options(engine: str, options: dict) -> None:
+    """TypeError naming the known options when ``options`` has one ``engine`` does not take."""
+    _check_options(engine, options, ENGINES[engine_name(engine)].OPTIONS)
+
+
 def make_session(engine: str, model: bytes, threads: int | None, options: dict):
     """A session of ``engine`` on the serialized ONNX ``model``."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):

@@ -33,7 +33,7 @@ from ..onnx import float_to_onnx, to_onnx
 from ..torch import QuantModel, float_mode
 from ..torch._batches import inputs_from_spec
 from ..torch._model import FLOAT_SWITCHES
-from ._backends import engine_name, make_session
+from ._backends import check_options, engine_name, make_session
 from ._signature import CallSignature
 
 QUANTIZED, FLOAT = True, False
@@ -78,6 +78,7 @@ class EngineModel(nn.Module):
         self.training = False
         self.engine = engine_name(engine)
         self.threads, self.options = threads, dict(options or {})
+        check_options(self.engine, self.options)
         self.source_class = source_class
         self._forms = dict(forms)
         self._sessions: dict[bool, Any] = {}
@@ -236,6 +237,7 @@ def to_engine(
     (``quantbridge.engine._backends`` lists them).
     """
     engine = engine_name(engine)
+    check_options(engine, options)  # before the export: a typo should not cost a trace
     export = {"dynamic": dynamic, "opset": opset}
     if isinstance(model, QuantModel):
         forms = _quantmodel_forms(model, _example(model, example_inputs), export)

@@ -141,11 +141,12 @@ class CallSignature:
         """(number of positional args, kwargs names) of the traced call."""
         if self.in_spec is None:
             return len(self.inputs), []
-        args_spec, kwargs_spec = self.in_spec.children_specs
+        spec = self.in_spec
+        args_spec, kwargs_spec = spec.children() if hasattr(spec, "children") else spec.children_specs
         return args_spec.num_children, list(kwargs_spec.context)
 
     def describe(self) -> str:
-        """``forward(x: float32[batch, 3, 32, 32], mask=float32[batch, 8], scale=2.0)``."""
+        """``forward(x: float32[batch, 3, 32, 32], mask: float32[batch, 8], scale: 2.0)``."""
         leaves = []
         for e in self.leaves:
             if "input" in e:
@@ -160,7 +161,7 @@ class CallSignature:
         parts = [
             f"{names[i] if i < len(names) else f'arg{i}'}: {_render(a)}" for i, a in enumerate(args)
         ]
-        parts += [f"{k}={_render(v)}" for k, v in kwargs.items()]
+        parts += [f"{k}: {_render(v)}" for k, v in kwargs.items()]
         return f"forward({', '.join(parts)})"
 
     def _error(self, what: str, cls: type[Exception] = ValueError) -> Exception:
