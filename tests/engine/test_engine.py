@@ -97,7 +97,9 @@ def test_dynamic_batch_follows_the_capture(fast, data):
     np.testing.assert_array_equal(fast(x[:1], mask[:1])["logits"].numpy()[0], whole.numpy()[0])
 
 
-def test_float_mode_and_set_quantization_run_the_fp32_export_of_the_same_weights(fast, qmodel, data):
+def test_float_mode_and_set_quantization_run_the_fp32_export_of_the_same_weights(
+    fast, qmodel, data
+):
     x, mask = data
     int8 = fast(x, mask)["logits"]
     with qb.float_mode(qmodel):
@@ -202,7 +204,10 @@ def test_an_onnx_file_is_called_by_its_recorded_signature(fast, data, tmp_path):
 
 def test_a_foreign_onnx_file_is_called_by_its_input_names(tmp_path):
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Add", ["a", "b"], ["s"]), onnx.helper.make_node("Neg", ["a"], ["n"])],
+        [
+            onnx.helper.make_node("Add", ["a", "b"], ["s"]),
+            onnx.helper.make_node("Neg", ["a"], ["n"]),
+        ],
         "g",
         [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", 2]) for n in "ab"],
         [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", 2]) for n in "sn"],

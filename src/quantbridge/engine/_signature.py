@@ -142,7 +142,9 @@ class CallSignature:
         if self.in_spec is None:
             return len(self.inputs), []
         spec = self.in_spec
-        args_spec, kwargs_spec = spec.children() if hasattr(spec, "children") else spec.children_specs
+        args_spec, kwargs_spec = (
+            spec.children() if hasattr(spec, "children") else spec.children_specs
+        )
         return args_spec.num_children, list(kwargs_spec.context)
 
     def describe(self) -> str:
