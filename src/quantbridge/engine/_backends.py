@@ -7,7 +7,8 @@ signature (``_signature`` does that).
 * ``onnxruntime``: CPU, or CUDA where ``CUDAExecutionProvider`` is available (``device="auto"``,
   the default; ``"cpu"`` / ``"cuda"`` to choose). ``threads`` sets intra-op threads;
   ``providers=[...]`` passes an explicit provider list; ``optimization="all"|"extended"|"basic"|
-  "disable"`` the graph optimization level (default: all, as ORT's own default).
+  "disable"`` the graph optimization level (default: all, as ORT's own default); ``config={}``
+  adds session config entries (``{"session.intra_op.allow_spinning": "0"}``).
 * ``openvino``: ``device="CPU"`` (any OpenVINO device name), ``threads`` sets
   ``INFERENCE_NUM_THREADS``, ``hint="LATENCY"|"THROUGHPUT"`` the performance hint; ``config={}``
   adds raw OpenVINO properties.
@@ -60,7 +61,7 @@ class OrtSession:
     """An ONNX Runtime ``InferenceSession`` on the model bytes."""
 
     engine = "onnxruntime"
-    OPTIONS = ("device", "providers", "optimization")
+    OPTIONS = ("device", "providers", "optimization", "config")
 
     def __init__(self, model: bytes, threads: int | None, options: dict):
         ort = _import(self.engine)
@@ -73,6 +74,8 @@ class OrtSession:
         if threads is not None:
             so.intra_op_num_threads = int(threads)
             so.inter_op_num_threads = 1
+        for key, value in (options.get("config") or {}).items():
+            so.add_session_config_entry(str(key), str(value))
         providers = options.get("providers") or self._providers(ort, options.get("device", "auto"))
         self.session = ort.InferenceSession(model, so, providers=list(providers))
         self.device = "cuda" if self.session.get_providers()[0].startswith("CUDA") else "cpu"
