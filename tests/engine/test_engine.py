@@ -257,3 +257,21 @@ def test_example_inputs_default_to_the_capture(qmodel, data):
     fast = qb.to_engine(qmodel, "onnxruntime", threads=1)
     assert isinstance(fast, EngineModel)
     assert fast(x, mask)["logits"].shape == (4, 5)
+
+
+class TupleInput(nn.Module):
+    def forward(self, x, pair):
+        a, b = pair
+        return [x * a, b - x]
+
+
+def test_nested_inputs_and_a_list_output(tmp_path):
+    x, a, b = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    fast = qb.to_engine(TupleInput(), "onnxruntime", example_inputs=(x, (a, b)), threads=1)
+    assert fast.signature == (
+        "forward(x: float32[batch, 4], pair: (float32[batch, 4], float32[batch, 4]))"
+    )
+    out = fast(x, pair=(a, b))
+    assert isinstance(out, list) and torch.equal(out[0], x * a) and torch.equal(out[1], b - x)
+    with pytest.raises(ValueError, match=r"structure \(\(float32\[3, 4\], \(float32\[3, 4\],\)\)"):
+        fast(x, (a,))
