@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-THREADS = min(2, os.cpu_count() or 1)
+THREADS = min(2, os.cpu_count() or 1)  # the default of --threads
 RATIOS = (
     ("torch/float", "engine/int8", "float torch time / engine INT8 time (speed-up)"),
     ("torch/qmodel", "engine/int8", "fake-quant torch time / engine INT8 time (speed-up)"),
@@ -75,7 +76,23 @@ def _call(fn, x):
     return (lambda: fn(**x)) if isinstance(x, dict) else (lambda: fn(x))
 
 
-def run_workload(name: str, batches: tuple[int, ...], rounds: int, log) -> dict:
+def _wrapper_us(fast, x, repeats: int = 300) -> float:
+    """Median microseconds of the engine model's own work per call, without the session: binding
+    and checking the inputs (``feeds``), and turning prepared outputs into the user's structure
+    (``outputs``). Less sensitive to a loaded machine than a difference of two session timings."""
+    sig = fast._signature()
+    args, kwargs = ((), x) if isinstance(x, dict) else ((x,), {})
+    arrays = fast._session().run(sig.feeds(args, kwargs))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sig.outputs(arrays, None if not args else args[0].device)
+        sig.feeds(args, kwargs)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def run_workload(name: str, batches: tuple[int, ...], rounds: int, threads: int, log) -> dict:
     import quantbridge as qb
     from bench.suite.timing import interleave, paired_ratio, summary
 
@@ -88,7 +105,7 @@ def run_workload(name: str, batches: tuple[int, ...], rounds: int, log) -> dict:
         qmodel,
         "onnxruntime",
         example_inputs=example,
-        threads=THREADS,
+        threads=threads,
         config={"session.intra_op.allow_spinning": "0"},
         dynamic=dynamic,
     )
@@ -117,6 +134,7 @@ def run_workload(name: str, batches: tuple[int, ...], rounds: int, log) -> dict:
             log(f"[{name}] batch {batch}: {rounds} interleaved rounds")
             samples = interleave(runners, rounds, warmup=2)
         entry = {
+            "wrapper_us": _wrapper_us(fast, x),
             "ms": {k: summary(v["wall_ms"]) for k, v in samples.items()},
             "calls_per_sample": {k: v["calls"] for k, v in samples.items()},
             "ratios": {
@@ -137,12 +155,13 @@ def _ratio(v: dict) -> str:
 
 def render(results: dict) -> str:
     lines = [
-        f"engine model bench ({results['command']}; {results['started']}; threads {THREADS}, "
+        f"engine model bench ({results['command']}; {results['started']}; threads "
+        f"{results['threads']}, "
         f"load average {results['load_average']})",
         "",
         "| workload | batch | torch float ms | qmodel ms | engine int8 ms | raw session ms | "
-        "float/engine | qmodel/engine | call overhead |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "float/engine | qmodel/engine | engine/raw - 1 | wrapper us (% of raw) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, w in results["workloads"].items():
         for batch, e in w["batches"].items():
@@ -154,7 +173,8 @@ def render(results: dict) -> str:
                 f"{ms['torch/qmodel']['median']:.2f} | {ms['engine/int8']['median']:.2f} | "
                 f"{ms['raw/int8']['median']:.2f} | {_ratio(r['torch/float : engine/int8'])} | "
                 f"{_ratio(r['torch/qmodel : engine/int8'])} | {100 * (over['median'] - 1):+.1f}% "
-                f"[{100 * (over['min'] - 1):+.1f}..{100 * (over['max'] - 1):+.1f}] |"
+                f"[{100 * (over['min'] - 1):+.1f}..{100 * (over['max'] - 1):+.1f}] | "
+                f"{e['wrapper_us']:.0f} ({e['wrapper_us'] / 10 / ms['raw/int8']['median']:.2f}%) |"
             )
     return "\n".join(lines)
 
@@ -165,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
     p.add_argument("--rounds", type=int, default=12, help="interleaved rounds per batch")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "engine.json")
+    p.add_argument("--threads", type=int, default=THREADS, help="torch and ORT threads")
     args = p.parse_args(argv)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
@@ -179,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.engine_call "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "threads": args.threads,
         "workloads": {},
     }
     for name in names:
-        results["workloads"][name] = run_workload(name, batches, args.rounds, log)
+        results["workloads"][name] = run_workload(name, batches, args.rounds, args.threads, log)
     results["load_average"] = [round(v, 1) for v in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
