@@ -275,3 +275,12 @@ def test_nested_inputs_and_a_list_output(tmp_path):
     assert isinstance(out, list) and torch.equal(out[0], x * a) and torch.equal(out[1], b - x)
     with pytest.raises(ValueError, match=r"structure \(\(float32\[3, 4\], \(float32\[3, 4\],\)\)"):
         fast(x, (a,))
+
+
+def test_all_dynamic_dims_follow_the_quantmodels_capture(data):
+    x, mask = data
+    qmodel = qb.quantize(Nested().eval(), [(x, mask)], dynamic="all")
+    fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=(x, mask), threads=1)
+    assert "float32[batch, " in fast.signature and ", 12, 12]" not in fast.signature
+    bigger = torch.randn(2, 3, 20, 16)  # another image size: only "all" accepts it
+    assert fast(bigger, mask[:2])["logits"].shape == (2, 5)

@@ -6,7 +6,8 @@ the user's model.
 * a ``QuantModel``: its QDQ export (``quantbridge.onnx.to_onnx``, the one-trace path) is the
   quantized form; the fp32 export of the same weights (``to_onnx`` under ``float_mode``, taken
   from a snapshot made now, so later training of the QuantModel does not leak in) is the float
-  form. ``example_inputs`` defaults to the shapes the QuantModel was captured with;
+  form. ``example_inputs`` defaults to the shapes the QuantModel was captured with, and the
+  dynamic dimensions follow its capture (``dynamic="batch"`` or ``"all"``);
 * a float ``nn.Module``: its fp32 export (``float_to_onnx``) is the only form;
 * an ONNX file (path) or ``onnx.ModelProto``: the graph as stored is the only form (quantized if
   it holds QuantizeLinear/DequantizeLinear or QLinear*/*Integer ops, else float).
@@ -227,21 +228,26 @@ def to_engine(
     example_inputs: Any = None,
     threads: int | None = None,
     *,
-    dynamic: str = "batch",
+    dynamic: str | None = None,
     opset: int | None = None,
     **options: Any,
 ) -> EngineModel:
     """``model`` as an ``EngineModel`` on ``engine`` (see the module docstring).
 
-    ``dynamic`` and ``opset`` are those of ``quantbridge.export``; ``options`` go to the engine
+    ``dynamic`` and ``opset`` are those of ``quantbridge.export``; ``dynamic`` defaults to the
+    QuantModel's capture (``"batch"`` otherwise). ``options`` go to the engine
     (``quantbridge.engine._backends`` lists them).
     """
     engine = engine_name(engine)
     check_options(engine, options)  # before the export: a typo should not cost a trace
+    if dynamic is None:
+        capture = model.qb_capture if isinstance(model, QuantModel) else {}
+        dynamic = (capture or {}).get("dynamic", "batch")
     export = {"dynamic": dynamic, "opset": opset}
     if isinstance(model, QuantModel):
         forms = _quantmodel_forms(model, _example(model, example_inputs), export)
-        source = model.__dict__.get("_qb_source") or model
+        source = model.__dict__.get("_qb_source")
+        source = model if source is None else source
     elif isinstance(model, nn.Module):
         if isinstance(model, EngineModel):
             raise TypeError("this is already an engine model; pass the QuantModel it came from")
