@@ -8,6 +8,8 @@ DigitsCNN) and run on one engine thread, so a test file takes seconds.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -284,3 +286,18 @@ def test_all_dynamic_dims_follow_the_quantmodels_capture(data):
     assert "float32[batch, " in fast.signature and ", 12, 12]" not in fast.signature
     bigger = torch.randn(2, 3, 20, 16)  # another image size: only "all" accepts it
     assert fast(bigger, mask[:2])["logits"].shape == (2, 5)
+
+
+def test_an_engine_that_is_not_installed_names_the_pip_extra(monkeypatch):
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["a"], ["r"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, ["N"])],
+        [onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, ["N"])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    monkeypatch.setitem(sys.modules, "openvino", None)  # what Python does for a missing package
+    with pytest.raises(
+        ImportError, match=r"needs the openvino package: pip install 'quantbridge\[openvino\]'"
+    ):
+        qb.to_engine(model, "openvino")

@@ -150,7 +150,9 @@ def engine_name(engine: str) -> str:
 
 
 def check_options(engine: str, options: dict) -> None:
-    """TypeError naming the known options when ``options`` has one ``engine`` does not take."""
+    """ImportError naming the pip extra when ``engine`` is not installed; TypeError naming the
+    known options when ``options`` has one ``engine`` does not take."""
+    _import(engine_name(engine))
     _check_options(engine, options, ENGINES[engine_name(engine)].OPTIONS)
 
 
