@@ -14,7 +14,8 @@ start, a sample is the fastest of a few back-to-back calls, ratios per round, me
   prepared numpy feeds: what a hand-written session costs. ``engine/int8 : raw/int8 - 1`` is the
   call overhead (binding, checks, tensor <-> numpy, rebuilding the output structure).
 
-Settings: torch and ORT get the same threads (2, the machine's cores); ORT ``ORT_ENABLE_ALL``,
+Settings: torch and ORT get the same threads (``--threads``, default 2, the machine's cores);
+ORT ``ORT_ENABLE_ALL``,
 intra-op spinning off, as in the suite (``bench/suite/engines.py``). Workloads: the suite's
 (``quantbridge.zoo.resnet18_style`` with random weights at 224x224; MiniLM-L6 with real weights
 through ``examples/minilm.py``, seq 64, its default skip rules). Targets (issue 15): engine INT8
