@@ -31,16 +31,7 @@ from torch.utils import _pytree as pytree
 
 from ..onnx.exporter import SIGNATURE_KEY
 
-_KINDS = {
-    kind.name: kind
-    for kind in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.VAR_POSITIONAL,
-        inspect.Parameter.KEYWORD_ONLY,
-        inspect.Parameter.VAR_KEYWORD,
-    )
-}
+_KINDS = {kind.name: kind for kind in type(inspect.Parameter.POSITIONAL_ONLY)}
 _UNSET = object()
 # packages whose output types may be imported to rebuild a recorded structure
 _OUTPUT_PACKAGES = ("transformers",)
