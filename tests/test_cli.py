@@ -41,6 +41,9 @@ def test_demo_two_epochs_numbers(demo_run):
     assert result["float_weights"] == []
     assert result["int8_ops"]["Conv"] == 3 and result["int8_ops"]["Gemm"] == 2
     assert result["latency_ms"]["ort_int8"] > 0 and result["latency_ms"]["ort_float"] > 0
+    # qb.to_engine(qmodel) called as fast(x_test): the exported file's logits, bit for bit
+    assert result["engine_matches_file"]
+    assert result["engine_accuracy"] == result["int8_ort_accuracy"]
     assert code == (0 if result["ok"] else 1)
     assert set(result["checks"]) and all(isinstance(v, bool) for v in result["checks"].values())
 

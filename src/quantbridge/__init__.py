@@ -3,9 +3,11 @@
 import quantbridge as qb
 qmodel = qb.quantize(model, calib_data, recipe="int8")
 qb.export(qmodel, "model.int8.onnx", example_inputs=x)
+fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in ONNX Runtime
 """
 
 from ._version import __version__
+from .engine import EngineModel, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, fold, import_onnx
@@ -26,12 +28,13 @@ from .torch import (
     sync_observers,
 )
 
-
 __all__ = [
+    "__version__",
     "CaptureError",
     "CheckpointError",
     "IntegerProgram",
     "LoweringError",
+    "EngineModel",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -53,4 +56,5 @@ __all__ = [
     "quantize",
     "save",
     "sync_observers",
+    "to_engine",
 ]

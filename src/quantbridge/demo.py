@@ -8,7 +8,9 @@
    ``torch.onnx.export(dynamo=True)`` for comparison;
 5. both files run in ONNX Runtime (CPU) on the held-out images: accuracy, agreement of the INT8
    engine with torch's INT8 semantics in units of the output quantizer's step (LSB), file sizes,
-   latency at batch 64.
+   latency at batch 64;
+6. ``quantbridge.to_engine``: the quantized model runs in ONNX Runtime through the model's own
+   call (``fast(x_test)``, torch tensors in and out), returning the exported file's logits.
 
 ``run_demo`` returns a ``DemoResult`` whose ``checks`` say whether it all worked; ``format()`` is
 the table the CLI prints, ``to_dict()`` its ``--json``.
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from . import Recipe, export, quantize
+from .engine import to_engine
 from .onnx.inspector import inspect_model
 from .optables import WEIGHTED_OPS
 from .recipe import native_preset
@@ -68,6 +71,8 @@ class DemoResult:
     float_weights: list[str]
     seconds: dict[str, float] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # only with out=DIR
+    engine_accuracy: float = 0.0  # qb.to_engine(qmodel, "onnxruntime") called as fast(x_test)
+    engine_matches_file: bool = False  # fast(x_test) == the exported file's session, bit for bit
 
     @property
     def checks(self) -> dict[str, bool]:
@@ -80,6 +85,8 @@ class DemoResult:
             "every Conv/Gemm of the INT8 file runs in int8":
                 not any(op in self.float_ops for op in WEIGHTED_OPS),
             "INT8 file smaller than the float file": self.int8_onnx_bytes < self.float_onnx_bytes,
+            "qb.to_engine: fast(x) in ONNX Runtime returns the INT8 file's logits":
+                self.engine_matches_file,
         }  # fmt: skip
 
     @property
@@ -125,6 +132,9 @@ class DemoResult:
             "INT8 file: int8 ops " + (_counts(self.int8_ops) or "none")
             + "; float ops " + (_counts(self.float_ops) or "none"),
             "INT8 file float weights: " + (", ".join(self.float_weights) or "none"),
+            "qb.to_engine(qmodel, 'onnxruntime'): fast(x) called like qmodel(x), accuracy "
+            f"{pct(self.engine_accuracy)}, logits "
+            + ("identical to the file's session" if self.engine_matches_file else "DIFFER"),
         ]  # fmt: skip
         if self.files:
             lines.append("files: " + ", ".join(self.files.values()))
@@ -334,12 +344,17 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
     ort_int8, ort_float = _run(int8_session, x_np), _run(float_session, x_np)
     output_scale = float(qmodel.output_quantizer().scale)
     within, exact, max_lsb = lsb_agreement(ort_int8, torch_int8, output_scale)
-    batch = x_np[:LATENCY_BATCH]
+    batch, batch_t = x_np[:LATENCY_BATCH], x_test[:LATENCY_BATCH]
     latency = {
         "ort_float": median_latency_ms(float_session, batch),
         "ort_int8": median_latency_ms(int8_session, batch),
     }
     lap("onnxruntime")
+
+    log("running the quantized model in ONNX Runtime through its own call (qb.to_engine)")
+    fast = to_engine(qmodel, "onnxruntime", example_inputs=batch_t, threads=LATENCY_THREADS)
+    engine_int8 = fast(x_test).numpy()  # torch tensor in, torch tensor out, as qmodel(x_test)
+    lap("engine")
 
     return DemoResult(
         recipe=recipe,
@@ -365,6 +380,8 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
         float_weights=[w.name for w in report.float_weights],
         seconds=seconds,
         files={"int8": int8_path, "float": float_path} if keep else {},
+        engine_accuracy=_accuracy(engine_int8, y_test),
+        engine_matches_file=bool(np.array_equal(engine_int8, ort_int8)),
     )
 
 

@@ -22,6 +22,9 @@ bit-identical outputs. Every check runs before anything is returned; ``model`` i
 
 Not saved: statistics of observers still calibrating (they observe afresh). Tensors load on CPU.
 
+An ``EngineModel`` (the engine layer) has its own format; ``save``/``load`` hand it to the layer
+that registered it in ``OTHER_FORMATS`` (``quantbridge.engine._checkpoint``).
+
 Reading never runs code from the file: safetensors parses a JSON header and raw bytes; foreign
 files are recognised by their pickle opcodes (``pickletools.genops`` decodes, never executes) and
 refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
@@ -41,6 +44,7 @@ import os
 import pickletools
 import warnings
 import zipfile
+from collections.abc import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -64,9 +68,27 @@ _SCAN_LIMIT = 16 << 20  # bytes of a foreign pickle scanned for its strings
 _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 
 
+# checkpoint formats of higher layers (the engine layer's "quantbridge-engine"), registered by
+# them: format name -> (the type it saves, save(obj, path), load(path, model))
+OTHER_FORMATS: dict[str, tuple[type, Callable, Callable]] = {}
+
+
+def _other_format(path: str | os.PathLike) -> str | None:
+    """The safetensors ``format`` of ``path`` when a higher layer registered it, else None."""
+    try:
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+            fmt = (f.metadata() or {}).get("format")
+    except (SafetensorError, OSError):
+        return None
+    return fmt if fmt in OTHER_FORMATS else None
+
+
 # -- save -----------------------------------------------------------------------------------------
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
+    for cls, save_other, _ in OTHER_FORMATS.values():
+        if isinstance(qmodel, cls):
+            return save_other(qmodel, path)
     if not isinstance(qmodel, QuantModel):
         raise TypeError(
             f"qb.save saves the QuantModel returned by quantbridge.quantize or prepare_qat, got a "
@@ -168,12 +190,16 @@ def _check_writable(path: str | os.PathLike) -> str:
 
 
 # -- load -----------------------------------------------------------------------------------------
-def load(path: str | os.PathLike, model: nn.Module) -> QuantModel:
+def load(path: str | os.PathLike, model: nn.Module | None = None) -> QuantModel:
     """The QuantModel saved at ``path``, re-created on ``model`` (a fresh instance of the user's
     class, left unchanged). Raises ``CheckpointError`` with the fix when that is not possible.
 
     A model imported from a quantized ONNX file is its own fresh instance: pass
-    ``qb.import_onnx(file)`` (the tensors are loaded onto a copy of it)."""
+    ``qb.import_onnx(file)`` (the tensors are loaded onto a copy of it). A checkpoint of a
+    registered higher-layer format (an engine model) is loaded by its layer."""
+    fmt = _other_format(path)
+    if fmt is not None:
+        return OTHER_FORMATS[fmt][2](path, model)
     if isinstance(model, QuantModel) and model.qb_capture.get("made_by") == "import_onnx":
         header, tensors = _read(os.fspath(path))
         qmodel = copy.deepcopy(model)

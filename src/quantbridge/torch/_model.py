@@ -138,14 +138,29 @@ class QuantModel(torch.fx.GraphModule):
         return "\n".join(lines)
 
 
+# module types of higher layers with their own float switch (``quantization_enabled`` and
+# ``set_quantization``), registered by those layers: the engine layer's ``EngineModel``
+FLOAT_SWITCHES: list[type] = []
+
+
 @contextlib.contextmanager
 def float_mode(model: nn.Module):
-    """Run ``model`` (a QuantModel or a model containing one) in float: quantizers bypassed."""
+    """Run ``model`` (a QuantModel, an EngineModel, or a model containing one) in float:
+    quantizers bypassed (an EngineModel runs its fp32 export)."""
     saved = [(m, m.enabled) for m in model.modules() if isinstance(m, (Quantizer, BiasQuantizer))]
+    switches = [
+        (m, m.quantization_enabled)
+        for m in model.modules()
+        if isinstance(m, tuple(FLOAT_SWITCHES))
+    ]
     try:
         for m, _ in saved:
             m.enabled = False
+        for m, _ in switches:
+            m.set_quantization(False)
         yield model
     finally:
         for m, enabled in saved:
             m.enabled = enabled
+        for m, enabled in switches:
+            m.set_quantization(enabled)

@@ -2,7 +2,8 @@
 
 Owns the one-trace export from the captured program (``_torch_onnx``), the translation of
 quantbridge's custom quantize/dequantize ops to QuantizeLinear/DequantizeLinear (``_translate``),
-opset selection and downgrade (``_opset``) and int4 weight packing (``_int4``). Reads the torch
+opset selection and downgrade (``_opset``), int4 weight packing (``_int4``) and the call
+signature recorded in the file's metadata (``_signature``). Reads the torch
 layer; knows nothing of import, inspection or folding.
 """
 
@@ -10,15 +11,19 @@ from ._export import (
     PerformanceWarning,
     SaturationWarning,
     export,
+    float_to_onnx,
     float_weights,
     slow_form_warnings,
     to_onnx,
 )
+from ._signature import SIGNATURE_KEY
 
 __all__ = [
+    "SIGNATURE_KEY",
     "PerformanceWarning",
     "SaturationWarning",
     "export",
+    "float_to_onnx",
     "float_weights",
     "slow_form_warnings",
     "to_onnx",

@@ -29,6 +29,7 @@ import warnings
 from typing import Any
 
 import onnx
+import torch
 
 from ..._platform import safe_weight_bound, u8s8_saturates
 from ...torch._batches import as_call
@@ -110,24 +111,48 @@ def to_onnx(
     for message in saturation_warnings(qmodel):
         warnings.warn(message, SaturationWarning, stacklevel=3)
     qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
+    with export_mode(qmodel):
+        model = _trace(qmodel, example_inputs, opset, dynamic)
+    if opset >= 21:
+        pack_4bit_weights(model, _weight_bits(qmodel))
+    _record(model, qmodel)
+    return model
+
+
+def float_to_onnx(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    opset: int | None = None,
+    dynamic: str = "batch",
+) -> onnx.ModelProto:
+    """The fp32 ``ModelProto`` of a float torch model, by the same one-trace path as ``to_onnx``
+    (the engine layer runs it; a QuantModel's fp32 form is ``to_onnx`` under ``float_mode``)."""
+    if isinstance(model, QuantModel) or not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"float_to_onnx exports a float torch model, got a {type(model).__name__}; export a "
+            "QuantModel with quantbridge.export"
+        )
+    return _trace(model, example_inputs, DEFAULT_OPSET if opset is None else opset, dynamic)
+
+
+def _trace(module: torch.nn.Module, example_inputs: Any, opset: int, dynamic: str):
+    """One trace of ``module`` in eval mode, translated, at ``opset``, without debug info."""
     args, kwargs = as_call(example_inputs, 0)
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
-    shapes = dynamic_shapes(qmodel.forward, args, kwargs, dynamic)
-    was_training = qmodel.training
-    qmodel.eval()
+    shapes = dynamic_shapes(module.forward, args, kwargs, dynamic)
+    was_training = module.training
+    module.eval()
     try:
-        with export_mode(qmodel), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = export_program(qmodel, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
+            model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
     finally:
-        qmodel.train(was_training)
+        module.train(was_training)
     model = downgrade(model, opset)
-    if opset >= 21:
-        pack_4bit_weights(model, _weight_bits(qmodel))
     _strip_debug_info(model)
     _name_dynamic_dims(model)
-    _record(model, qmodel)
     return model
 
 

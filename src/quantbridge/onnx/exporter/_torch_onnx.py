@@ -34,6 +34,7 @@ import onnx
 import torch
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
+from ._signature import record_signature
 from ._translate import translation_table
 
 log = logging.getLogger(__name__)
@@ -62,21 +63,23 @@ def export_program(
     dynamic_shapes: Any,
     opset: int,
 ) -> onnx.ModelProto:
-    """Trace ``module`` once and translate it to ONNX at ``opset`` (optimized, as torch does)."""
+    """Trace ``module`` once and translate it to ONNX at ``opset`` (optimized, as torch does).
+
+    The call's signature (args, kwargs and output structure) goes into the model's metadata
+    (``_signature``)."""
     program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
-    if FAST_PATH:
-        model = _fast(program, opset)
-        if model is not None:
-            return model
-    onnx_program = torch.onnx.export(
-        program,
-        dynamo=True,
-        custom_translation_table=translation_table(opset),
-        opset_version=opset,
-        optimize=True,
-        verbose=False,
-    )
-    return onnx_program.model_proto
+    model = _fast(program, opset) if FAST_PATH else None
+    if model is None:
+        model = torch.onnx.export(
+            program,
+            dynamo=True,
+            custom_translation_table=translation_table(opset),
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        ).model_proto
+    record_signature(model, program, module.forward)
+    return model
 
 
 @functools.cache

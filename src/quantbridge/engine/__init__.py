@@ -1,0 +1,15 @@
+"""The engine layer: a model quantbridge can export, run by an inference engine from Python and
+called exactly like the user's model.
+
+Owns ``to_engine`` and ``EngineModel`` (``_model``: forms, lazy sessions, the float/INT8 switch),
+the mapping of calls onto graph inputs and of graph outputs back to the user's structure
+(``_signature``), the engines in a registry keyed by name (``_backends``: ONNX Runtime, OpenVINO)
+and the engine-model checkpoint (``_checkpoint``, reached through ``qb.save``/``qb.load``).
+Sits above ``onnx`` (whose exporter records the call signature it reads); ``debug`` may use it.
+"""
+
+from ._backends import ENGINES
+from ._checkpoint import load as load_engine_model
+from ._model import TRAIN_MESSAGE, EngineModel, to_engine
+
+__all__ = ["ENGINES", "TRAIN_MESSAGE", "EngineModel", "load_engine_model", "to_engine"]

@@ -1,0 +1,163 @@
+"""The engines an ``EngineModel`` runs on, in a registry keyed by engine name.
+
+Each entry builds a session from serialized ONNX bytes and runs it on a dict of numpy arrays,
+returning the graph outputs in graph order. Sessions know nothing of torch or of the user's call
+signature (``_signature`` does that).
+
+* ``onnxruntime``: CPU, or CUDA where ``CUDAExecutionProvider`` is available (``device="auto"``,
+  the default; ``"cpu"`` / ``"cuda"`` to choose). ``threads`` sets intra-op threads;
+  ``providers=[...]`` passes an explicit provider list; ``optimization="all"|"extended"|"basic"|
+  "disable"`` the graph optimization level (default: all, as ORT's own default); ``config={}``
+  adds session config entries (``{"session.intra_op.allow_spinning": "0"}``).
+* ``openvino``: ``device="CPU"`` (any OpenVINO device name), ``threads`` sets
+  ``INFERENCE_NUM_THREADS``, ``hint="LATENCY"|"THROUGHPUT"`` the performance hint; ``config={}``
+  adds raw OpenVINO properties.
+
+An engine that is not installed raises ``ImportError`` naming the pip extra that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# engine name -> (module to import, pip extra that installs it)
+_PACKAGES = {"onnxruntime": ("onnxruntime", "quantbridge"), "openvino": ("openvino", "openvino")}
+_ORT_LEVELS = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "disable": "ORT_DISABLE_ALL",
+}
+
+
+def _import(engine: str):
+    module, extra = _PACKAGES[engine]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        install = (
+            "pip install quantbridge"
+            if extra == "quantbridge"
+            else (f"pip install 'quantbridge[{extra}]'")
+        )
+        raise ImportError(f"engine {engine!r} needs the {module} package: {install}") from e
+
+
+def _check_options(engine: str, options: dict, known: tuple[str, ...]) -> None:
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(
+            f"engine {engine!r} has no option {unknown[0]!r}; its options are {', '.join(known)}"
+        )
+
+
+class OrtSession:
+    """An ONNX Runtime ``InferenceSession`` on the model bytes."""
+
+    engine = "onnxruntime"
+    OPTIONS = ("device", "providers", "optimization", "config")
+
+    def __init__(self, model: bytes, threads: int | None, options: dict):
+        ort = _import(self.engine)
+        _check_options(self.engine, options, self.OPTIONS)
+        so = ort.SessionOptions()
+        level = options.get("optimization", "all")
+        if level not in _ORT_LEVELS:
+            raise ValueError(f"optimization={level!r}: use one of {sorted(_ORT_LEVELS)}")
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_LEVELS[level])
+        if threads is not None:
+            so.intra_op_num_threads = int(threads)
+            so.inter_op_num_threads = 1
+        for key, value in (options.get("config") or {}).items():
+            so.add_session_config_entry(str(key), str(value))
+        providers = options.get("providers") or self._providers(ort, options.get("device", "auto"))
+        self.session = ort.InferenceSession(model, so, providers=list(providers))
+        self.device = "cuda" if self.session.get_providers()[0].startswith("CUDA") else "cpu"
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @staticmethod
+    def _providers(ort, device: str) -> list[str]:
+        available = ort.get_available_providers()
+        cuda = "CUDAExecutionProvider" in available
+        if device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={device!r}: use 'auto', 'cpu' or 'cuda'")
+        if device == "cuda" and not cuda:
+            raise ValueError(
+                f"device='cuda': this onnxruntime has no CUDAExecutionProvider (it has "
+                f"{', '.join(available)}); pip install onnxruntime-gpu, or use device='cpu'"
+            )
+        if device == "cuda" or (device == "auto" and cuda):
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, feeds)
+
+
+class OpenVinoSession:
+    """An OpenVINO compiled model on the model bytes (ONNX front end, in memory)."""
+
+    engine = "openvino"
+    OPTIONS = ("device", "hint", "config")
+
+    def __init__(self, model: bytes, threads: int | None, options: dict):
+        ov = _import(self.engine)
+        _check_options(self.engine, options, self.OPTIONS)
+        self.device = str(options.get("device", "CPU"))
+        config = {"PERFORMANCE_HINT": str(options.get("hint", "LATENCY"))}
+        if threads is not None:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        config.update(options.get("config") or {})
+        core = ov.Core()
+        base = self.device.split(":")[0].split(".")[0]
+        seen = {d.split(".")[0] for d in core.available_devices}
+        if base not in seen | {"AUTO", "MULTI", "HETERO", "BATCH"}:
+            raise ValueError(
+                f"device={self.device!r}: OpenVINO sees {', '.join(core.available_devices)}"
+            )
+        compiled = core.compile_model(ov.convert_model(io.BytesIO(model)), self.device, config)
+        self.outputs = list(compiled.outputs)
+        self.request = compiled.create_infer_request()
+        self.lock = threading.Lock()  # one infer request: calls from several threads take turns
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with self.lock:
+            result = self.request.infer(feeds, share_inputs=True, share_outputs=False)
+            return [np.asarray(result[o]) for o in self.outputs]
+
+
+ENGINES: dict[str, Callable[[bytes, int | None, dict], Any]] = {
+    "onnxruntime": OrtSession,
+    "openvino": OpenVinoSession,
+}
+_ALIASES = {"ort": "onnxruntime", "ov": "openvino"}
+
+
+def engine_name(engine: str) -> str:
+    """The registry key for ``engine`` (aliases ``ort``, ``ov``); ValueError listing the known."""
+    if not isinstance(engine, str):
+        raise TypeError(f"engine must be a name such as 'onnxruntime', got {type(engine).__name__}")
+    name = _ALIASES.get(engine.lower(), engine.lower())
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
+    return name
+
+
+def check_options(engine: str, options: dict) -> None:
+    """ImportError naming the pip extra when ``engine`` is not installed; TypeError naming the
+    known options when ``options`` has one ``engine`` does not take."""
+    _import(engine_name(engine))
+    _check_options(engine, options, ENGINES[engine_name(engine)].OPTIONS)
+
+
+def make_session(engine: str, model: bytes, threads: int | None, options: dict):
+    """A session of ``engine`` on the serialized ONNX ``model``."""
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads={threads!r}: give a positive int, or None for the default")
+    return ENGINES[engine_name(engine)](model, threads, dict(options))
