@@ -6,7 +6,7 @@ qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export, import_onnx
+from .onnx import export, import_onnx, quantize_onnx
 from .recipe import Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -46,6 +46,7 @@ __all__ = [
     "local_statistics",
     "prepare_qat",
     "quantize",
+    "quantize_onnx",
     "save",
     "sync_observers",
 ]

@@ -2,7 +2,8 @@
 
 - ``exporter``: QDQ export of torch models (the canonical form);
 - ``importer``: ONNX graphs as trainable torch modules;
-- ``inspector``: what a file holds and what an engine will run in int8.
+- ``inspector``: what a file holds and what an engine will run in int8;
+- ``quantizer``: a float ONNX file in, a calibrated QDQ file out (``quantize_onnx``).
 
 Public names are re-exported from ``quantbridge``.
 """
@@ -10,6 +11,7 @@ Public names are re-exported from ``quantbridge``.
 from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
+from .quantizer import quantize_onnx
 
 __all__ = [
     "OnnxModule",
@@ -18,6 +20,7 @@ __all__ = [
     "float_weights",
     "import_onnx",
     "inspect_model",
+    "quantize_onnx",
     "slow_form_warnings",
     "supported_ops",
     "to_onnx",
