@@ -8,7 +8,8 @@ The report answers the questions people ask of an exported INT8 model before the
 * weight storage: every initializer feeding a Conv/Gemm/MatMul weight input, directly or through
   DequantizeLinear, with its dtype, the bits its integers use, per-channel or per-tensor; float
   weights are listed on their own ("float weights: none" is what a good export shows);
-* the model's size on disk (external data files included).
+* the model's size on disk (external data files included);
+* Concats whose inputs keep their own scales, and whether their output is float (``_concat``).
 
 When is a node "int8"? In order (the first that applies wins):
 
@@ -40,6 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from ._concat import separate_scale_concats
 from ._report import InspectReport, TensorInfo, WeightInfo
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
@@ -529,6 +531,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         qdq_pairs=pairs,
         activation_quantizers=dict(schemes),
         weights=_weights(g),
+        concats=separate_scale_concats(g),
     )
 
 

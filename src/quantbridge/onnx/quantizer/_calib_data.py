@@ -68,9 +68,7 @@ def graph_inputs(model: onnx.ModelProto) -> list[GraphInput]:
             )
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
         # Paddle2ONNX writes dynamic dimensions as dim_value -1
-        dims = tuple(
-            d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim
-        )
+        dims = tuple(d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim)
         found.append(GraphInput(value.name, dtype, dims))
     return found
 
@@ -114,7 +112,9 @@ class CalibrationSet:
             stop = count - count % self.batch_size if self._static_batch else count
             for start in range(0, stop, self.batch_size):
                 yield tuple(
-                    torch.from_numpy(np.ascontiguousarray(part[i.name][start : start + self.batch_size]))
+                    torch.from_numpy(
+                        np.ascontiguousarray(part[i.name][start : start + self.batch_size])
+                    )
                     for i in self.inputs
                 )
 

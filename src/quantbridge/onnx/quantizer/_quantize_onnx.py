@@ -72,7 +72,9 @@ def load_model(src) -> onnx.ModelProto:
     if isinstance(src, onnx.ModelProto):
         return src
     if not isinstance(src, (str, os.PathLike)):
-        raise TypeError(f"quantize_onnx expects a path or an onnx.ModelProto, got {type(src).__name__}")
+        raise TypeError(
+            f"quantize_onnx expects a path or an onnx.ModelProto, got {type(src).__name__}"
+        )
     path = Path(src)
     if not path.is_file():
         raise ValueError(f"no ONNX file at {str(path)!r}")
