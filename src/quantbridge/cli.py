@@ -3,7 +3,7 @@
     quantbridge demo [--epochs N] [--out DIR] [--recipe NAME] [--seed N] [--json] [--quiet]
     quantbridge inspect MODEL.onnx [--json]
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
-                         [--method M] [--opset N] [--batch-size N] [--quiet]
+                         [--method M] [--opset N] [--batch-size N] [--int8-head] [--quiet]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -81,6 +81,7 @@ def _quantize(args: argparse.Namespace) -> int:
             opset=args.opset,
             progress=not args.quiet,
             batch_size=args.batch_size,
+            float_head=not args.int8_head,
         )
     except (ValueError, TypeError, OSError) as e:
         return _fail("quantize", e)
@@ -152,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("--opset", type=int, help="opset of the output (>= 13; default 18)")
     quant.add_argument(
         "--batch-size", type=int, help="samples per calibration pass (default 8 or the file's)"
+    )
+    quant.add_argument(
+        "--int8-head",
+        action="store_true",
+        help="quantize the layers before a final Sigmoid/Softmax too (default: float)",
     )
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)

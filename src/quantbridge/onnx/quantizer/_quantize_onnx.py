@@ -4,7 +4,8 @@ There is no second quantizer: the file goes through the same steps as a torch mo
 
 1. ``import_onnx`` (a float ``nn.Module``; a file below opset 13 whose ops the importer refuses at
    that opset is first upgraded with ``onnx.version_converter``);
-2. ``quantize`` (capture, placement, calibration on the checked ``CalibrationSet``, freeze);
+2. ``quantize`` (capture, placement, calibration on the checked ``CalibrationSet``, freeze),
+   with the output head in float (``_head``: ``-> Sigmoid`` / ``-> Softmax`` layers);
 3. ``to_onnx`` (QDQ export at the recipe's opset, >= 13), then ``onnx.checker`` (full check).
 
 The output keeps the source's interface: graph input and output names, static dimensions, and
@@ -27,6 +28,7 @@ from ...torch import quantize
 from ..exporter import to_onnx
 from ..importer import import_onnx
 from ._calib_data import CalibrationSet, GraphInput, graph_inputs
+from ._head import head_rules
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
 
@@ -40,6 +42,7 @@ def quantize_onnx(
     opset: int | None = None,
     progress: bool = True,
     batch_size: int | None = None,
+    float_head: bool = True,
 ) -> onnx.ModelProto:
     """Quantize the float ONNX model ``src`` to QDQ INT8; write it to ``dst`` when given.
 
@@ -48,7 +51,9 @@ def quantize_onnx(
     preset name, a ``Recipe``, its dict, or a ``.yaml`` / ``.json`` file. ``method`` overrides the
     activations' calibration method (minmax, percentile, entropy, mse). ``opset``: of the output
     (>= 13; default the recipe's, else 18). ``batch_size``: samples per calibration forward pass
-    (default 8, or the file's static batch size).
+    (default 8, or the file's static batch size). ``float_head``: keep the weighted layers whose
+    outputs reach a graph output through float ops only (``-> Sigmoid``, ``-> Softmax``) in
+    float (``_head``).
     """
     model = load_model(src)
     inputs = graph_inputs(model)
@@ -57,6 +62,8 @@ def quantize_onnx(
     if opset is not None and opset < MIN_OPSET:
         raise ValueError(f"opset {opset}: a QDQ file needs opset >= {MIN_OPSET}; use --opset 13+")
     module = _import(model)
+    if float_head:
+        the_recipe = the_recipe.with_rules(*head_rules(model, module.onnx_names))
     dynamic = dynamic_mode(inputs)
     qmodel = quantize(module, data, the_recipe, progress=progress, dynamic=dynamic)
     out = to_onnx(qmodel, data.first(), opset=opset, dynamic=dynamic)
