@@ -8,7 +8,7 @@ output.
 
 ``mismatched_concats`` runs the float captured graph on one batch (the first calibration batch)
 and returns the concats whose largest input span (max - min) is at least ``RANGE_RATIO`` times
-their smallest: with 8 bits the small input would keep at most 256 / 16 = 16 levels (4 bits).
+their smallest (inputs that depend on no graph input are left out, as placement leaves them): with 8 bits the small input would keep at most 256 / 16 = 16 levels (4 bits).
 Placement then quantizes those inputs on their own scales and leaves the concat and its output
 in float (``place_quantizers(separate_concats=...)``). The decision is recorded by fx node name
 in ``QuantModel.qb_capture`` so that ``load`` places the same quantizers again.
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch.utils._pytree import tree_flatten
+
+from ._placement import constant_values
 
 RANGE_RATIO = 16.0
 CONCAT_OPS = frozenset({torch.ops.aten.cat.default})
@@ -30,7 +32,10 @@ def mismatched_concats(
     cats = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in CONCAT_OPS]
     if not cats:
         return {}
-    watched = {a for n in cats for a in n.args[0] if isinstance(a, torch.fx.Node)}
+    constant = constant_values(gm.graph)  # placement leaves these float: not part of the grid
+    watched = {
+        a for n in cats for a in n.args[0] if isinstance(a, torch.fx.Node) and a not in constant
+    }
     spans: dict[torch.fx.Node, float] = {}
 
     class _Recorder(torch.fx.Interpreter):
