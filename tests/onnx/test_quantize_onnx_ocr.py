@@ -28,7 +28,11 @@ from onnx import TensorProto, helper
 import quantbridge as qb
 from quantbridge.cli import main
 
-PPOCR = (Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr").resolve()
+# QB_PPOCR_DIR: the models' folder when the checkout is not next to ../shared (a git worktree)
+PPOCR = Path(
+    os.environ.get("QB_PPOCR_DIR")
+    or (Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr").resolve()
+)
 DET = PPOCR / "ch_PP-OCRv4_det_infer.onnx"
 REC = PPOCR / "ch_PP-OCRv4_rec_infer.onnx"
 CLS = PPOCR / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -102,7 +106,7 @@ def test_classifier_same_label(tmp_path, _):
 
 
 # -- onnx model-zoo graphs -----------------------------------------------------------------------
-FAST_LIGHT = {"light_squeezenet.onnx", "light_shufflenet.onnx"}
+FAST_LIGHT = {"light_squeezenet.onnx"}  # 41 s here under load; the others 3-20x that
 
 
 def _light_params():
