@@ -24,7 +24,7 @@ import onnx
 from onnx import version_converter
 
 from ...recipe import Recipe, resolve_recipe
-from ...torch import quantize
+from ...torch import CaptureError, quantize
 from ..exporter import to_onnx
 from ..importer import import_onnx
 from ._calib_data import CalibrationSet, GraphInput, graph_inputs
@@ -65,7 +65,13 @@ def quantize_onnx(
     if float_head:
         the_recipe = the_recipe.with_rules(*head_rules(model, module.onnx_names))
     dynamic = dynamic_mode(inputs)
-    qmodel = quantize(module, data, the_recipe, progress=progress, dynamic=dynamic)
+    try:
+        qmodel = quantize(module, data, the_recipe, progress=progress, dynamic=dynamic)
+    except CaptureError as e:  # its advice is about user torch code; here the code is generated
+        first = str(e).strip().splitlines()[0]
+        raise ValueError(
+            f"the imported graph could not be captured for quantization: {first}"
+        ) from e
     out = to_onnx(qmodel, data.first(), opset=opset, dynamic=dynamic)
     keep_interface(out, model)
     onnx.checker.check_model(out, full_check=True)
