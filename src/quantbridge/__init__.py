@@ -10,7 +10,7 @@ from ._version import __version__
 from .engine import EngineModel, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export, fold, import_onnx
+from .onnx import export, fold, import_onnx, quantize_onnx
 from .recipe import Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -54,6 +54,7 @@ __all__ = [
     "lower",
     "prepare_qat",
     "quantize",
+    "quantize_onnx",
     "save",
     "sync_observers",
     "to_engine",

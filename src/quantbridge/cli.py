@@ -4,6 +4,8 @@
     quantbridge inspect MODEL.onnx [--json]
     quantbridge fold MODEL.onnx -o OUT.onnx
     quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
+    quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
+                         [--method M] [--opset N] [--batch-size N] [--int8-head] [--quiet]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -116,6 +118,33 @@ def _lower(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from .onnx import inspect_model, quantize_onnx
+
+    try:
+        quantize_onnx(
+            args.model,
+            args.calib,
+            args.output,
+            recipe=args.recipe,
+            method=args.method,
+            opset=args.opset,
+            progress=not args.quiet,
+            batch_size=args.batch_size,
+            float_head=not args.int8_head,
+        )
+    except (ValueError, TypeError, OSError) as e:
+        return _fail("quantize", e)
+    if not args.quiet:
+        report = inspect_model(args.output)
+        print(
+            f"wrote {args.output}: {sum(report.int8_ops.values())} ops in int8, "
+            f"{sum(report.float_ops.values())} in float (details: quantbridge inspect "
+            f"{args.output})"
+        )
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quantbridge",
@@ -179,6 +208,38 @@ def _parser() -> argparse.ArgumentParser:
         help="accept layers whose sums need int64 (default: refuse beyond int32)",
     )  # fmt: skip
     low.set_defaults(run=_lower)
+
+    quant = sub.add_parser(
+        "quantize",
+        help="a float ONNX model in, a calibrated INT8 (QDQ) ONNX model out",
+        description="Quantize a float ONNX model with calibration data: arrays keyed by graph "
+        "input name, samples on axis 0, in an .npz file or a folder of .npy/.npz files.",
+    )
+    quant.add_argument("model", metavar="MODEL.onnx", help="path to a float ONNX file")
+    quant.add_argument("--calib", required=True, metavar="CALIB", help=".npz file or folder")
+    quant.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="output file")
+    quant.add_argument(
+        "--recipe",
+        default="int8",
+        metavar="NAME|FILE",
+        help="recipe preset (int8, int8_symmetric, w4a8, pow2) or a .yaml/.json recipe file",
+    )
+    quant.add_argument(
+        "--method",
+        choices=["minmax", "percentile", "entropy", "mse"],
+        help="calibration method of the activations (default: the recipe's)",
+    )
+    quant.add_argument("--opset", type=int, help="opset of the output (>= 13; default 18)")
+    quant.add_argument(
+        "--batch-size", type=int, help="samples per calibration pass (default 8 or the file's)"
+    )
+    quant.add_argument(
+        "--int8-head",
+        action="store_true",
+        help="quantize the layers before a final Sigmoid/Softmax too (default: float)",
+    )
+    quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    quant.set_defaults(run=_quantize)
     return parser
 
 

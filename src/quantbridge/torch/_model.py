@@ -149,9 +149,7 @@ def float_mode(model: nn.Module):
     quantizers bypassed (an EngineModel runs its fp32 export)."""
     saved = [(m, m.enabled) for m in model.modules() if isinstance(m, (Quantizer, BiasQuantizer))]
     switches = [
-        (m, m.quantization_enabled)
-        for m in model.modules()
-        if isinstance(m, tuple(FLOAT_SWITCHES))
+        (m, m.quantization_enabled) for m in model.modules() if isinstance(m, tuple(FLOAT_SWITCHES))
     ]
     try:
         for m, _ in saved:

@@ -33,6 +33,9 @@ observed without it). The weight slot of a WEIGHTED op is the exception: a param
 weight quantizer, and a weight computed from parameters (``w.t()``, a parametrization) keeps the
 activation-style quantizer it had, so the op still runs on int8 weights.
 
+A concat listed in ``separate_concats`` (inputs whose ranges are too far apart for one scale, see
+``_ranges``) quantizes each input on its own grid and stays float, output included.
+
 The result is recorded as plain data (``QuantPoint``, in ``_record`` with the graph edits that
 put one quantizer in place) - which user module and tensor each quantizer serves - so export and
 debug tools use the record, not name guessing.
@@ -111,8 +114,11 @@ def _is_float_tensor(node) -> bool:
 
 
 class _Placer:
-    def __init__(self, gm: torch.fx.GraphModule, recipe: Recipe):
+    def __init__(
+        self, gm: torch.fx.GraphModule, recipe: Recipe, separate_concats: frozenset = frozenset()
+    ):
         self.gm, self.graph, self.recipe = gm, gm.graph, recipe
+        self.separate_concats = separate_concats
         self.container = nn.Module()
         gm.add_submodule(CONTAINER, self.container)
         self.grid: dict[torch.fx.Node, Quantizer] = {}
@@ -213,6 +219,10 @@ class _Placer:
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
         floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
         inputs = [v for v in floats if v not in self.constant]  # constants stay float
+        if node.name in self.separate_concats:
+            for v in inputs:  # each on its own grid; one output scale would wipe out the small
+                self.quantize_input(node, v, ar)
+            return
         align = (node.target is torch.ops.aten.cat.default and self.recipe.align_concat_inputs) or (
             node.target is torch.ops.aten.add.Tensor and self.recipe.align_add_inputs
         )
@@ -380,9 +390,12 @@ class _Placer:
         return list(self.points.values())
 
 
-def place_quantizers(gm: torch.fx.GraphModule, recipe: Recipe) -> list[QuantPoint]:
-    """Insert quantizers into ``gm`` in place; return the record of what was placed."""
-    return _Placer(gm, recipe).run()
+def place_quantizers(
+    gm: torch.fx.GraphModule, recipe: Recipe, separate_concats: frozenset = frozenset()
+) -> list[QuantPoint]:
+    """Insert quantizers into ``gm`` in place; return the record of what was placed.
+    ``separate_concats``: fx names of concats kept float on separately quantized inputs."""
+    return _Placer(gm, recipe, frozenset(separate_concats)).run()
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._passes import fold_batchnorm, own_parameters
 from ._placement import CONTAINER, place_quantizers
+from ._ranges import mismatched_concats
 
 
 class _FirstCall(Exception):
@@ -47,8 +48,13 @@ def prepare(
     recipe: Recipe,
     dynamic: str = "batch",
     fold_bn: bool = True,
+    separate_concats: list[str] | None = None,
 ) -> QuantModel:
-    """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet)."""
+    """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
+
+    Concats whose inputs' ranges on the example call are too far apart for one scale stay float
+    on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
+    instead of measuring (``load`` replays the saved decision)."""
     was_training = model.training
     model.eval()
     try:
@@ -58,12 +64,15 @@ def prepare(
     own_parameters(gm)
     if fold_bn:
         fold_batchnorm(gm)
-    points = place_quantizers(gm, recipe)
+    if separate_concats is None:
+        separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
+    points = place_quantizers(gm, recipe, frozenset(separate_concats))
     qmodel = QuantModel(gm, recipe=recipe, points=points, source=model)
     qmodel.qb_capture = {
         "inputs": input_spec(example_args, example_kwargs),
         "dynamic": dynamic,
         "fold_bn": fold_bn,
+        "separate_concats": list(separate_concats),
     }
     return qmodel.eval()
 

@@ -8,7 +8,8 @@ The report answers the questions people ask of an exported INT8 model before the
 * weight storage: every initializer feeding a Conv/Gemm/MatMul weight input, directly or through
   DequantizeLinear, with its dtype, the bits its integers use, per-channel or per-tensor; float
   weights are listed on their own ("float weights: none" is what a good export shows);
-* the model's size on disk (external data files included).
+* the model's size on disk (external data files included);
+* Concats whose inputs keep their own scales, and whether their output is float (``_concat``).
 
 When is a node "int8"? In order (the first that applies wins):
 
@@ -46,6 +47,7 @@ from ...optables import (
     WEIGHTED_OPS,
     WeightSlots,
 )
+from ._concat import separate_scale_concats
 from ._graph import FLOAT_TYPES, QUANT_TYPES, Graph, bits_for_range, type_name, type_range
 from ._report import InspectReport, TensorInfo, WeightInfo
 
@@ -344,12 +346,12 @@ def _tensor_infos(values) -> list[TensorInfo]:
     return infos
 
 
-def _qdq_ops(g: _Graph) -> list[str]:
+def _qdq_ops(g: Graph) -> list[str]:
     """Compute ops left in QDQ form: they read a DequantizeLinear or write into a QuantizeLinear
     (after ``quantbridge fold``: the ops that did not fold)."""
     found = []
     for i, node in enumerate(g.nodes):
-        if node.op_type in _QDQ_OPS or node.op_type in _NOT_COMPUTE:
+        if node.op_type in QDQ_OPS or node.op_type in _NOT_COMPUTE:
             continue
         reads_dq = any(g.produced_by(t, "DequantizeLinear") for t in node.input if t)
         feeds_q = any(
@@ -400,6 +402,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         activation_quantizers=dict(schemes),
         weights=_weights(g),
         qdq_ops=qdq_ops,
+        concats=separate_scale_concats(g),
     )
 
 

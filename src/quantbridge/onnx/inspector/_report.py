@@ -71,6 +71,7 @@ class InspectReport:
     activation_quantizers: dict[str, int]  # "uint8 [0, 255] 8-bit" -> count
     weights: list[WeightInfo] = field(default_factory=list)
     qdq_ops: list[str] = field(default_factory=list)  # ops a DQ feeds or a Q reads
+    concats: list[str] = field(default_factory=list)  # Concats with inputs on separate scales
 
     @property
     def float_weights(self) -> list[WeightInfo]:
@@ -104,6 +105,9 @@ class InspectReport:
         if self.activation_quantizers:
             schemes = sorted(self.activation_quantizers.items(), key=lambda kv: -kv[1])
             lines.append("activations: " + ", ".join(f"{n} x {k}" for k, n in schemes))
+        if self.concats:
+            lines.append("concats on separate scales (ranges too far apart for one scale):")
+            lines += [f"  {c}" for c in self.concats]
         lines.append(f"weights:   {len(self.weights)}")
         lines += [f"  {w.describe()}" for w in self.weights]
         floats = self.float_weights
