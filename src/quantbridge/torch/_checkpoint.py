@@ -34,6 +34,7 @@ import io
 import json
 import os
 import pickletools
+import stat
 import warnings
 import zipfile
 
@@ -60,6 +61,16 @@ class CheckpointError(ValueError):
 
 
 # -- save -----------------------------------------------------------------------------------------
+def _mode_of_new_file(path: str | os.PathLike) -> int:
+    """The permissions ``open(path, "w")`` would leave: the existing file's, else 0666 & ~umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
     from .. import __version__
@@ -95,6 +106,7 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"  # never leave a half-written file at ``path``
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, _mode_of_new_file(path))  # safetensors' tmp file is 0600 whatever the umask
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
