@@ -43,6 +43,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .._version import __version__
 from ..recipe import Recipe
 from ._batches import describe, inputs_from_spec
 from ._fakequant import Quantizer
@@ -73,8 +74,6 @@ def _mode_of_new_file(path: str | os.PathLike) -> int:
 
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
-    from .. import __version__
-
     if not isinstance(qmodel, QuantModel):
         raise TypeError(
             f"qb.save saves the QuantModel returned by quantbridge.quantize or prepare_qat, got a "

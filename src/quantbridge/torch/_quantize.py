@@ -16,6 +16,7 @@ from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._passes import fold_batchnorm, own_parameters
 from ._placement import CONTAINER, place_quantizers
+from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
 
 
 class _FirstCall(Exception):
@@ -60,6 +61,7 @@ def prepare(
         fold_batchnorm(gm)
     points = place_quantizers(gm, recipe)
     qmodel = QuantModel(gm, recipe=recipe, points=points, source=model)
+    qmodel.register_forward_pre_hook(check_call_hook, with_kwargs=True)  # one-line shape errors
     qmodel.qb_capture = {
         "inputs": input_spec(example_args, example_kwargs),
         "dynamic": dynamic,
@@ -135,11 +137,12 @@ def calibrate_and_freeze(
         with torch.no_grad():
             forward_loop(qmodel)
     else:
-        calls = iter_calls(calib_data, transform, max_batches)
+        calls = _cast_calls(iter_calls(calib_data, transform, max_batches), float_dtype(model))
         first = next(calls, None)
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
+        bind_first_batch(model, args0, kwargs0)
         qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
@@ -148,6 +151,12 @@ def calibrate_and_freeze(
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
     return qmodel
+
+
+def _cast_calls(calls, model_dtype):
+    warned: list = []
+    for i, args, kwargs in calls:
+        yield i, *cast_float64(args, kwargs, model_dtype, warned)
 
 
 def _chain(first, rest):

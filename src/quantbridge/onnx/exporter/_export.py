@@ -11,9 +11,9 @@ The form (see DESIGN.md "one canonical form"):
 * a dynamic batch dimension named ``batch`` on every input and output (``dynamic="batch"``),
   or every dimension dynamic (``"all"``) or none (``"none"``).
 
-Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 QuantizeLinear,
-else 18 (the torch exporter's native opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are
-reached by ``_opset.downgrade`` from 18.
+Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 QuantizeLinear or
+4-bit weights can be stored as INT4 (half the int8 file), else 18 (the torch exporter's native
+opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are reached by ``_opset.downgrade`` from 18.
 
 Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: one trace,
 no decomposition re-trace where the graph needs none); the quantizers
@@ -30,12 +30,14 @@ from typing import Any
 
 import onnx
 
+from ..._version import __version__
 from ...torch._batches import as_call
-from ...torch._capture import dynamic_shapes, widen_batch
+from ...torch._capture import dynamic_shapes, quiet_torch, user_stacklevel, widen_batch
 from ...torch._export_ops import export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._qat import folded_copy
+from ...torch._signature import check_call
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._torch_onnx import export_program
@@ -46,6 +48,7 @@ class PerformanceWarning(UserWarning):
 
 
 DEFAULT_OPSET = 18  # the torch exporter's native opset; lower targets go through _opset.downgrade
+PACKED_4BIT_OPSET = 21  # DequantizeLinear takes INT4 / UINT4 from here (``_int4``)
 _WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
 
 
@@ -57,8 +60,8 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
         scheme = getattr(q, "scheme", None)
         if scheme is not None and scheme.bits > 8:
             need = 21
-    if opset is None:
-        return max(DEFAULT_OPSET, need)
+    if opset is None:  # 4-bit weights: opset 21 stores them as INT4, half the int8 file
+        return max(DEFAULT_OPSET, need, PACKED_4BIT_OPSET if _has_4bit_weights(qmodel) else 0)
     if opset < 13:  # checked first: below 13 the 16-bit message below would be the wrong reason
         raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
     if opset < need:
@@ -67,6 +70,13 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
             f"pass opset={need} or more"
         )
     return opset
+
+
+def _has_4bit_weights(qmodel: QuantModel) -> bool:
+    return any(
+        getattr(q, "kind", "") == "weight" and q.scheme.bits <= 4
+        for q in qmodel.quantizers().values()
+    )
 
 
 def _check_writable(path: str | os.PathLike) -> str:
@@ -100,16 +110,18 @@ def to_onnx(
         )
     opset = _choose_opset(qmodel, opset)
     for message in slow_form_warnings(qmodel):
-        warnings.warn(message, PerformanceWarning, stacklevel=3)
-    qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
+        warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
+    with quiet_torch():
+        qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     args, kwargs = as_call(example_inputs, 0)
+    check_call(qmodel, args, kwargs)  # one line naming the input, not a guard assertion
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
     shapes = dynamic_shapes(qmodel.forward, args, kwargs, dynamic)
     was_training = qmodel.training
     qmodel.eval()
     try:
-        with export_mode(qmodel), warnings.catch_warnings():
+        with export_mode(qmodel), quiet_torch(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = export_program(qmodel, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
     finally:
@@ -195,6 +207,7 @@ def _record(model: onnx.ModelProto, qmodel: QuantModel) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = k, v
     model.producer_name = "quantbridge"
+    model.producer_version = __version__  # torch's exporter wrote its own version there
 
 
 def float_weights(model: onnx.ModelProto) -> list[str]:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
@@ -77,6 +78,17 @@ def import_onnx(model: str | os.PathLike | onnx.ModelProto | bytes) -> OnnxModul
 
 
 # -- loading -------------------------------------------------------------------------------------
+def _parse(load, what: str) -> onnx.ModelProto:
+    """``load()``, with protobuf's DecodeError (no file name) as a ValueError naming ``what``."""
+    try:
+        proto = load()
+    except DecodeError as e:
+        raise ValueError(f"{what}: not an ONNX model (protobuf: {e})") from None
+    if proto.ir_version == 0 or not proto.HasField("graph"):
+        raise ValueError(f"{what}: not an ONNX model (no IR version or graph)")
+    return proto
+
+
 def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         for init in _all_initializers(model.graph):
@@ -88,12 +100,13 @@ def _load(model) -> onnx.ModelProto:
                 )
         return model
     if isinstance(model, bytes):
-        return onnx.load_from_string(model)
+        return _parse(lambda: onnx.load_from_string(model), f"import_onnx(<{len(model)} bytes>)")
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"import_onnx: no ONNX file at {str(path)!r}")
-        return onnx.load(str(path))  # external data is loaded from the model's folder
+        # external data is loaded from the model's folder
+        return _parse(lambda: onnx.load(str(path)), f"import_onnx({str(path)!r})")
     raise TypeError(
         f"import_onnx expects a path, an onnx.ModelProto or its bytes, got {type(model).__name__}"
     )
