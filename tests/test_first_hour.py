@@ -13,6 +13,9 @@ Part 5 (w4a8 means 4-bit in the file): INT4 initializers at opset 21, the scheme
 Part 6 (import_onnx errors): a file that is not ONNX is a ValueError naming the file; a shape
 error at run time names the ONNX node, as ONNX Runtime does.
 
+Part 7 (progress): capture, calibration and export each report one line on stderr (not a
+terminal here); ``progress=False`` and ``qb.set_progress(False)`` turn it off.
+
 Part 8 (quiet by default): ``qb.export`` from Python prints nothing of torch's, LSQ export warns
 nothing foreign, and our own warnings point at the user's line.
 
@@ -253,13 +256,50 @@ def test_runtime_shape_error_names_the_onnx_node_as_onnxruntime_does(tmp_path):
     assert model(torch.ones(1, 3, 4, 4)).eq(2).all()  # the right size still runs
 
 
+# -- part 7 ------------------------------------------------------------------------------------------
+def test_each_long_step_reports_one_line_on_stderr(tmp_path, capfd):
+    calib = [torch.randn(4, 3, 32, 32) for _ in range(3)]
+    capfd.readouterr()
+    qmodel = qb.quantize(SmallCNN().eval(), calib)
+    qb.export(qmodel, tmp_path / "m.onnx", example_inputs=calib[0])
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 3, err
+    assert re.fullmatch(
+        r"quantbridge: capturing SmallCNN \(torch.export, dynamic='batch'\) \.\.\. \d+\.\d s",
+        lines[0],
+    )
+    assert re.fullmatch(r"quantbridge: calibrating on 3 batches \.\.\. \d+\.\d s", lines[1])
+    assert re.fullmatch(
+        r"quantbridge: exporting to ONNX \(opset 18, dynamic='batch'\) \.\.\. \d+\.\d s",
+        lines[2],
+    )
+
+
+def test_progress_switches_off(tmp_path, capfd):
+    calib = [torch.randn(4, 3, 32, 32)]
+    capfd.readouterr()
+    qb.quantize(SmallCNN().eval(), calib, progress=False)
+    assert capfd.readouterr().err == ""
+    qb.set_progress(False)
+    try:
+        qmodel = qb.quantize(SmallCNN().eval(), calib)
+        qb.export(qmodel, tmp_path / "m.onnx", example_inputs=calib[0])
+    finally:
+        qb.set_progress(True)
+    assert capfd.readouterr().err == ""
+    with pytest.raises(TypeError, match="takes True or False"):
+        qb.set_progress("no")
+
+
 # -- part 8 ------------------------------------------------------------------------------------------
 def test_python_export_prints_nothing(cnn_q, tmp_path, capfd, monkeypatch):
     monkeypatch.setattr(logging.getLogger("torch.onnx"), "level", logging.WARNING)  # as for users
     capfd.readouterr()
     qb.export(cnn_q[1], tmp_path / "m.onnx", example_inputs=torch.randn(2, 3, 32, 32))
     out, err = capfd.readouterr()
-    assert out == "" and err == "", err[-500:]
+    assert out == "" and "torchvision" not in err, err[-500:]
+    assert all(line.startswith("quantbridge: exporting") for line in err.splitlines()), err
     assert logging.getLogger("torch.onnx").level == logging.WARNING  # restored
 
 

@@ -22,6 +22,7 @@ from .torch import (
     prepare_qat,
     quantize,
     save,
+    set_progress,
     sync_observers,
 )
 
@@ -46,5 +47,6 @@ __all__ = [
     "prepare_qat",
     "quantize",
     "save",
+    "set_progress",
     "sync_observers",
 ]

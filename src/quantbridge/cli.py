@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .torch._capture import quiet_torch
+from .torch._progress import progress_enabled, set_progress
 
 
 def _fail(command: str, error: BaseException) -> int:
@@ -28,12 +29,16 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     log = (lambda line: None) if args.quiet else None
+    was = progress_enabled()
+    set_progress(was and not args.quiet)
     try:
         result = run_demo(
             epochs=args.epochs, out=args.out, recipe=args.recipe, seed=args.seed, log=log
         )
     except (ValueError, ImportError, OSError) as e:
         return _fail("demo", e)
+    finally:
+        set_progress(was)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return 0 if result.ok else 1
 

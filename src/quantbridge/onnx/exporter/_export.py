@@ -38,6 +38,7 @@ from ...torch._capture import dynamic_shapes, quiet_torch, user_stacklevel, wide
 from ...torch._export_ops import export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
+from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._signature import check_call
 from ._int4 import pack_4bit_weights
@@ -133,7 +134,12 @@ def to_onnx(
     was_training = qmodel.training
     qmodel.eval()
     try:
-        with export_mode(qmodel), quiet_torch(), warnings.catch_warnings():
+        with (
+            stage(f"exporting to ONNX (opset {opset}, dynamic={dynamic!r})"),
+            export_mode(qmodel),
+            quiet_torch(),
+            warnings.catch_warnings(),
+        ):
             warnings.simplefilter("ignore")
             model = export_program(qmodel, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
     finally:
