@@ -1,4 +1,4 @@
-"""``python -m bench``: the benchmark suite of issue #4; writes BENCHMARKS.md and JSON.
+"""``python -m bench``: quantbridge side by side with ONNX Runtime and PyTorch quantization.
 
     python -m bench                  # full run (< 30 min on 2 cores): BENCHMARKS.md, bench/results/full.json
     python -m bench --quick          # < 5 min: fewer samples, repeats and methods; same models and inputs
@@ -28,7 +28,8 @@ FIGURES = ("accuracy", "speed", "cost", "qat")
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     from bench.suite.workloads import NAMES
 
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    description = __doc__.split("\n\n")[0].replace("``", "") + " Writes BENCHMARKS.md and JSON."
+    p = argparse.ArgumentParser(prog="python -m bench", description=description)
     p.add_argument("--quick", action="store_true", help="the < 5 minute mode")
     p.add_argument("--only", help=f"comma-separated workloads of {list(NAMES)}")
     p.add_argument("--figures", help=f"comma-separated figures of {list(FIGURES)}")

@@ -1,4 +1,4 @@
-"""The benchmark suite behind ``python -m bench`` (issue #4).
+"""The benchmark suite behind ``python -m bench``.
 
 Modules, one concern each:
 

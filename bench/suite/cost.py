@@ -84,9 +84,9 @@ def run(
     on rendered text at 3x256x256 (both from the same float ONNX file: ours through
     ``qb.import_onnx``)."""
     if model == "ocr_det":
-        from .workloads import OCR_DET
+        from .workloads import ocr_det_path
 
-        float_path, float_export_s = OCR_DET, 0.0
+        float_path, float_export_s = ocr_det_path(), 0.0
         title = (
             f"PP-OCRv4 detection (real ONNX), 3x{OCR_COST_SIZE}x{OCR_COST_SIZE} rendered text; "
             "both tools start from the float ONNX file (ours: `qb.import_onnx`, timed)"

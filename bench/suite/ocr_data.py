@@ -3,7 +3,7 @@
 Each image: a light background (flat colour, a gradient, or a paper-like speckle), 3 to 9 lines of
 words in DejaVu fonts (sans, serif, mono; regular, bold, oblique) at 14 to 44 px, dark ink
 colours, random positions, a few lines on a coloured band, sometimes a slight rotation of the
-whole page. Deterministic for a seed. Preprocessing as in ``../shared/models/README.md``:
+whole page. Deterministic for a seed. Preprocessing as in ``docs/models.md``:
 RGB, ``(v / 255 - 0.5) / 0.5``, NCHW float32; H and W multiples of 32.
 """
 

@@ -23,7 +23,17 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-OCR_DET = (ROOT / ".." / "shared" / "models" / "ppocr" / "ch_PP-OCRv4_det_infer.onnx").resolve()
+
+
+def ocr_det_path() -> Path:
+    """The PP-OCRv4 detector: from the ``rapidocr-onnxruntime`` wheel (fetched once into a cache,
+    as the tests do: ``tests/ppocr_models.py``), else the shared copy."""
+    from tests.ppocr_models import ppocr_dir, skip_reason
+
+    folder = ppocr_dir()
+    if folder is None:
+        raise RuntimeError(skip_reason())
+    return folder / "ch_PP-OCRv4_det_infer.onnx"
 NAMES = ("digits", "resnet18", "mobilenetv2", "minilm", "ocr_det")
 
 
@@ -281,11 +291,10 @@ def ocr_det(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
     reason = ocr_data.missing()
     if reason:
         raise RuntimeError(reason)
-    if not OCR_DET.exists():
-        raise RuntimeError(f"{OCR_DET} not found (see ../shared/models/README.md)")
+    det = ocr_det_path()
     import torch
 
-    name = _input_name(OCR_DET)
+    name = _input_name(det)
     calib = [{name: ocr_data.batch([i], sizes.ocr_size)} for i in range(sizes.ocr_calib)]
     ev = [{name: ocr_data.batch([10_000 + i], sizes.ocr_size)} for i in range(sizes.ocr_eval)]
     as_torch = lambda feeds: [{k: torch.from_numpy(v) for k, v in f.items()} for f in feeds]  # noqa: E731
@@ -295,12 +304,12 @@ def ocr_det(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
         title=f"PP-OCRv4 detection (real ONNX, opset 12), 1x3x{sizes.ocr_size}x{sizes.ocr_size} "
         "rendered text",
         metric="sqnr",
-        float_onnx=OCR_DET,
+        float_onnx=det,
         calib=calib_torch,
         calib_feeds=calib,
         eval_feeds=ev,
         eval_torch=as_torch(ev),
-        model=OCR_DET,  # an ONNX file: ours and FX start from qb.import_onnx (timed with them)
+        model=det,  # an ONNX file: ours and FX start from qb.import_onnx (timed with them)
         example=calib_torch[0],
         speed_feeds={"batch 1": ev[0]},
         notes=[

@@ -25,6 +25,7 @@ from .torch import (
     prepare_qat,
     quantize,
     save,
+    set_progress,
     sync_observers,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "quantize",
     "quantize_onnx",
     "save",
+    "set_progress",
     "sync_observers",
     "to_engine",
 ]

@@ -1,7 +1,7 @@
 """The ``quantbridge`` command: thin wrappers over the public API, no logic of their own.
 
     quantbridge demo [--epochs N] [--out DIR] [--recipe NAME] [--seed N] [--json] [--quiet]
-    quantbridge inspect MODEL.onnx [--json]
+    quantbridge inspect MODEL.onnx [--json] [--verbose]
     quantbridge fold MODEL.onnx -o OUT.onnx
     quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
@@ -15,29 +15,13 @@ file, not an ONNX model, unknown recipe) - reported on one line, never as a trac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from . import __version__
-
-# loggers that print warnings users cannot act on ("torchvision is not installed. Skipping ...")
-_NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript")
-
-
-@contextlib.contextmanager
-def _quiet_exporters() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
-    saved = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, saved, strict=True):
-            lg.setLevel(level)
+from .torch._capture import quiet_torch
+from .torch._progress import progress_enabled, set_progress
 
 
 def _fail(command: str, error: BaseException) -> int:
@@ -49,12 +33,16 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     log = (lambda line: None) if args.quiet else None
+    was = progress_enabled()
+    set_progress(was and not args.quiet)
     try:
         result = run_demo(
             epochs=args.epochs, out=args.out, recipe=args.recipe, seed=args.seed, log=log
         )
     except (ValueError, ImportError, OSError) as e:
         return _fail("demo", e)
+    finally:
+        set_progress(was)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return 0 if result.ok else 1
 
@@ -66,7 +54,7 @@ def _inspect(args: argparse.Namespace) -> int:
         report = inspect_model(args.model)
     except (ValueError, OSError) as e:
         return _fail("inspect", e)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format(args.verbose))
     return 0
 
 
@@ -179,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("model", metavar="MODEL.onnx", help="path to an ONNX file")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.add_argument("--verbose", action="store_true", help="list every weight")
     inspect.set_defaults(run=_inspect)
 
     fold = sub.add_parser(
@@ -253,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    with _quiet_exporters():
+    with quiet_torch():  # the library is quiet itself; this covers the demo's other torch calls
         return args.run(args)
 
 

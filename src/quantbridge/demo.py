@@ -73,19 +73,26 @@ class DemoResult:
     files: dict[str, str] = field(default_factory=dict)  # only with out=DIR
     engine_accuracy: float = 0.0  # qb.to_engine(qmodel, "onnxruntime") called as fast(x_test)
     engine_matches_file: bool = False  # fast(x_test) == the exported file's session, bit for bit
+    scheme: str = "W8A8"  # as inspect names the exported file: W8A8, W4A8, ...
+
+    @property
+    def label(self) -> str:
+        """How the quantized model is called in the text: INT8, or the scheme (W4A8) if not."""
+        return "INT8" if self.scheme == "W8A8" else self.scheme
 
     @property
     def checks(self) -> dict[str, bool]:
+        q = self.label
         return {
-            f"INT8 accuracy within {ACCURACY_TOLERANCE * 100:.1f} points of float":
+            f"{q} accuracy within {ACCURACY_TOLERANCE * 100:.1f} points of float":
                 self.float_accuracy - self.int8_ort_accuracy <= ACCURACY_TOLERANCE + 1e-9,
-            f"ONNX Runtime matches torch INT8 (>= {AGREEMENT_REQUIRED:.0%} of logits within 1 LSB)":
+            f"ONNX Runtime matches torch {q} (>= {AGREEMENT_REQUIRED:.0%} of logits within 1 LSB)":
                 self.within_1_lsb >= AGREEMENT_REQUIRED,
-            "no float weights in the INT8 file": not self.float_weights,
-            "every Conv/Gemm of the INT8 file runs in int8":
+            f"no float weights in the {q} file": not self.float_weights,
+            f"every Conv/Gemm of the {q} file runs in int8":
                 not any(op in self.float_ops for op in WEIGHTED_OPS),
-            "INT8 file smaller than the float file": self.int8_onnx_bytes < self.float_onnx_bytes,
-            "qb.to_engine: fast(x) in ONNX Runtime returns the INT8 file's logits":
+            f"{q} file smaller than the float file": self.int8_onnx_bytes < self.float_onnx_bytes,
+            f"qb.to_engine: fast(x) in ONNX Runtime returns the {q} file's logits":
                 self.engine_matches_file,
         }  # fmt: skip
 
@@ -100,14 +107,14 @@ class DemoResult:
         return d
 
     def format(self) -> str:
-        pct = "{:.1%}".format
+        pct, q = "{:.1%}".format, self.label
         lat = self.latency_ms
         ratio = self.float_onnx_bytes / max(self.int8_onnx_bytes, 1)
         speed = lat["ort_float"] / lat["ort_int8"] if lat["ort_int8"] > 0 else float("nan")
         rows = [
-            ("", "float", "INT8", ""),
+            ("", "float", q, ""),
             ("accuracy, torch", pct(self.float_accuracy), pct(self.int8_torch_accuracy),
-             "INT8 = fake quantization"),
+             f"{q} = fake quantization"),
             ("accuracy, ONNX Runtime", pct(self.float_ort_accuracy), pct(self.int8_ort_accuracy),
              ""),
             ("ONNX file size", _kib(self.float_onnx_bytes), _kib(self.int8_onnx_bytes),
@@ -118,7 +125,7 @@ class DemoResult:
              else f"{1 / speed:.2f}x slower (median, {LATENCY_THREADS} thread)"),
         ]  # fmt: skip
         lines = [
-            f"quantbridge demo: DigitsCNN on scikit-learn digits (8x8), recipe {self.recipe!r}",
+            f"quantbridge demo: DigitsCNN on scikit-learn digits (8x8), recipe {self.recipe!r} ({self.scheme})",
             f"{self.n_train} training / {self.n_test} held-out images, {self.epochs} epochs, "
             f"seed {self.seed}, {self.n_calibration} calibration images",
             "",
@@ -126,12 +133,12 @@ class DemoResult:
         lines += [f"  {a:<26}{b:>10}{c:>12}   {d}".rstrip() for a, b, c, d in rows]
         lines += [
             "",
-            f"ONNX Runtime INT8 vs torch INT8: {pct(self.within_1_lsb)} of logits within 1 LSB "
+            f"ONNX Runtime {q} vs torch {q}: {pct(self.within_1_lsb)} of logits within 1 LSB "
             f"({pct(self.exact_lsb)} identical, max {self.max_lsb} LSB, output scale "
             f"{self.output_scale:.4g}); predictions agree on {pct(self.argmax_agreement)}",
-            "INT8 file: int8 ops " + (_counts(self.int8_ops) or "none")
+            f"{q} file: int8 ops " + (_counts(self.int8_ops) or "none")
             + "; float ops " + (_counts(self.float_ops) or "none"),
-            "INT8 file float weights: " + (", ".join(self.float_weights) or "none"),
+            f"{q} file float weights: " + (", ".join(self.float_weights) or "none"),
             "qb.to_engine(qmodel, 'onnxruntime'): fast(x) called like qmodel(x), accuracy "
             f"{pct(self.engine_accuracy)}, logits "
             + ("identical to the file's session" if self.engine_matches_file else "DIFFER"),
@@ -330,7 +337,7 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
         torch_int8 = qmodel(x_test).numpy()
     lap("quantize")
 
-    log("exporting INT8 (QDQ) and float ONNX files")
+    log("exporting the quantized (QDQ) and the float ONNX files")
     int8_path = os.path.join(folder, "digits_cnn.int8.onnx")
     float_path = os.path.join(folder, "digits_cnn.float.onnx")
     export(qmodel, int8_path, example_inputs=x_test[:LATENCY_BATCH])
@@ -382,6 +389,7 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
         files={"int8": int8_path, "float": float_path} if keep else {},
         engine_accuracy=_accuracy(engine_int8, y_test),
         engine_matches_file=bool(np.array_equal(engine_int8, ort_int8)),
+        scheme=report.scheme or "float",
     )
 
 

@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
+from ppocr_models import ppocr_dir, skip_reason
 from torch import nn
 
 import quantbridge as qb
@@ -213,14 +214,11 @@ def test_float_input_keeps_its_constant_float():
 
 
 # -- the real model ----------------------------------------------------------------------------
-DET = (
-    os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "ppocr")
-    + "/ch_PP-OCRv4_det_infer.onnx"
-)
+DET = os.path.join(ppocr_dir() or "/nonexistent", "ch_PP-OCRv4_det_infer.onnx")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(DET), reason="PP-OCR detector not found")
+@pytest.mark.skipif(not os.path.exists(DET), reason=skip_reason())
 @pytest.mark.skipif(os.environ.get("QB_SKIP_SLOW") == "1", reason="QB_SKIP_SLOW=1")
 def test_ppocr_detector_every_add_and_mul_fuses(tmp_path):
     """Measured: 97 QLinearAdd / 96 QLinearMul (11 / 34 with quantize_constants=False; ORT's own

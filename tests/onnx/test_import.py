@@ -1,6 +1,6 @@
 """``qb.import_onnx``: real models against ONNX Runtime, the int8 path end to end, and errors.
 
-* PP-OCR (``../shared/models/ppocr``, opset 11/12, Paddle2ONNX): the imported module against ONNX
+* PP-OCR (from the ``rapidocr-onnxruntime`` wheel, see ``tests/ppocr_models.py``; opset 11/12): the imported module against ONNX
   Runtime on rendered text (Pillow + DejaVu when available, numpy strokes otherwise; noise is no
   input for a text detector), detector at two image sizes;
 * the model-zoo structures of onnx's ``backend/test/data/light`` (opset 9): against their
@@ -22,17 +22,18 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from ppocr_models import ppocr_dir, skip_reason
 from torch import nn
 
 import quantbridge as qb
 from quantbridge.torch._ops import WEIGHTED_OPS
 
-PPOCR = (Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr").resolve()
+PPOCR = ppocr_dir() or Path("/nonexistent")
 DET = PPOCR / "ch_PP-OCRv4_det_infer.onnx"
 CLS = PPOCR / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 REC = PPOCR / "ch_PP-OCRv4_rec_infer.onnx"
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-needs_ppocr = pytest.mark.skipif(not DET.exists(), reason=f"PP-OCR models not found in {PPOCR}")
+needs_ppocr = pytest.mark.skipif(not DET.exists(), reason=skip_reason())
 SLOW = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("QB_SKIP_SLOW") == "1", reason="QB_SKIP_SLOW=1"),

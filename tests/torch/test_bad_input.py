@@ -42,7 +42,9 @@ def test_wrong_dtype_batch():
 def test_wrong_shape_batch():
     data = [torch.randn(4, 1, 8, 8), torch.randn(4, 1, 9, 9)]
     with pytest.raises(
-        ValueError, match=r"calibration batch 1 \(float32\[4, 1, 9, 9\]\).*float32\[4, 1, 8, 8\]"
+        ValueError,
+        match=r"calibration batch 1: input 'x': expected shape \[batch, 1, 8, 8\], got "
+        r"\[4, 1, 9, 9\]: dimension 2 is fixed to 8; quantize with dynamic=\"all\"",
     ):
         qb.quantize(DigitsCNN(), data)
 

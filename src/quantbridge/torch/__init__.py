@@ -5,6 +5,7 @@ from ._capture import CaptureError
 from ._checkpoint import CheckpointError, load, save
 from ._distributed import assert_quantizers_synchronized, local_statistics, sync_observers
 from ._model import QuantModel, float_mode
+from ._progress import set_progress
 from ._qat import freeze_batchnorm, freeze_observers, prepare_qat
 from ._quantize import freeze, prepare, quantize
 
@@ -23,5 +24,6 @@ __all__ = [
     "prepare_qat",
     "quantize",
     "save",
+    "set_progress",
     "sync_observers",
 ]

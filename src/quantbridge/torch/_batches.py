@@ -12,7 +12,6 @@ A ``DataLoader`` yielding ``(inputs, labels)`` works through ``transform=lambda 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -111,14 +110,3 @@ def check_like(args: tuple, kwargs: dict, ref_args: tuple, ref_kwargs: dict, ind
             f"{describe(ref_args, ref_kwargs)} the model was captured with; make every batch "
             "look alike (same inputs, dtypes and number of dimensions)"
         )
-
-
-def progress_bar(iterable: Iterable, enabled: bool | None, desc: str, total: int | None = None):
-    """tqdm over ``iterable``; by default on only when stderr is a terminal."""
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, desc=desc, total=total, unit="batch", leave=False)

@@ -20,11 +20,15 @@ specialised to 1 by export, so example batches of size 1 are repeated to 2 first
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
+import logging
 import os
 import re
 import traceback
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +41,40 @@ _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<"
 
 def _is_user_file(filename: str) -> bool:
     return not filename.startswith(_LIBRARY_DIRS) and "/site-packages/" not in filename
+
+
+# torch loggers that print what users cannot act on ("torchvision is not installed. Skipping
+# torchvision::nms", four lines per export)
+_NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript")
+# torch's own deprecations met inside torch (deepcopy of a captured module builds a LeafSpec)
+_FOREIGN_WARNINGS = (r".*LeafSpec.*",)
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Foreign noise off for the duration: torch's exporter loggers at ERROR, torch-internal
+    deprecation warnings ignored. quantbridge's own warnings still show."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for pattern in _FOREIGN_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, saved, strict=True):
+            lg.setLevel(level)
+
+
+def user_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` call made here or below, such that the warning
+    points at the innermost frame of the user's code (not quantbridge's, torch's or a package's)."""
+    frame, level = inspect.currentframe(), 0
+    while frame is not None and not _is_user_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return max(level, 1)  # level 1 = the frame calling warn(), as warn's own stacklevel counts
 
 
 class CaptureError(RuntimeError):
@@ -71,7 +109,7 @@ def capture(
         args, kwargs = widen_batch(args, kwargs)
     spec = dynamic_shapes(model.forward, args, kwargs, dynamic)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), quiet_torch():
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
         raise CaptureError(_explain(model, e)) from e

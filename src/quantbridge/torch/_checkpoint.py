@@ -42,6 +42,7 @@ import io
 import json
 import os
 import pickletools
+import stat
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -84,6 +85,16 @@ def _other_format(path: str | os.PathLike) -> str | None:
 
 
 # -- save -----------------------------------------------------------------------------------------
+def _mode_of_new_file(path: str | os.PathLike) -> int:
+    """The permissions ``open(path, "w")`` would leave: the existing file's, else 0666 & ~umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     """Write ``qmodel`` to ``path`` (one safetensors file; see the module docstring)."""
     for cls, save_other, _ in OTHER_FORMATS.values():
@@ -120,6 +131,7 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"  # never leave a half-written file at ``path``
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, _mode_of_new_file(path))  # safetensors' tmp file is 0600 whatever the umask
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):

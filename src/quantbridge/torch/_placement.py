@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
+from ._capture import user_stacklevel
 from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 from ._ops import (
     ARITHMETIC_OPS,
@@ -383,7 +384,7 @@ class _Placer:
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "
                 f"include {sorted(m for m, _ in self.seen_modules if m)[:8]}",
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         self.graph.lint()
         self.gm.recompile()

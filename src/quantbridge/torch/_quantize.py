@@ -9,14 +9,16 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
-from ._batches import as_call, check_like, describe, input_spec, iter_calls, progress_bar
+from ._batches import as_call, check_like, describe, input_spec, iter_calls
 from ._capture import capture
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._passes import fold_batchnorm, own_parameters
 from ._placement import CONTAINER, place_quantizers
+from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
+from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
 
 
 class _FirstCall(Exception):
@@ -49,6 +51,7 @@ def prepare(
     dynamic: str = "batch",
     fold_bn: bool = True,
     separate_concats: list[str] | None = None,
+    progress: bool | None = None,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -58,7 +61,10 @@ def prepare(
     was_training = model.training
     model.eval()
     try:
-        gm = capture(model, example_args, example_kwargs, dynamic)
+        with stage(
+            f"capturing {type(model).__name__} (torch.export, dynamic={dynamic!r})", progress
+        ):
+            gm = capture(model, example_args, example_kwargs, dynamic)
     finally:
         model.train(was_training)
     own_parameters(gm)
@@ -68,6 +74,7 @@ def prepare(
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
     qmodel = QuantModel(gm, recipe=recipe, points=points, source=model)
+    qmodel.register_forward_pre_hook(check_call_hook, with_kwargs=True)  # one-line shape errors
     qmodel.qb_capture = {
         "inputs": input_spec(example_args, example_kwargs),
         "dynamic": dynamic,
@@ -93,8 +100,9 @@ def quantize(
     ``calib_data`` is an iterable of batches (tensor = one input, tuple = positional inputs,
     dict = keyword inputs); ``transform`` maps each item to such a batch (e.g. ``lambda b: b[0]``
     for a DataLoader of ``(inputs, labels)``). Alternatively ``forward_loop(model)`` runs the
-    calibration forward passes itself. The progress bar shows on a terminal unless
-    ``progress=False``. ``dynamic="batch"`` lets the result take any batch size; use
+    calibration forward passes itself. Capture and calibration report on stderr (a bar on a
+    terminal, one line per stage otherwise) unless ``progress=False`` or
+    ``quantbridge.set_progress(False)``. ``dynamic="batch"`` lets the result take any batch size; use
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
 
     Under ``torch.distributed`` (a process group of more than one rank), call it on every rank
@@ -140,16 +148,17 @@ def calibrate_and_freeze(
             example = (first.args_, first.kwargs_)
         else:
             raise ValueError("forward_loop never called the model: no calibration data")
-        qmodel = prepare(model, *example, recipe, dynamic, fold_bn)
+        qmodel = prepare(model, *example, recipe, dynamic, fold_bn, progress)
         with torch.no_grad():
             forward_loop(qmodel)
     else:
-        calls = iter_calls(calib_data, transform, max_batches)
+        calls = _cast_calls(iter_calls(calib_data, transform, max_batches), float_dtype(model))
         first = next(calls, None)
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
-        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn)
+        bind_first_batch(model, args0, kwargs0)
+        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn, progress)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
@@ -157,6 +166,12 @@ def calibrate_and_freeze(
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
     return qmodel
+
+
+def _cast_calls(calls, model_dtype):
+    warned: list = []
+    for i, args, kwargs in calls:
+        yield i, *cast_float64(args, kwargs, model_dtype, warned)
 
 
 def _chain(first, rest):

@@ -4,7 +4,7 @@ torch has no 4-bit dtype, so the exporter writes 4-bit weights (codes within [-8
 [0, 15]) as int8 / uint8 initializers. At opset 21 and later, DequantizeLinear takes INT4 / UINT4
 inputs, so this pass re-types each such weight initializer (and gives its DequantizeLinear its
 own zero-point initializer of the same 4-bit type: the exporter shares equal zero points between
-quantizers). The codes are unchanged; the file holds two codes per byte. Below opset 21 the int8
+quantizers). The codes are unchanged; the file holds two codes per byte (``raw_data``). Below opset 21 the int8
 container stays - the values are the same either way.
 """
 
@@ -46,7 +46,14 @@ def pack_4bit_weights(model: onnx.ModelProto, weight_bits: dict[str, tuple[int, 
 
 
 def _tensor(name: str, dtype: int, values: np.ndarray) -> onnx.TensorProto:
-    return helper.make_tensor(name, dtype, list(values.shape), values.astype(np.int64).flatten())
+    """A 4-bit initializer stored as ``raw_data``, two codes per byte (low nibble first).
+    ``make_tensor`` packs the pairs but keeps each packed byte as a varint in ``int32_data``,
+    which takes up to 2 bytes per byte on disk: the file would not shrink to half."""
+    tensor = helper.make_tensor(name, dtype, list(values.shape), values.astype(np.int64).flatten())
+    packed = np.asarray(tensor.int32_data, dtype=np.uint8).tobytes()
+    del tensor.int32_data[:]
+    tensor.raw_data = packed
+    return tensor
 
 
 def _replace(model: onnx.ModelProto, init: onnx.TensorProto, dtype: int, codes: np.ndarray) -> None:

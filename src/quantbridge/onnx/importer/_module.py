@@ -134,14 +134,12 @@ class OnnxModule(nn.Module):
         env = dict(values)
         for step in self._steps:
             args = [self._fetch(env, s) for s in step.sources]
-            if step.mode == "layer":
-                out = step.handler.layer.call(step.node, getattr(self, step.layer), *args)
-            elif step.mode == "host":
-                out = (step.handler.fn if step.handler.always_host else step.handler.host)(
-                    step.node, *args
-                )
-            else:
-                out = step.handler.fn(step.node, *args)
+            try:
+                out = self._call(step, args)
+            except _NAMED_ERRORS as e:
+                if type(e) not in _NAMED_ERRORS:  # torch's own subclasses steer tracing: as is
+                    raise
+                raise type(e)(f"ONNX node {step.node.name!r} ({step.node.op_type}): {e}") from e
             outs = out if isinstance(out, tuple) else (out,)
             if step.mode == "host":  # numpy returns scalars for 0-d results; keep arrays
                 outs = tuple(o if isinstance(o, np.ndarray) else _array(o) for o in outs)
@@ -153,8 +151,21 @@ class OnnxModule(nn.Module):
         results = tuple(as_tensor(self._fetch(env, s)) for s in self._outputs)
         return results[0] if len(results) == 1 else results
 
+    def _call(self, step: _Step, args: list):
+        if step.mode == "layer":
+            return step.handler.layer.call(step.node, getattr(self, step.layer), *args)
+        if step.mode == "host":
+            fn = step.handler.fn if step.handler.always_host else step.handler.host
+            return fn(step.node, *args)
+        return step.handler.fn(step.node, *args)
+
     def extra_repr(self) -> str:
         return f"inputs={self.input_names}, outputs={self.output_names}, nodes={len(self._steps)}"
+
+
+# errors of a node's computation (a shape mismatch at run time) get the node's name, as ONNX
+# Runtime's messages do ("Add node. Name:'p2o.Add.248'")
+_NAMED_ERRORS = (RuntimeError, ValueError, IndexError)
 
 
 def _array(value) -> np.ndarray:

@@ -3,6 +3,7 @@ its text (``format``) and dict (``to_dict``) forms. Plain data; the analysis is 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,13 +81,25 @@ class InspectReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["float_weights"] = [w.name for w in self.float_weights]
+        d["scheme"] = self.scheme
         return d
 
-    def format(self) -> str:
+    @property
+    def scheme(self) -> str | None:
+        """``W8A8``, ``W4A8``, ...: the widest integer weight and activation grids, or None when
+        the model holds no integer weights."""
+        bits = [w.bits for w in self.weights if not w.is_float]
+        if not bits:
+            return None
+        acts = [int(k.rsplit(" ", 1)[1].split("-")[0]) for k in self.activation_quantizers]
+        return f"W{max(bits)}A{max(acts)}" if acts else f"W{max(bits)}"
+
+    def format(self, verbose: bool = False) -> str:
+        """The report for people: a summary; ``verbose`` adds one line per weight."""
         opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(self.opsets.items()))
         lines = [
             f"model:     {self.path or '<ModelProto>'} ({_human_bytes(self.size_bytes)})",
-            f"form:      {self.form}",
+            f"form:      {self.form}" + (f", scheme {self.scheme}" if self.scheme else ""),
             f"producer:  {self.producer or '?'}; IR version {self.ir_version}; opsets: {opsets}",
             "inputs:    " + "; ".join(t.describe() for t in self.inputs),
             "outputs:   " + "; ".join(t.describe() for t in self.outputs),
@@ -108,8 +121,9 @@ class InspectReport:
         if self.concats:
             lines.append("concats on separate scales (ranges too far apart for one scale):")
             lines += [f"  {c}" for c in self.concats]
-        lines.append(f"weights:   {len(self.weights)}")
-        lines += [f"  {w.describe()}" for w in self.weights]
+        lines.append(f"weights:   {len(self.weights)}" + _weight_summary(self.weights))
+        if verbose:
+            lines += [f"  {w.describe()}" for w in self.weights]
         floats = self.float_weights
         lines.append("float weights: " + (", ".join(w.name for w in floats) if floats else "none"))
         return "\n".join(lines)
@@ -118,6 +132,19 @@ class InspectReport:
 def _names(labels: list[str], shown: int = 12) -> str:
     text = ", ".join(labels[:shown])
     return text + (f", ... ({len(labels) - shown} more)" if len(labels) > shown else "")
+
+
+def _weight_summary(weights: list[WeightInfo]) -> str:
+    """``: 60 x int8 8-bit per-channel(axis=0), 4 x float32 (float)`` - weights grouped by form."""
+    groups = Counter(
+        f"{w.dtype} {w.bits}-bit {w.granularity}" if not w.is_float else f"{w.dtype} (float)"
+        for w in weights
+    )
+    biases = Counter(w.bias_dtype for w in weights if w.bias_dtype)
+    text = ", ".join(f"{n} x {k}" for k, n in groups.most_common())
+    if biases:
+        text += "; biases " + ", ".join(f"{n} x {k}" for k, n in biases.most_common())
+    return f" ({text}; --verbose lists each)" if text else ""
 
 
 def _counts(counts: dict[str, int]) -> str:

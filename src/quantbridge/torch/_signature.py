@@ -1,0 +1,163 @@
+"""Does a call fit the model? Checked before torch runs it, so a mistake is one line that names it.
+
+Three checks, each with the fix in its message:
+
+* ``bind_first_batch``: the first calibration batch against ``forward``'s signature. A DataLoader
+  of ``(inputs, labels)`` passed as is becomes ``model(inputs, labels)``; without this check
+  torch.export fails deep inside with "too many positional arguments" and capture advice that
+  does not apply.
+* ``cast_float64``: float64 calibration batches for a float32 model are cast to float32, and
+  said once (a ``UserWarning``), instead of failing inside the first convolution.
+* ``check_call`` (a forward pre-hook of every ``QuantModel``, and ``qb.export``'s example
+  inputs): each input tensor against the placeholder the model was captured with - rank,
+  dtype, and every dimension that capture fixed. Torch's own check is a guard assertion
+  (``Guard failed: x.size()[2] == 32``) or a symbolic name (``s77``); ours names the input, the
+  expected and received shapes and the ``dynamic=`` option that accepts them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx._pytree import tree_flatten_spec
+from torch.utils._pytree import tree_map
+
+from ._batches import describe
+from ._capture import user_stacklevel
+
+
+def bind_first_batch(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """TypeError naming the fix when the first batch cannot be passed to ``model.forward``."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+        return
+    except TypeError as e:
+        reason = str(e)
+    message = (
+        f"calibration batch 0 {describe(args, kwargs)} does not fit "
+        f"{type(model).__name__}.forward{signature}: {reason}"
+    )
+    if len(args) >= 2 and not kwargs and _binds(signature, args[:1]):
+        message += (
+            f". A batch of {len(args)} items (a DataLoader of (inputs, labels)?) is passed as "
+            f"{len(args)} positional inputs: pass transform=lambda b: b[0] to calibrate on the "
+            "inputs only"
+        )
+    raise TypeError(message)
+
+
+def _binds(signature: inspect.Signature, args: tuple) -> bool:
+    try:
+        signature.bind(*args)
+    except TypeError:
+        return False
+    return True
+
+
+def float_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating-point parameter (or buffer)."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def cast_float64(args: tuple, kwargs: dict, model_dtype: torch.dtype | None, warned: list):
+    """float64 tensors cast to float32 when the model is float32; warns once per ``warned``."""
+    if model_dtype != torch.float32:
+        return args, kwargs
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+            if not warned:
+                warned.append(True)
+                warnings.warn(
+                    "calibration batches are float64 and the model's weights float32: casting "
+                    "the batches to float32 (pass float32 tensors, e.g. x.float(), to silence "
+                    "this)",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            return x.float()
+        return x
+
+    return tree_map(cast, tuple(args)), tree_map(cast, dict(kwargs))
+
+
+def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """ValueError naming the input when a call does not fit the captured placeholders."""
+    spec = getattr(module, "_in_spec", None)
+    if spec is None:
+        return
+    try:
+        flat = tree_flatten_spec((tuple(args), dict(kwargs)), spec)
+    except Exception:  # noqa: BLE001 - a different structure: torch's own error says which
+        return
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(flat):
+        return
+    dynamic = getattr(module, "qb_capture", {}).get("dynamic", "batch")
+    for node, value in zip(placeholders, flat, strict=True):
+        expected = node.meta.get("val")
+        if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
+            _check_tensor(str(node.target), expected, value, dynamic)
+
+
+def _check_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, dynamic: str) -> None:
+    if isinstance(got, torch._subclasses.FakeTensor) or not all(
+        isinstance(d, int) for d in got.shape
+    ):
+        return  # being traced (export): the sizes are symbolic, torch checks them itself
+    want = _shape(expected)
+    if got.dtype != expected.dtype:
+        raise ValueError(
+            f"input {name!r} is {_dtype(got)}{list(got.shape)}; the model was captured with "
+            f"{_dtype(expected)}{want}: pass x.to(torch.{_dtype(expected)})"
+        )
+    if got.ndim != expected.ndim:
+        raise ValueError(
+            f"input {name!r}: expected {expected.ndim} dimensions {want}, got {got.ndim} "
+            f"{list(got.shape)}"
+        )
+    for axis, (size, fixed) in enumerate(zip(got.shape, expected.shape, strict=True)):
+        if isinstance(fixed, int) and size != fixed:
+            raise ValueError(
+                f"input {name!r}: expected shape {want}, got {list(got.shape)}: dimension "
+                f"{axis} is fixed to {fixed}; {_fix(axis, dynamic)}"
+            )
+
+
+def _fix(axis: int, dynamic: str) -> str:
+    if dynamic == "none":
+        option = "batch" if axis == 0 else "all"
+        return f'quantize with dynamic="{option}" to accept other sizes (it used dynamic="none")'
+    if dynamic == "batch" and axis > 0:
+        return 'quantize with dynamic="all" to accept other sizes (it used dynamic="batch")'
+    return f'the model itself fixes it (captured with dynamic="{dynamic}")'
+
+
+def _shape(t: torch.Tensor) -> str:
+    """``[batch, 3, 32, 32]``: fixed sizes as numbers, dynamic ones by role, never ``s77``."""
+    names = ["batch"] + ["*"] * (t.ndim - 1)
+    return (
+        "["
+        + ", ".join(str(d) if isinstance(d, int) else names[i] for i, d in enumerate(t.shape))
+        + "]"
+    )
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def check_call_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """``register_forward_pre_hook(check_call_hook, with_kwargs=True)``."""
+    check_call(module, args, kwargs)
