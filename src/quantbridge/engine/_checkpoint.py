@@ -28,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .._version import __version__
 from ..torch._checkpoint import OTHER_FORMATS, CheckpointError
 from ._model import FLOAT, QUANTIZED, EngineModel
 
@@ -43,8 +44,6 @@ def _sha(data: bytes) -> str:
 
 def save(model: EngineModel, path: str | os.PathLike) -> None:
     """Write ``model`` to ``path`` (see the module docstring)."""
-    from .. import __version__
-
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) or not os.path.isdir(folder):

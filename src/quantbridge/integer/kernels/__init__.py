@@ -7,34 +7,7 @@ docstrings state ``r = s(q - z)``, the integer pipeline and the accumulator boun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from . import _eltwise, _linear, _movement, _pool  # noqa: F401  (fill the registry)
+from ._registry import KERNELS, Kernel, register_kernel, run_step
 
-import numpy as np
-
-Kernel = Callable[..., np.ndarray]
-KERNELS: dict[str, Kernel] = {}
-
-
-def register_kernel(*ops: str) -> Callable[[Kernel], Kernel]:
-    def add(fn: Kernel) -> Kernel:
-        for op in ops:
-            if op in KERNELS:
-                raise ValueError(f"kernel {op!r} registered twice")
-            KERNELS[op] = fn
-        return fn
-
-    return add
-
-
-def run_step(step: Any, inputs: Sequence[np.ndarray]) -> np.ndarray:
-    """Run one program step (``_program.Step``) on its input arrays."""
-    kernel = KERNELS.get(step.op)
-    if kernel is None:
-        raise ValueError(f"step {step.node!r}: no kernel {step.op!r}; known: {sorted(KERNELS)}")
-    return kernel(step.attrs, *inputs)
-
-
-from . import _eltwise, _linear, _movement, _pool  # noqa: E402,F401  (fill the registry)
-
-__all__ = ["KERNELS", "register_kernel", "run_step"]
+__all__ = ["KERNELS", "Kernel", "register_kernel", "run_step"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...numerics import requantize
-from . import register_kernel
+from ._registry import register_kernel
 
 
 def _centered(q: np.ndarray, zero: int) -> np.ndarray:

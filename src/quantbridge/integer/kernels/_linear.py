@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ...numerics import requantize
-from . import register_kernel
+from ._registry import register_kernel
 
 EXACT_FLOAT64 = 2**53
 

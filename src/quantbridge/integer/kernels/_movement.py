@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register_kernel
+from ._registry import register_kernel
 
 
 @register_kernel("reshape")

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ...numerics import requantize
-from . import register_kernel
+from ._registry import register_kernel
 
 
 def windows(x: np.ndarray, attrs, pad_value: int) -> np.ndarray:
