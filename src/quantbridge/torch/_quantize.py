@@ -50,6 +50,7 @@ def prepare(
     recipe: Recipe,
     dynamic: str = "batch",
     fold_bn: bool = True,
+    *,
     separate_concats: list[str] | None = None,
     progress: bool | None = None,
 ) -> QuantModel:
@@ -148,7 +149,7 @@ def calibrate_and_freeze(
             example = (first.args_, first.kwargs_)
         else:
             raise ValueError("forward_loop never called the model: no calibration data")
-        qmodel = prepare(model, *example, recipe, dynamic, fold_bn, progress)
+        qmodel = prepare(model, *example, recipe, dynamic, fold_bn, progress=progress)
         with torch.no_grad():
             forward_loop(qmodel)
     else:
@@ -158,7 +159,7 @@ def calibrate_and_freeze(
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
         bind_first_batch(model, args0, kwargs0)
-        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn, progress)
+        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn, progress=progress)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
