@@ -275,13 +275,14 @@ def test_case7_matmul_add_is_linear(shape):
 
 
 # -- cases 8-12: elementwise, concat, pools, activations ------------------------------------------
-@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("op", ["Add", "Mul", "Sum"])
 def test_case8_add_mul_broadcast(op):
     g = QDQGraph((2, 4, 3, 3))
     codes = g.const(RNG.integers(0, 256, (1, 4, 1, 1)).astype(np.uint8))
     other = g.dq(codes, 0.04, 10)  # a stored operand on another grid, broadcast over N, H, W
     t = g.op(op, [g.x, other])
-    _fold_and_check(g.model(t, 0.15 if op == "Add" else 0.3), (2, 4, 3, 3), {f"QLinear{op}": 1})
+    qop = "QLinearMul" if op == "Mul" else "QLinearAdd"  # a two-input Sum is an Add
+    _fold_and_check(g.model(t, 0.3 if op == "Mul" else 0.15), (2, 4, 3, 3), {qop: 1})
 
 
 def test_case9_concat_rescales_or_copies():
