@@ -236,12 +236,17 @@ def test_case4_int32_bias_at_another_scale_is_requantized():
     np.testing.assert_array_equal(bias, 2 * codes)  # same real bias at the scale QLinearConv uses
 
 
-@pytest.mark.parametrize("per_channel", [True, False])
-def test_case5_gemm(per_channel):
+@pytest.mark.parametrize("b", ["per_channel", "per_tensor", "activation"])
+def test_case5_gemm(b):
     g = QDQGraph((4, 16))
-    w = g.weight((10, 16), axis=0, per_channel=per_channel)
-    t = g.op("Gemm", [g.x, w, g.bias(10, 0.05, w)], transB=1)
-    _fold_and_check(g.model(t, 0.1), (4, 16), {"QGemm": 1})
+    if b == "activation":  # B is itself a quantized activation: x @ x^T
+        t = g.op("Gemm", [g.x, g.op("Transpose", [g.x], perm=[1, 0])])
+        expect = {"QGemm": 1, "Transpose": 1}
+    else:
+        w = g.weight((10, 16), axis=0, per_channel=b == "per_channel")
+        t = g.op("Gemm", [g.x, w, g.bias(10, 0.05, w)], transB=1)
+        expect = {"QGemm": 1}
+    _fold_and_check(g.model(t, 0.1), (4, 16), expect)
 
 
 @pytest.mark.parametrize("operand", ["activation", "weight"])
