@@ -8,7 +8,14 @@
 Public names are re-exported from ``quantbridge``.
 """
 
-from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from .exporter import (
+    PerformanceWarning,
+    SaturationWarning,
+    export,
+    float_weights,
+    slow_form_warnings,
+    to_onnx,
+)
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
 from .passes import FoldQOperator, fold
@@ -17,6 +24,7 @@ __all__ = [
     "FoldQOperator",
     "OnnxModule",
     "PerformanceWarning",
+    "SaturationWarning",
     "export",
     "float_weights",
     "fold",
