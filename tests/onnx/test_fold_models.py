@@ -164,7 +164,7 @@ def test_tiny_transformer_folds_its_linear_layers_and_names_the_rest(tmp_path):
     # ORT runs these 3-D linear layers in float (MatMulIntegerToFloat, float Add, then Q); the
     # fold requantizes int32 acc + int32 bias once. Each layer differs by at most one code at
     # ties (test_fold_cases case 7, 3-D); through LayerNorm and the residual adds of two blocks
-    # such flips can meet: measured 98.6-100% identical, max 2 LSB over 5 seeds
+    # such flips can meet: measured 98.6-100% identical, max 2 LSB over six calibrations
     assert err.size == 512 and err.max() <= 2.0 + 1e-3
     assert float((err < 1e-3).mean()) >= 0.97
 
