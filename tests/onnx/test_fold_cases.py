@@ -236,12 +236,17 @@ def test_case4_int32_bias_at_another_scale_is_requantized():
     np.testing.assert_array_equal(bias, 2 * codes)  # same real bias at the scale QLinearConv uses
 
 
-@pytest.mark.parametrize("per_channel", [True, False])
-def test_case5_gemm(per_channel):
+@pytest.mark.parametrize("b", ["per_channel", "per_tensor", "activation"])
+def test_case5_gemm(b):
     g = QDQGraph((4, 16))
-    w = g.weight((10, 16), axis=0, per_channel=per_channel)
-    t = g.op("Gemm", [g.x, w, g.bias(10, 0.05, w)], transB=1)
-    _fold_and_check(g.model(t, 0.1), (4, 16), {"QGemm": 1})
+    if b == "activation":  # B is itself a quantized activation: x @ x^T
+        t = g.op("Gemm", [g.x, g.op("Transpose", [g.x], perm=[1, 0])])
+        expect = {"QGemm": 1, "Transpose": 1}
+    else:
+        w = g.weight((10, 16), axis=0, per_channel=b == "per_channel")
+        t = g.op("Gemm", [g.x, w, g.bias(10, 0.05, w)], transB=1)
+        expect = {"QGemm": 1}
+    _fold_and_check(g.model(t, 0.1), (4, 16), expect)
 
 
 @pytest.mark.parametrize("operand", ["activation", "weight"])
@@ -275,13 +280,14 @@ def test_case7_matmul_add_is_linear(shape):
 
 
 # -- cases 8-12: elementwise, concat, pools, activations ------------------------------------------
-@pytest.mark.parametrize("op", ["Add", "Mul"])
+@pytest.mark.parametrize("op", ["Add", "Mul", "Sum"])
 def test_case8_add_mul_broadcast(op):
     g = QDQGraph((2, 4, 3, 3))
     codes = g.const(RNG.integers(0, 256, (1, 4, 1, 1)).astype(np.uint8))
     other = g.dq(codes, 0.04, 10)  # a stored operand on another grid, broadcast over N, H, W
     t = g.op(op, [g.x, other])
-    _fold_and_check(g.model(t, 0.15 if op == "Add" else 0.3), (2, 4, 3, 3), {f"QLinear{op}": 1})
+    qop = "QLinearMul" if op == "Mul" else "QLinearAdd"  # a two-input Sum is an Add
+    _fold_and_check(g.model(t, 0.3 if op == "Mul" else 0.15), (2, 4, 3, 3), {qop: 1})
 
 
 def test_case9_concat_rescales_or_copies():

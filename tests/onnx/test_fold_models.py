@@ -10,7 +10,8 @@ QLinearGlobalAveragePool) and nn.Linear on 3-D inputs (ONNX Runtime: MatMulInteg
 Add; the fold: QGemm). Those compute the same real number with float32 rounding in another
 order, so a value within float32 rounding of a .5 tie can requantize one code apart; such a
 flip can reach the output through the next layer, hence 1 LSB and not 0. Measured: 0 elements
-differ on the CNNs (the assertions below would show the first one).
+differ on the CNNs (the assertions below would show the first one). The transformer, whose
+3-D linear layers ONNX Runtime runs in float, has its own bound (see its test).
 """
 
 from __future__ import annotations
@@ -160,7 +161,12 @@ def test_tiny_transformer_folds_its_linear_layers_and_names_the_rest(tmp_path):
     assert not_folded == {"Gather", "LayerNormalization", "Mul", "MatMul", "Div", "ReduceMean"}
     x = torch.randint(0, 100, (64, 16)).numpy()
     err = _agreement(qdq, folded, {"tokens": x})
-    assert err.size == 512 and err.max() <= 1.0 + 1e-3
+    # ORT runs these 3-D linear layers in float (MatMulIntegerToFloat, float Add, then Q); the
+    # fold requantizes int32 acc + int32 bias once. Each layer differs by at most one code at
+    # ties (test_fold_cases case 7, 3-D); through LayerNorm and the residual adds of two blocks
+    # such flips can meet: measured 98.6-100% identical, max 2 LSB over six calibrations
+    assert err.size == 512 and err.max() <= 2.0 + 1e-3
+    assert float((err < 1e-3).mean()) >= 0.97
 
 
 class _Reader:

@@ -14,7 +14,7 @@ Rewrite cases of ``FoldQOperator`` (each labelled ``# Case n`` where it is imple
 5. ``Gemm`` -> ``QGemm`` (com.microsoft).
 6. ``MatMul`` -> ``QLinearMatMul``.
 7. ``MatMul`` + ``Add(bias)`` (nn.Linear, any input rank) -> ``QGemm``.
-8. ``Add`` / ``Mul`` -> ``QLinearAdd`` / ``QLinearMul`` (com.microsoft).
+8. ``Add`` (or two-input ``Sum``) / ``Mul`` -> ``QLinearAdd`` / ``QLinearMul`` (com.microsoft).
 9. ``Concat`` -> ``QLinearConcat`` (com.microsoft), or ``Concat`` when all parameters agree.
 10. ``AveragePool`` -> ``QLinearAveragePool`` (com.microsoft).
 11. ``GlobalAveragePool`` / spatial ``ReduceMean`` -> ``QLinearGlobalAveragePool``.

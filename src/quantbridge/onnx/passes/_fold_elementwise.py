@@ -1,6 +1,7 @@
 """Cases 8, 9, 12 and 14 of the fold (``__init__``): elementwise ops, concatenation, activations.
 
-* Case 8: ``Add`` / ``Mul`` -> ``QLinearAdd`` / ``QLinearMul`` (com.microsoft, broadcasting);
+* Case 8: ``Add`` (and a two-input ``Sum``) / ``Mul`` -> ``QLinearAdd`` / ``QLinearMul``
+  (com.microsoft, broadcasting);
 * Case 9: ``Concat`` -> ``QLinearConcat`` (com.microsoft), or a plain ``Concat`` of the integers
   when every input already has the output's parameters (then it is exact data movement);
 * Case 12: ``Sigmoid`` / ``LeakyRelu`` -> ``QLinearSigmoid`` / ``QLinearLeakyRelu``;
@@ -22,6 +23,7 @@ from ._registry import register_fold
 
 _QLINEAR = {
     "Add": "QLinearAdd",
+    "Sum": "QLinearAdd",  # with two inputs
     "Mul": "QLinearMul",
     "Sigmoid": "QLinearSigmoid",
     "LeakyRelu": "QLinearLeakyRelu",
@@ -29,13 +31,15 @@ _QLINEAR = {
 
 
 # Case 8 (Add, Mul) and Case 12 (Sigmoid, LeakyRelu)
-@register_fold("Add", "Mul", "Sigmoid", "LeakyRelu")
+@register_fold("Add", "Sum", "Mul", "Sigmoid", "LeakyRelu")
 def fold_elementwise(g: GraphView, op: onnx.NodeProto) -> Rewrite | None:
     """Cases 8 and 12: every input from a DQ, the output into a Q (through an absorbed
     Relu/Clip)  ==>  the com.microsoft QLinear op."""
     inputs = [q_input(g, t) for t in op.input]
     out = q_output(g, op)
     if out is None or not inputs or any(i is None for i in inputs):
+        return None
+    if op.op_type == "Sum" and len(inputs) != 2:
         return None
     names, inits = operands(g, *(i.params for i in inputs), out.params)
     args = [t for i, (s, z) in zip(inputs, names[:-1], strict=True) for t in (i.tensor, s, z)]

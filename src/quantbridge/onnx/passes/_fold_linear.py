@@ -1,7 +1,8 @@
 """Cases 4-7 of the fold (``__init__``): the weighted ops.
 
 * Case 4: ``Conv`` -> ``QLinearConv`` (grouped and depthwise alike: ``group`` is copied);
-* Case 5: ``Gemm`` -> ``QGemm`` (com.microsoft; ``alpha == beta == 1``, ``transA == 0``);
+* Case 5: ``Gemm`` -> ``QGemm`` (com.microsoft; ``alpha == beta == 1``, ``transA == 0``; B a
+  stored weight or a per-tensor quantized activation);
 * Case 6: ``MatMul`` -> ``QLinearMatMul`` (weights or two activations);
 * Case 7: ``MatMul`` + ``Add(bias)`` -> ``QGemm`` (nn.Linear as exported for any input rank;
   inputs of rank > 2 are reshaped to 2-D and back, on the integers).
@@ -114,7 +115,7 @@ def fold_gemm(g: GraphView, gemm: onnx.NodeProto) -> Rewrite | None:
         return None
     trans_b = attribute(gemm, "transB", 0)
     a, out = q_input(g, gemm.input[0]), q_output(g, gemm)
-    b = _weight(g, gemm.input[1], 0 if trans_b else 1)
+    b = _weight(g, gemm.input[1], 0 if trans_b else 1) or q_input(g, gemm.input[1])
     if a is None or b is None or out is None:
         return None
     bias = _bias(g, gemm.input[2] if len(gemm.input) > 2 else "", a.params, b.params)
