@@ -116,8 +116,8 @@ def _conv(c: _Ctx, k: str, step) -> str:
         for (int h = 0; h < {h}; h++) for (int w = 0; w < {wd}; w++)
             {k}_xp[((n * {hp} + h + {pads[0]}) * {wp} + w + {pads[1]}) * {ch} + c] =
                 (int16_t)({x}[((n * {ch} + c) * {h} + h) * {wd} + w] - {a["x_zero"]});
-    for (int n = 0; n < {n}; n++) for (int oh = 0; oh < {oh}; oh++)
-    for (int ow = 0; ow < {ow}; ow++) for (int o = 0; o < {o}; o++) {{
+    for (int n = 0; n < {n}; n++) for (int o = 0; o < {o}; o++)  /* o outside: its weights stay in L1 */
+    for (int oh = 0; oh < {oh}; oh++) for (int ow = 0; ow < {ow}; ow++) {{
         const int g = o / {o // a["group"]};
         int32_t acc = {k}_b[o];
         for (int i = 0; i < {kh}; i++) for (int j = 0; j < {kw}; j++) {{
