@@ -209,3 +209,41 @@ def test_unsupported_ops_are_listed_together():
         qb.import_onnx(model)
     message = str(err.value)
     assert "Add (e.g. node 'int_add')" in message and "com.microsoft.QAttention" in message
+
+
+def _contrib_matmul(op: str) -> onnx.ModelProto:
+    """DynamicQuantizeMatMul(x, w, w_scale, w_zp, bias), or DynamicQuantizeLinear(x) ->
+    MatMulIntegerToFloat(y, w, y_scale, w_scale, y_zp, w_zp, bias); per-column weight scales."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.integers(-60, 60, (8, 5)).astype(np.int8), "w"),
+        numpy_helper.from_array(rng.uniform(0.01, 0.02, 5).astype(np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(5, np.int8), "wz"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 5).astype(np.float32), "bias"),
+    ]
+    ms = "com.microsoft"
+    if op == "DynamicQuantizeMatMul":
+        nodes = [helper.make_node(op, ["x", "w", "ws", "wz", "bias"], ["y"], name="mm", domain=ms)]
+    else:
+        nodes = [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+            helper.make_node(op, ["xq", "w", "xs", "ws", "xz", "wz", "bias"], ["y"], name="mm", domain=ms),
+        ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("op", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_contrib_dynamic_matmul_matches_ort(op):
+    model = _contrib_matmul(op)
+    x = np.random.default_rng(4).normal(0, 1, (6, 8)).astype(np.float32)
+    qmodel = qb.import_onnx(model)
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    expected = _ort(model, x)
+    # float output: float32 rounding of the same products (measured <= 1e-7 relative)
+    assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()

@@ -22,8 +22,11 @@ holding the file's scale and zero point (``_qmodel``). What the rewrite does, pe
   ``Slice``, ...: ``DATA_MOVEMENT``): the float op, then a ``Site`` on the input's grid (the same
   quantizer, not observing), as placement does for a torch model. A constant ``Pad`` value is an
   integer code in the file and is dequantized.
-* Case 6 - QOperator and dynamic-quantization ops: unfolded by the rules in ``_qoperator`` into
-  dequantized operands -> float op -> ``Site``.
+* Case 6 - QOperator ops: unfolded by the rules in ``_qoperator`` into dequantized operands ->
+  float op -> ``Site``.
+* Case 7 - dynamic quantization (``_dynamic``): ``DynamicQuantizeLinear`` becomes a
+  ``DynamicSite`` (quantized with each call's range), the integer op and the Cast / Mul that
+  rescale its int32 result become one float op on the dequantized operands.
 
 Anything else reading an integer tensor, and ops no rule and no float handler knows, are refused
 together: one ``ValueError`` listing every unsupported op type of the file.
@@ -112,9 +115,14 @@ class Normaliser:
             i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in self.consts
         }
         self.readers: dict[str, int] = {}
+        self.users: dict[str, list[onnx.NodeProto]] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
         for node in g.node:
             for i in node.input:
                 self.readers[i] = self.readers.get(i, 0) + 1
+                self.users.setdefault(i, []).append(node)
+            for o in node.output:
+                self.producer[o] = node
         for o in g.output:
             self.readers[o.name] = self.readers.get(o.name, 0) + 1
         self.nodes: list[onnx.NodeProto] = []
@@ -123,6 +131,8 @@ class Normaliser:
         self.unsupported: dict[str, str] = {}  # op type -> first node
         self._dequantized: dict[tuple, str] = {}
         self.const_types: dict[str, int] = {}  # integer constants computed here (Q of a weight)
+        self.dynamic: dict[str, tuple[str, str]] = {}  # DynamicQuantizeLinear y -> (scale, zp)
+        self.absorbed: set[str] = set()  # outputs of nodes a rule rewrote with an earlier node
 
     # -- helpers for the rules ------------------------------------------------------------------
     @staticmethod
@@ -142,16 +152,25 @@ class Normaliser:
     ) -> FileQParams:  # fmt: skip
         """Parameters of operand ``x`` given by inputs ``s`` / ``z`` of ``node``."""
         inputs = list(node.input)
-        scale = self.const(inputs[s]) if s < len(inputs) else None
-        zero_point = self.const(inputs[z]) if z is not None and z < len(inputs) else None
-        if z is not None and z < len(inputs) and inputs[z] and zero_point is None:
+        scale = inputs[s] if s < len(inputs) else ""
+        zero_point = inputs[z] if z is not None and z < len(inputs) else ""
+        return self.qparams_named(node, x, scale, zero_point, axis, output_type)
+
+    def qparams_named(
+        self, node: onnx.NodeProto, x: str, scale: str, zero_point: str, axis: int | None = None,
+        output_type: int | None = None,
+    ) -> FileQParams:  # fmt: skip
+        """Parameters of operand ``x`` of ``node`` held by constants ``scale`` / ``zero_point``."""
+        scale_value = self.const(scale)
+        zero_value = self.const(zero_point)
+        if zero_point and zero_value is None:
             raise ValueError(
-                f"{self.where(node)}: zero point {inputs[z]!r} is computed at run time; "
+                f"{self.where(node)}: zero point {zero_point!r} is computed at run time; "
                 "quantbridge imports constant zero points only"
             )
         rank = self.consts[x].ndim if x in self.consts else self.ranks.get(x)
         where = f"{self.where(node)} operand {x!r}"
-        return read_qparams(where, scale, zero_point, axis, rank, output_type)
+        return read_qparams(where, scale_value, zero_value, axis, rank, output_type)
 
     def emit(self, op_type: str, inputs, outputs, name: str = "", domain: str = "", **attrs):
         self.nodes.append(
@@ -259,16 +278,14 @@ class Normaliser:
     # -- the pass -------------------------------------------------------------------------------
     def run(self) -> tuple[onnx.ModelProto, QuantRecord]:
         for node in self.proto.graph.node:
+            if node.output and all(o in self.absorbed for o in node.output if o):
+                continue
             if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
                 self.add_const(node.output[0], _constant(node))
             elif node.op_type in RULES:
                 RULES[node.op_type](self, node)
-            elif any(self.grid(i) for i in node.input if i):
-                self._integer_data_movement(node)  # Case 5
-            elif node.domain not in _DEFAULT_DOMAINS or lookup(node.op_type, self.opset) is None:
-                self.refuse(node)
             else:
-                self.nodes.append(node)
+                self.default(node)
         if self.unsupported:
             listed = ", ".join(f"{op} (e.g. node {n!r})" for op, n in self.unsupported.items())
             raise ValueError(
@@ -279,6 +296,17 @@ class Normaliser:
                 "with quantbridge.quantize"
             )
         return self._model(), self.record
+
+    def default(self, node: onnx.NodeProto) -> None:
+        """A node no rule rewrites: data movement on integers, a float op, or unsupported."""
+        if any(self.grid(i) for i in node.input if i):
+            self._integer_data_movement(node)  # Case 5
+        elif any(i in self.dynamic for i in node.input if i):
+            self.refuse(node)  # dynamic integers read by something else than a rule
+        elif node.domain not in _DEFAULT_DOMAINS or lookup(node.op_type, self.opset) is None:
+            self.refuse(node)
+        else:
+            self.nodes.append(node)
 
     def _integer_data_movement(self, node: onnx.NodeProto) -> None:
         site = self.grid(node.input[0]) if node.input else None
@@ -406,7 +434,7 @@ def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
 def _clip(ctx: Normaliser, node: onnx.NodeProto) -> None:
     site = ctx.grid(node.input[0])
     if site is None:  # a float Clip
-        ctx.nodes.append(node)
+        ctx.default(node)
         return
     bounds = [ctx.const(i) if i else None for i in list(node.input[1:3])]
     attrs = ctx.attrs(node)
