@@ -46,7 +46,7 @@ from onnx import external_data_helper, numpy_helper
 from torch import nn
 
 from ...torch._model import QuantModel
-from . import _dynamic, _nn, _ops, _pool, _qoperator, _tensor  # noqa: F401 - the registries
+from . import _dynamic, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
 from ._module import OnnxModule, new_module
 from ._qmodel import quant_model
 from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
