@@ -143,7 +143,7 @@ def _quantized(float_files, tmp_path, name, fmt, per_channel, types):
 CASES = [("digits", pc, t) for pc in (False, True) for t in ("u8s8", "s8s8")] + [
     ("resnet18", True, "u8s8"),
     ("resnet18", False, "s8s8"),
-    ("mobilenetv2", True, "u8s8"),
+    pytest.param("mobilenetv2", True, "u8s8", marks=pytest.mark.slow),  # 18 s on a busy CI core
     ("block", True, "u8s8"),  # a square per-channel MatMul weight: the transposed-axis regression
     ("block", False, "s8s8"),
 ]
@@ -166,7 +166,7 @@ QOPERATOR_CASES = [
     ("digits", False, "u8s8"),
     ("digits", True, "s8s8"),
     ("resnet18", True, "s8s8"),
-    ("mobilenetv2", False, "u8s8"),  # depthwise (grouped) QLinearConv
+    pytest.param("mobilenetv2", False, "u8s8", marks=pytest.mark.slow),  # depthwise QLinearConv
 ]
 
 
@@ -316,7 +316,7 @@ def _same_arrays(ours: list[np.ndarray], theirs: list[np.ndarray]) -> bool:
     return not left
 
 
-@pytest.mark.parametrize("name", ["digits", "block"])
+@pytest.mark.parametrize("name", ["digits", pytest.param("block", marks=pytest.mark.slow)])
 def test_round_trips(float_files, tmp_path, name):
     # the block's LayerNormalization bias is an int32 DQ in ORT's file: imported as a float
     # constant and written back in float (no int32 bias quantizer for LayerNorm), so (b) compares
