@@ -21,7 +21,8 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 import quantbridge as qb
 
-PPOCR = (Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr").resolve()
+_DEFAULT = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr"
+PPOCR = Path(os.environ.get("QB_PPOCR_DIR", _DEFAULT)).resolve()  # a worktree sits elsewhere
 DET = PPOCR / "ch_PP-OCRv4_det_infer.onnx"
 
 pytestmark = [
