@@ -247,3 +247,52 @@ def test_contrib_dynamic_matmul_matches_ort(op):
     expected = _ort(model, x)
     # float output: float32 rounding of the same products (measured <= 1e-7 relative)
     assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def _qoperator_unary(op: str, **attrs) -> onnx.ModelProto:
+    """x -> QuantizeLinear -> <op> (com.microsoft, uint8) -> DequantizeLinear -> y; QLinearConcat
+    joins the quantized x with itself at another scale through a Transpose."""
+    ms = "com.microsoft"
+    inits = [
+        numpy_helper.from_array(np.float32(0.04), "xs"), numpy_helper.from_array(np.uint8(120), "xz"),
+        numpy_helper.from_array(np.float32(0.01), "ys"), numpy_helper.from_array(np.uint8(5), "yz"),
+    ]  # fmt: skip
+    args = ["xq", "xs", "xz", "ys", "yz"]
+    if op == "QLinearConcat":
+        args = ["ys", "yz", "xq", "xs", "xz", "xt", "xs", "xz"]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q"),
+        helper.make_node("Transpose", ["xq"], ["xt"], name="t", perm=[0, 1, 3, 2]),
+        helper.make_node(op, args, ["yq"], name="op", domain=ms, **attrs),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="dq"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("QLinearSigmoid", {}),
+        ("QLinearLeakyRelu", {"alpha": 0.1}),
+        ("QLinearAveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ("QLinearGlobalAveragePool", {}),
+        ("QLinearConcat", {"axis": 1}),
+    ],
+)
+def test_qoperator_unary_ops_match_ort(op, attrs):
+    """ORT computes these on dequantized values (lookup tables, float averages) and rounds once:
+    within 1 step on every element (measured: equal except at rounding ties)."""
+    model = _qoperator_unary(op, **attrs)
+    x = np.random.default_rng(5).normal(0, 1.5, (2, 3, 6, 6)).astype(np.float32)
+    qmodel = qb.import_onnx(model)
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    expected = _ort(model, x)
+    steps = np.abs(y - expected) / 0.01
+    assert y.shape == expected.shape and steps.max() <= 1.0 + 1e-3, steps.max()
+    assert (steps > 1e-3).mean() <= 0.01, (steps > 1e-3).mean()
