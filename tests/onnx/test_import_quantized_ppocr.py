@@ -82,7 +82,8 @@ def test_ort_int8_det_imports_and_agrees(tmp_path):
         y, inner = (t.numpy() for t in again(torch.from_numpy(x)))
     y_ref, inner_ref = _ort(extended, x, optimize=False)
     d = np.abs(inner - inner_ref) / step
-    # measured (this machine, 2 images): see the report of issue 9
+    # measured (2 images, 96 x 128): mean 0.000 steps, 100% within 1 step, text-mask IoU 1.0;
+    # bounds as in test_import.py's det test (the float summation order may flip a tie elsewhere)
     assert d.mean() <= 0.6 and (d <= 2.0 + 1e-3).mean() >= 0.97, (d.mean(), (d <= 2.001).mean())
     mask, mask_ref = y > 0.3, y_ref > 0.3
     assert (mask & mask_ref).sum() / max((mask | mask_ref).sum(), 1) >= 0.97
