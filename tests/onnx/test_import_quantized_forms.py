@@ -296,3 +296,9 @@ def test_qoperator_unary_ops_match_ort(op, attrs):
     steps = np.abs(y - expected) / 0.01
     assert y.shape == expected.shape and steps.max() <= 1.0 + 1e-3, steps.max()
     assert (steps > 1e-3).mean() <= 0.01, (steps > 1e-3).mean()
+
+
+def test_export_of_a_dynamic_import_is_refused(tmp_path):
+    qmodel = qb.import_onnx(_contrib_matmul("DynamicQuantizeMatMul"))
+    with pytest.raises(ValueError, match="dynamically quantized.*quantbridge.quantize"):
+        qb.export(qmodel, tmp_path / "m.onnx", example_inputs=torch.randn(2, 8))

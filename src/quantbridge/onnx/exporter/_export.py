@@ -37,6 +37,7 @@ from ...torch._export_ops import export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._qat import folded_copy
+from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._torch_onnx import export_program
@@ -103,6 +104,13 @@ def to_onnx(
         raise TypeError(
             f"export expects the QuantModel returned by quantbridge.quantize, got "
             f"{type(qmodel).__name__}"
+        )
+    if any(n.target is DYNAMIC_SITE_TARGET for n in qmodel.graph.nodes):
+        raise ValueError(
+            "this QuantModel was imported from a dynamically quantized ONNX file "
+            "(DynamicQuantizeLinear): its activation scales are computed on every call, which a "
+            "QDQ file cannot hold, so it cannot be exported. Quantize the float model statically "
+            "(quantbridge.quantize) to export it"
         )
     opset = _choose_opset(qmodel, opset)
     for message in slow_form_warnings(qmodel):

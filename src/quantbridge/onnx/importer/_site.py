@@ -69,6 +69,8 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 dynamic_site.register_autograd(lambda ctx, grad: grad)
 
+DYNAMIC_SITE_TARGET = torch.ops.quantbridge_import.dynamic_site.default
+
 
 def _run_dynamic(node: OnnxNode, x: torch.Tensor) -> torch.Tensor:
     return dynamic_site(x)
