@@ -77,7 +77,7 @@ def ort_accuracy(path: Path, x: torch.Tensor, y: torch.Tensor) -> float:
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
-        return float((model(x)[:, :5].argmax(1) == y).float().mean())
+        return float((model(x)[:, :5].argmax(1) == y).numpy().mean())
 
 
 def new_head(qmodel: qb.QuantModel, seed: int) -> qb.QuantModel:

@@ -71,8 +71,11 @@ def ort_static(
     return str(dst)
 
 
-def ort_dynamic(src: str, dst, per_channel: bool = False) -> str:
-    quantize_dynamic(src, str(dst), per_channel=per_channel, weight_type=QuantType.QInt8)
+def ort_dynamic(src: str, dst, per_channel: bool = False, reduce_range: bool = True) -> str:
+    quantize_dynamic(
+        src, str(dst), per_channel=per_channel, weight_type=QuantType.QInt8,
+        reduce_range=reduce_range,
+    )  # fmt: skip
     return str(dst)
 
 
@@ -140,7 +143,7 @@ def _quantized(float_files, tmp_path, name, fmt, per_channel, types):
 CASES = [("digits", pc, t) for pc in (False, True) for t in ("u8s8", "s8s8")] + [
     ("resnet18", True, "u8s8"),
     ("resnet18", False, "s8s8"),
-    ("mobilenetv2", True, "u8s8"),
+    pytest.param("mobilenetv2", True, "u8s8", marks=pytest.mark.slow),  # 18 s on a busy CI core
     ("block", True, "u8s8"),  # a square per-channel MatMul weight: the transposed-axis regression
     ("block", False, "s8s8"),
 ]
@@ -163,7 +166,7 @@ QOPERATOR_CASES = [
     ("digits", False, "u8s8"),
     ("digits", True, "s8s8"),
     ("resnet18", True, "s8s8"),
-    ("mobilenetv2", False, "u8s8"),  # depthwise (grouped) QLinearConv
+    pytest.param("mobilenetv2", False, "u8s8", marks=pytest.mark.slow),  # depthwise QLinearConv
 ]
 
 
@@ -244,6 +247,29 @@ def test_ort_u8s8_kernels_saturate_on_avx2_and_reduce_range_removes_it(float_fil
     assert (d <= 1.0 + 1e-3).mean() >= 0.999, f"{(d <= 1.001).mean():.4f} within 1 step"
 
 
+# -- dynamic quantization -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name,per_channel", [("digits", True), ("resnet18", False), ("block", True)]
+)
+def test_dynamic_matches_ort(float_files, tmp_path, name, per_channel):
+    """quantize_dynamic files (DynamicQuantizeLinear + ConvInteger / MatMulInteger + Cast + Mul):
+    the import agrees with ORT up to float32 rounding - no output grid here, the result is float:
+    ORT rescales the exact int32 sum, the import sums dequantized values in float32. Measured:
+    <= 5e-7 of the largest output. reduce_range=True (7-bit weights), as ORT advises on x86:
+    without it ORT's AVX2 u8 x s8 kernels saturate their int16 pair sums (DigitsCNN's fc1: 3% of
+    the largest output; u8 weights or reduce_range: 3e-7, the import unchanged)."""
+    path = ort_dynamic(float_files[name], tmp_path / f"{name}.dyn.onnx", per_channel)
+    assert any(n.op_type == "DynamicQuantizeLinear" for n in onnx.load(path).graph.node)
+    qmodel = qb.import_onnx(path)
+    weights = [q for q in qmodel.quantizers().values() if getattr(q, "kind", "") == "weight"]
+    assert weights and all((q.qmin, q.qmax) == (-128, 127) for q in weights)  # the file's int8
+    x = np.concatenate(_batches(MODELS[name][1], 2, 7))
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    expected = run_ort(path, x, optimize=True)
+    assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
 # -- round trips (part 2b-d) ----------------------------------------------------------------------
 def _integer_weights(path) -> list[np.ndarray]:
     """Layer weights and int32 biases: integer constants of >= 2 dims or int32 read by a
@@ -290,7 +316,7 @@ def _same_arrays(ours: list[np.ndarray], theirs: list[np.ndarray]) -> bool:
     return not left
 
 
-@pytest.mark.parametrize("name", ["digits", "block"])
+@pytest.mark.parametrize("name", ["digits", pytest.param("block", marks=pytest.mark.slow)])
 def test_round_trips(float_files, tmp_path, name):
     # the block's LayerNormalization bias is an int32 DQ in ORT's file: imported as a float
     # constant and written back in float (no int32 bias quantizer for LayerNorm), so (b) compares

@@ -209,3 +209,96 @@ def test_unsupported_ops_are_listed_together():
         qb.import_onnx(model)
     message = str(err.value)
     assert "Add (e.g. node 'int_add')" in message and "com.microsoft.QAttention" in message
+
+
+def _contrib_matmul(op: str) -> onnx.ModelProto:
+    """DynamicQuantizeMatMul(x, w, w_scale, w_zp, bias), or DynamicQuantizeLinear(x) ->
+    MatMulIntegerToFloat(y, w, y_scale, w_scale, y_zp, w_zp, bias); per-column weight scales."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(rng.integers(-60, 60, (8, 5)).astype(np.int8), "w"),
+        numpy_helper.from_array(rng.uniform(0.01, 0.02, 5).astype(np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(5, np.int8), "wz"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 5).astype(np.float32), "bias"),
+    ]
+    ms = "com.microsoft"
+    if op == "DynamicQuantizeMatMul":
+        nodes = [helper.make_node(op, ["x", "w", "ws", "wz", "bias"], ["y"], name="mm", domain=ms)]
+    else:
+        nodes = [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+            helper.make_node(op, ["xq", "w", "xs", "ws", "xz", "wz", "bias"], ["y"], name="mm", domain=ms),
+        ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("op", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_contrib_dynamic_matmul_matches_ort(op):
+    model = _contrib_matmul(op)
+    x = np.random.default_rng(4).normal(0, 1, (6, 8)).astype(np.float32)
+    qmodel = qb.import_onnx(model)
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    expected = _ort(model, x)
+    # float output: float32 rounding of the same products (measured <= 1e-7 relative)
+    assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def _qoperator_unary(op: str, **attrs) -> onnx.ModelProto:
+    """x -> QuantizeLinear -> <op> (com.microsoft, uint8) -> DequantizeLinear -> y; QLinearConcat
+    joins the quantized x with itself at another scale through a Transpose."""
+    ms = "com.microsoft"
+    inits = [
+        numpy_helper.from_array(np.float32(0.04), "xs"), numpy_helper.from_array(np.uint8(120), "xz"),
+        numpy_helper.from_array(np.float32(0.01), "ys"), numpy_helper.from_array(np.uint8(5), "yz"),
+    ]  # fmt: skip
+    args = ["xq", "xs", "xz", "ys", "yz"]
+    if op == "QLinearConcat":
+        args = ["ys", "yz", "xq", "xs", "xz", "xt", "xs", "xz"]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q"),
+        helper.make_node("Transpose", ["xq"], ["xt"], name="t", perm=[0, 1, 3, 2]),
+        helper.make_node(op, args, ["yq"], name="op", domain=ms, **attrs),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="dq"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("QLinearSigmoid", {}),
+        ("QLinearLeakyRelu", {"alpha": 0.1}),
+        ("QLinearAveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ("QLinearGlobalAveragePool", {}),
+        ("QLinearConcat", {"axis": 1}),
+    ],
+)
+def test_qoperator_unary_ops_match_ort(op, attrs):
+    """ORT computes these on dequantized values (lookup tables, float averages) and rounds once:
+    within 1 step on every element (measured: equal except at rounding ties)."""
+    model = _qoperator_unary(op, **attrs)
+    x = np.random.default_rng(5).normal(0, 1.5, (2, 3, 6, 6)).astype(np.float32)
+    qmodel = qb.import_onnx(model)
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    expected = _ort(model, x)
+    steps = np.abs(y - expected) / 0.01
+    assert y.shape == expected.shape and steps.max() <= 1.0 + 1e-3, steps.max()
+    assert (steps > 1e-3).mean() <= 0.01, (steps > 1e-3).mean()
+
+
+def test_export_of_a_dynamic_import_is_refused(tmp_path):
+    qmodel = qb.import_onnx(_contrib_matmul("DynamicQuantizeMatMul"))
+    with pytest.raises(ValueError, match="dynamically quantized.*quantbridge.quantize"):
+        qb.export(qmodel, tmp_path / "m.onnx", example_inputs=torch.randn(2, 8))

@@ -4,6 +4,11 @@ Owns the op registry keyed by ONNX op type and opset (``_registry``), one file p
 (``_nn`` weighted layers and normalisation, ``_ops`` elementwise and math, ``_pool`` pooling,
 ``_tensor`` shape and data movement), the module that runs the graph in topological order
 (``_module``) and the entry point with its graph-level rewrites (``_import``).
+
+Quantized files (QDQ, QOperator, dynamic): ``_quantized`` normalises them to a float graph with
+``Site`` markers and the file's record (rules in ``_qdq``, ``_qoperator``, ``_dynamic``; scales and
+zero points validated in ``_qparams``), ``_site`` is the marker op, and ``_qmodel`` builds the
+``QuantModel`` with the file's quantizers.
 """
 
 from ._import import import_onnx

@@ -47,12 +47,12 @@ from torch import nn
 
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
-from . import _nn, _ops, _pool, _qoperator, _tensor  # noqa: F401 - the registries
+from . import _dynamic, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
 from ._module import OnnxModule, new_module
 from ._qmodel import quant_model
 from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
-from ._site import SITE_HANDLER
+from ._site import DYNAMIC_SITE_HANDLER, SITE_HANDLER
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
@@ -252,7 +252,7 @@ class _Graph:
 
     def handler(self, node: OnnxNode) -> OpHandler | None:
         if node.domain == SITE_DOMAIN:
-            return SITE_HANDLER
+            return DYNAMIC_SITE_HANDLER if node.op_type == "DynamicSite" else SITE_HANDLER
         return lookup(node.op_type, node.opset) if node.domain == "" else None
 
     def refuse_unsupported(self) -> None:

@@ -70,6 +70,16 @@ def example_inputs(proto: onnx.ModelProto, consts: set[str]) -> tuple[tuple, str
     return tuple(args), "all" if free_dims else "batch"
 
 
+def _free_dims(proto: onnx.ModelProto, consts: set[str]) -> bool:
+    """Whether an input has a free dimension besides the first (image sizes, lengths)."""
+    return any(
+        not (d.HasField("dim_value") and d.dim_value > 0)
+        for v in proto.graph.input
+        if v.name not in consts
+        for d in list(v.type.tensor_type.shape.dim)[1:]
+    )
+
+
 def _shape(t) -> list:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
 
@@ -219,7 +229,7 @@ def quant_model(
         kwargs = {}
     else:
         args, kwargs = as_call(example, 0)
-        dynamic = "batch"
+        dynamic = "all" if _free_dims(proto, set(graph.consts)) else "batch"
     gm = capture(module, args, kwargs, dynamic)
     own_parameters(gm)
     builder = _Builder(gm, module, {n.name: n for n in graph.nodes}, record)

@@ -5,7 +5,9 @@ every integer tensor ``t`` of the file, a float tensor of the same name carrying
 values ``scale * (t - zero_point)``; where the file produces integers, a ``Site`` node (domain
 ``quantbridge.import``) marks the float value that is quantized onto a grid. The import runs the
 float graph with the float importer and makes every ``Site`` a quantizer of the ``QuantModel``
-holding the file's scale and zero point (``_qmodel``). What the rewrite does, per case:
+holding the file's scale and zero point (``_qmodel``). This module owns the pass, its helpers and
+the rule registry keyed by op type; the rules live in ``_qdq`` (Cases 1-4), here (Case 5),
+``_qoperator`` (Case 6) and ``_dynamic`` (Case 7). What the rewrite does, per case:
 
 * Case 1 - ``QuantizeLinear(x) -> y``: ``Site(x) -> y``, a new grid with the Q's parameters.
   A Q of a constant (a float weight followed by Q) is computed now: an integer constant.
@@ -22,8 +24,11 @@ holding the file's scale and zero point (``_qmodel``). What the rewrite does, pe
   ``Slice``, ...: ``DATA_MOVEMENT``): the float op, then a ``Site`` on the input's grid (the same
   quantizer, not observing), as placement does for a torch model. A constant ``Pad`` value is an
   integer code in the file and is dequantized.
-* Case 6 - QOperator and dynamic-quantization ops: unfolded by the rules in ``_qoperator`` into
-  dequantized operands -> float op -> ``Site``.
+* Case 6 - QOperator ops: unfolded by the rules in ``_qoperator`` into dequantized operands ->
+  float op -> ``Site``.
+* Case 7 - dynamic quantization (``_dynamic``): ``DynamicQuantizeLinear`` becomes a
+  ``DynamicSite`` (quantized with each call's range), the integer op and the Cast / Mul that
+  rescale its int32 result become one float op on the dequantized operands.
 
 Anything else reading an integer tensor, and ops no rule and no float handler knows, are refused
 together: one ``ValueError`` listing every unsupported op type of the file.
@@ -38,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ...numerics import dequantize, quantize
+from ...numerics import dequantize
 from ._qparams import FileQParams, onnx_type_of, read_qparams
 from ._registry import lookup
 
@@ -112,9 +117,14 @@ class Normaliser:
             i.name: i.type.tensor_type.elem_type for i in g.input if i.name not in self.consts
         }
         self.readers: dict[str, int] = {}
+        self.users: dict[str, list[onnx.NodeProto]] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
         for node in g.node:
             for i in node.input:
                 self.readers[i] = self.readers.get(i, 0) + 1
+                self.users.setdefault(i, []).append(node)
+            for o in node.output:
+                self.producer[o] = node
         for o in g.output:
             self.readers[o.name] = self.readers.get(o.name, 0) + 1
         self.nodes: list[onnx.NodeProto] = []
@@ -123,6 +133,8 @@ class Normaliser:
         self.unsupported: dict[str, str] = {}  # op type -> first node
         self._dequantized: dict[tuple, str] = {}
         self.const_types: dict[str, int] = {}  # integer constants computed here (Q of a weight)
+        self.dynamic: dict[str, tuple[str, str]] = {}  # DynamicQuantizeLinear y -> (scale, zp)
+        self.absorbed: set[str] = set()  # outputs of nodes a rule rewrote with an earlier node
 
     # -- helpers for the rules ------------------------------------------------------------------
     @staticmethod
@@ -142,16 +154,25 @@ class Normaliser:
     ) -> FileQParams:  # fmt: skip
         """Parameters of operand ``x`` given by inputs ``s`` / ``z`` of ``node``."""
         inputs = list(node.input)
-        scale = self.const(inputs[s]) if s < len(inputs) else None
-        zero_point = self.const(inputs[z]) if z is not None and z < len(inputs) else None
-        if z is not None and z < len(inputs) and inputs[z] and zero_point is None:
+        scale = inputs[s] if s < len(inputs) else ""
+        zero_point = inputs[z] if z is not None and z < len(inputs) else ""
+        return self.qparams_named(node, x, scale, zero_point, axis, output_type)
+
+    def qparams_named(
+        self, node: onnx.NodeProto, x: str, scale: str, zero_point: str, axis: int | None = None,
+        output_type: int | None = None,
+    ) -> FileQParams:  # fmt: skip
+        """Parameters of operand ``x`` of ``node`` held by constants ``scale`` / ``zero_point``."""
+        scale_value = self.const(scale)
+        zero_value = self.const(zero_point)
+        if zero_point and zero_value is None:
             raise ValueError(
-                f"{self.where(node)}: zero point {inputs[z]!r} is computed at run time; "
+                f"{self.where(node)}: zero point {zero_point!r} is computed at run time; "
                 "quantbridge imports constant zero points only"
             )
         rank = self.consts[x].ndim if x in self.consts else self.ranks.get(x)
         where = f"{self.where(node)} operand {x!r}"
-        return read_qparams(where, scale, zero_point, axis, rank, output_type)
+        return read_qparams(where, scale_value, zero_value, axis, rank, output_type)
 
     def emit(self, op_type: str, inputs, outputs, name: str = "", domain: str = "", **attrs):
         self.nodes.append(
@@ -259,16 +280,14 @@ class Normaliser:
     # -- the pass -------------------------------------------------------------------------------
     def run(self) -> tuple[onnx.ModelProto, QuantRecord]:
         for node in self.proto.graph.node:
+            if node.output and all(o in self.absorbed for o in node.output if o):
+                continue
             if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
                 self.add_const(node.output[0], _constant(node))
             elif node.op_type in RULES:
                 RULES[node.op_type](self, node)
-            elif any(self.grid(i) for i in node.input if i):
-                self._integer_data_movement(node)  # Case 5
-            elif node.domain not in _DEFAULT_DOMAINS or lookup(node.op_type, self.opset) is None:
-                self.refuse(node)
             else:
-                self.nodes.append(node)
+                self.default(node)
         if self.unsupported:
             listed = ", ".join(f"{op} (e.g. node {n!r})" for op, n in self.unsupported.items())
             raise ValueError(
@@ -279,6 +298,17 @@ class Normaliser:
                 "with quantbridge.quantize"
             )
         return self._model(), self.record
+
+    def default(self, node: onnx.NodeProto) -> None:
+        """A node no rule rewrites: data movement on integers, a float op, or unsupported."""
+        if any(self.grid(i) for i in node.input if i):
+            self._integer_data_movement(node)  # Case 5
+        elif any(i in self.dynamic for i in node.input if i):
+            self.refuse(node)  # dynamic integers read by something else than a rule
+        elif node.domain not in _DEFAULT_DOMAINS or lookup(node.op_type, self.opset) is None:
+            self.refuse(node)
+        else:
+            self.nodes.append(node)
 
     def _integer_data_movement(self, node: onnx.NodeProto) -> None:
         site = self.grid(node.input[0]) if node.input else None
@@ -349,88 +379,3 @@ def _storable(value: np.ndarray) -> np.ndarray:
 def normalise(proto: onnx.ModelProto, ranks: dict[str, int]) -> tuple[onnx.ModelProto, QuantRecord]:
     """The float graph with ``Site`` nodes and the record of the file's quantization."""
     return Normaliser(proto, ranks).run()
-
-
-# -- QDQ (Cases 1-4) -----------------------------------------------------------------------------
-@rule("QuantizeLinear")
-def _quantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
-    attrs = ctx.attrs(node)
-    if attrs.get("block_size", 0):
-        raise ValueError(f"{ctx.where(node)}: blocked quantization (block_size) is not supported")
-    x, y = node.input[0], node.output[0]
-    out_type = attrs.get("output_dtype") or None
-    qp = ctx.qparams(node, x, 1, 2, attrs.get("axis", 1), out_type)
-    if x in ctx.consts:  # Case 1: a float weight -> Q: its integers now
-        codes = quantize(ctx.consts[x].astype(np.float32), qp.scale,
-                         qp.zero_point.astype(np.float32), qp.qmin, qp.qmax, qp.axis)  # fmt: skip
-        ctx.consts[y] = np.asarray(codes).astype(np.int32)
-        ctx.const_types[y] = qp.onnx_type
-        return
-    if qp.axis is not None:
-        raise ValueError(
-            f"{ctx.where(node)}: per-channel quantization of a run-time tensor {x!r} is not "
-            "supported (activations take one scale); quantize it per tensor"
-        )
-    ctx.site(x, y, qp, x)  # Case 1
-
-
-@rule("DequantizeLinear")
-def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
-    attrs = ctx.attrs(node)
-    if attrs.get("block_size", 0):
-        raise ValueError(f"{ctx.where(node)}: blocked quantization (block_size) is not supported")
-    y, out = node.input[0], node.output[0]
-    if y in ctx.consts and ctx.consts[y].dtype == np.int32 and y not in ctx.const_types:
-        qp_scale = ctx.const(node.input[1])
-        zero = ctx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if qp_scale is None or (zero is not None and np.any(zero != 0)):
-            raise ValueError(
-                f"{ctx.where(node)}: an int32 DequantizeLinear (a bias) needs a constant scale "
-                "and zero point 0"
-            )
-        ctx.dequantize_bias(node, y, qp_scale, name=out)
-        return
-    qp = ctx.qparams(node, y, 1, 2, attrs.get("axis", 1))
-    if y in ctx.consts:  # Case 2
-        source = ctx.read(node, y, qp)
-        if source != out:  # the same integers dequantized before: one more name for them
-            ctx.add_const(out, ctx.consts[source])
-            ctx.record.weights[out] = ctx.record.weights[source]
-        return
-    ctx.read(node, y, qp)  # Case 3: checks the grid
-    ctx.emit("Identity", [y], [out], name=node.name)
-    ctx.record.dequantized[out] = ctx.record.tensor_grid[y]
-
-
-@rule("Clip", quantized=False)
-def _clip(ctx: Normaliser, node: onnx.NodeProto) -> None:
-    site = ctx.grid(node.input[0])
-    if site is None:  # a float Clip
-        ctx.nodes.append(node)
-        return
-    bounds = [ctx.const(i) if i else None for i in list(node.input[1:3])]
-    attrs = ctx.attrs(node)
-    if ctx.opset < 11:
-        bounds = [attrs.get("min"), attrs.get("max")]
-    if any(
-        b is None and i < len(node.input) - 1 and node.input[i + 1] for i, b in enumerate(bounds)
-    ):
-        raise ValueError(f"{ctx.where(node)}: integer Clip bounds must be constants")
-    qp = site.qparams
-    lo = qp.qmin if len(bounds) < 1 or bounds[0] is None else int(bounds[0])
-    hi = qp.qmax if len(bounds) < 2 or bounds[1] is None else int(bounds[1])
-    narrow = qp.narrowed(lo, hi, ctx.where(node))
-    x, out = node.input[0], node.output[0]
-    producer = ctx.nodes[-1] if ctx.nodes else None
-    only_reader = ctx.readers.get(x, 0) == 1
-    if (
-        only_reader
-        and producer is not None
-        and producer.op_type == SITE_OP
-        and producer.output[0] == x
-    ):
-        site.qparams = narrow  # Case 4: the Q writes the narrow grid
-        ctx.emit("Identity", [x], [out], name=node.name)
-        ctx.record.tensor_grid[out] = site.grid
-        return
-    ctx.site(x, out, narrow, out)  # Case 4: another reader sees the full grid
