@@ -9,6 +9,7 @@ Public names are re-exported from ``quantbridge``.
 
 from .exporter import (
     PerformanceWarning,
+    SaturationWarning,
     export,
     float_to_onnx,
     float_weights,
@@ -21,6 +22,7 @@ from .inspector import inspect_model
 __all__ = [
     "OnnxModule",
     "PerformanceWarning",
+    "SaturationWarning",
     "export",
     "float_to_onnx",
     "float_weights",

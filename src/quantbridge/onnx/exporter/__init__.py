@@ -9,6 +9,7 @@ layer; knows nothing of import, inspection or folding.
 
 from ._export import (
     PerformanceWarning,
+    SaturationWarning,
     export,
     float_to_onnx,
     float_weights,
@@ -20,6 +21,7 @@ from ._signature import SIGNATURE_KEY
 __all__ = [
     "SIGNATURE_KEY",
     "PerformanceWarning",
+    "SaturationWarning",
     "export",
     "float_to_onnx",
     "float_weights",
