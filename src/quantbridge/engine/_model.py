@@ -195,7 +195,9 @@ def _device(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 def _quantmodel_forms(qmodel: QuantModel, example: Any, export: dict) -> dict:
-    snapshot = copy.deepcopy(qmodel)  # the float form is made later from these weights
+    with warnings.catch_warnings():  # torch's own GraphModule copy uses a deprecated pytree API
+        warnings.filterwarnings("ignore", r".*LeafSpec.* is deprecated", FutureWarning)
+        snapshot = copy.deepcopy(qmodel)  # the float form is made later from these weights
     quantized = to_onnx(snapshot, example, **export).SerializeToString()
 
     def float_form() -> bytes:
