@@ -337,7 +337,9 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
     try:
         with warnings.catch_warnings():  # a different model is reported below, by name
             warnings.simplefilter("ignore")
-            qmodel = prepare(model, args, kwargs, recipe, dynamic, fold_bn, separate_concats=separate)
+            qmodel = prepare(
+                model, args, kwargs, recipe, dynamic, fold_bn, separate_concats=separate
+            )
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(
