@@ -5,7 +5,7 @@ qmodel = qb.quantize(model, calib_data, recipe="int8")
 qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 """
 
-from ._version import __version__
+from ._version import __version__ as __version__
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, import_onnx
 from .recipe import Recipe, Rule, TensorRecipe
@@ -24,7 +24,6 @@ from .torch import (
     save,
     sync_observers,
 )
-
 
 __all__ = [
     "CaptureError",
