@@ -1,9 +1,9 @@
 """The package's shape, read from its source with ``ast`` (nothing is imported):
 
 * imports run one way, down the layer order of DESIGN.md: numerics, calibrate, recipe, torch,
-  onnx, integer, engine, debug, cli (``optables``, ``_platform`` and ``_version`` sit at the bottom with
-  numerics, ``zoo`` is plain torch models and sits with torch; ``demo``, ``cli`` and the package's
-  own ``__init__`` / ``__main__`` (the public API) at the top);
+  onnx, integer, engine, debug, cli (``optables``, ``_version`` and ``_platform`` sit at the
+  bottom with numerics, ``zoo`` is plain torch models and sits with torch; ``demo``, ``cli`` and
+  the package's own ``__init__`` / ``__main__`` (the public API) at the top);
 * no import cycle between modules, counting imports inside functions too (a function-level import
   that dodges a cycle is still a cycle);
 * no module over 450 lines.

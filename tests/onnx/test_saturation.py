@@ -52,7 +52,7 @@ def exports(tmp_path_factory):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = qb.export(qm, folder / f"{preset}.onnx", torch.randn(2, 3, 32, 32))
-        scale = float(list(qm.quantizers().values())[-1].scale)
+        scale = float(qm.output_quantizer().scale)
         saturation = [w for w in caught if issubclass(w.category, SaturationWarning)]
         out[preset] = (folder / f"{preset}.onnx", model, scale, saturation)
     return out

@@ -19,8 +19,11 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
 
-"Quantized" is tracked per value: ``self.grid[node]`` is the quantizer whose grid ``node``'s
-output lies on. Inputs already on a grid are not quantized twice.
+Placement is data: the walk (``plan_placement``) changes nothing; it returns a
+``PlacementPlan`` - the quantizers to create (with their ``QuantPoint`` records), which quantizer
+each value's grid is (``grid``: every consumer reads it quantized; ``reads``: one consumer does),
+the graph edits in order, and which quantizers were merged into which - and one step,
+``_record.apply_plan``, applies it to the graph. Inputs already on a grid are not quantized twice.
 
 Values that depend on no graph input (``constant_values``: computed only from parameters,
 buffers and literals, such as BERT's position-embedding lookup ``embedding(weight,
@@ -50,7 +53,6 @@ from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
 from ._capture import user_stacklevel
-from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 from ._ops import (
     ARITHMETIC_OPS,
     CONSTANT_OPERAND_OPS,
@@ -63,13 +65,15 @@ from ._ops import (
 )
 from ._record import (
     CONTAINER,
+    Edit,
+    PlacementPlan,
+    QuantizerSpec,
     QuantPoint,
-    add_bias_quantizer,
-    add_quantizer,
-    insert_call,
+    apply_plan,
     output_quantizers,
     parameter_point,
     quantize_new_bias,
+    unique_attr,
 )
 
 
@@ -114,42 +118,64 @@ def _is_float_tensor(node) -> bool:
     return isinstance(val, torch.Tensor) and val.is_floating_point()
 
 
-class _Placer:
+class _Planner:
+    """The placement walk. Decisions only: every handler records specs and edits in the plan and
+    reads the graph as it was captured (nothing is inserted until ``apply_plan``)."""
+
     def __init__(
         self, gm: torch.fx.GraphModule, recipe: Recipe, separate_concats: frozenset = frozenset()
     ):
         self.gm, self.graph, self.recipe = gm, gm.graph, recipe
         self.separate_concats = separate_concats
-        self.container = nn.Module()
-        gm.add_submodule(CONTAINER, self.container)
-        self.grid: dict[torch.fx.Node, Quantizer] = {}
-        self.points: dict[str, QuantPoint] = {}
-        self.input_fq: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.weight_fq: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.constant_fq: dict[torch.fx.Node, torch.fx.Node] = {}
-        self.biases: list[BiasQuantizer] = []
+        self.plan = PlacementPlan()
+        self.names = nn.Module()  # the container's attribute names, as apply_plan will add them
+        self.points: dict[str, int] = {}  # attr -> spec, in the container's order
+        self.input_spec: dict[torch.fx.Node, int] = {}
+        self.weight_spec: dict[torch.fx.Node, int] = {}
+        self.constant_spec: dict[torch.fx.Node, int] = {}
         self.seen_modules: set[tuple[str, str]] = set()
         self.scaled_in_training: set[torch.fx.Node] = set()  # see identity_in_eval
-        self.constant = constant_values(self.graph)  # of the graph before any insertion
+        self.constant = constant_values(self.graph)
 
-    # -- module bookkeeping ---------------------------------------------------------------------
-    def _add(self, module: nn.Module, point: QuantPoint) -> str:
-        target = add_quantizer(self.container, module, point)
-        self.points[point.attr] = point
-        return target
+    # -- the plan -------------------------------------------------------------------------------
+    def _spec(self, spec: QuantizerSpec) -> int:
+        """Add a quantizer to create; its container attribute as ``add_quantizer`` would pick."""
+        index = len(self.plan.specs)
+        self.plan.specs.append(spec)
+        base = spec.point.name
+        attr = unique_attr(self.names, base)
+        self.names.add_module(attr, nn.Identity())
+        spec.point.attr = attr
+        self.points[attr] = index
+        self.plan.edits.append(Edit("create", index, None))
+        return index
 
-    def _call(self, target: str, value: torch.fx.Node, observe: bool = True) -> torch.fx.Node:
-        return insert_call(self.graph, target, value, observe)
+    def resolve(self, spec: int | None) -> int | None:
+        while spec is not None and spec in self.plan.merged:
+            spec = self.plan.merged[spec]
+        return spec
 
-    def _new_activation(
-        self, value: torch.fx.Node, recipe: TensorRecipe, module: str, producer: torch.fx.Node
-    ) -> tuple[Quantizer, str]:
+    def grid_of(self, consumer: torch.fx.Node, value) -> int | None:
+        """The quantizer whose grid ``value`` lies on as ``consumer`` reads it (None: float)."""
+        if not isinstance(value, torch.fx.Node):
+            return None
+        spec = self.plan.grid.get(value, self.plan.reads.get((consumer, value)))
+        return self.resolve(spec)
+
+    def _activation(self, value: torch.fx.Node, recipe: TensorRecipe, module: str, producer):
         name = f"{module}/{producer.name}" if module else producer.name
-        q = Quantizer(name, recipe, "activation")
         point = QuantPoint(
             "", name, "activation", module, value.name, recipe.scheme.to_dict(), recipe.method
         )
-        return q, self._add(q, point)
+        return self._spec(QuantizerSpec(point, "activation", recipe))
+
+    def _read(self, consumer: torch.fx.Node, value: torch.fx.Node, spec: int) -> None:
+        self.plan.edits.append(Edit("consumer", spec, value, consumer))
+        self.plan.reads[(consumer, value)] = spec
+
+    def _everywhere(self, value: torch.fx.Node, spec: int, observe: bool = True) -> None:
+        self.plan.edits.append(Edit("all", spec, value, observe=observe))
+        self.plan.grid[value] = spec
 
     # -- quantizing values ----------------------------------------------------------------------
     def quantize_input(
@@ -157,19 +183,16 @@ class _Placer:
     ) -> None:
         """Quantize ``value`` where ``consumer`` reads it (one quantizer per value). A value that
         depends on no input stays float unless ``constant_too`` (a computed weight)."""
-        if not _is_float_tensor(value) or value in self.grid or keeps_float_output(value):
+        if not _is_float_tensor(value) or self.grid_of(consumer, value) is not None:
             return
-        if value in self.constant and not constant_too:
+        if keeps_float_output(value) or (value in self.constant and not constant_too):
             return
-        if value not in self.input_fq:
+        if value not in self.input_spec:
             module = "input" if value.op == "placeholder" else module_of(value)[0]
-            q, target = self._new_activation(value, recipe, module, value)
-            fq = self._call(target, value)
-            self.grid[fq] = q
-            self.input_fq[value] = fq
-        consumer.replace_input_with(value, self.input_fq[value])
+            self.input_spec[value] = self._activation(value, recipe, module, value)
+        self._read(consumer, value, self.input_spec[value])
 
-    def quantize_output(self, node: torch.fx.Node, recipe: TensorRecipe) -> Quantizer | None:
+    def quantize_output(self, node: torch.fx.Node, recipe: TensorRecipe) -> int | None:
         if node in self.constant:
             return None
         last = node
@@ -180,11 +203,9 @@ class _Placer:
             last = user
         if not _is_float_tensor(last):
             return None
-        q, target = self._new_activation(last, recipe, module_of(node)[0], node)
-        fq = self._call(target, last)
-        last.replace_all_uses_with(fq, delete_user_cb=lambda u: u is not fq)
-        self.grid[fq] = q
-        return q
+        spec = self._activation(last, recipe, module_of(node)[0], node)
+        self._everywhere(last, spec)
+        return spec
 
     # -- per role -------------------------------------------------------------------------------
     def weighted(self, node: torch.fx.Node, wr: TensorRecipe, ar: TensorRecipe) -> None:
@@ -196,26 +217,19 @@ class _Placer:
             self.quantize_input(node, w, ar, constant_too=True)
             self.quantize_output(node, ar)
             return
-        if w not in self.weight_fq:
-            wq = WeightQuantizer(w.target, wr, axis)
-            wq.weight_name = w.target
+        if w not in self.weight_spec:
             point = parameter_point(w, "weight", wr.scheme.to_dict(), wr.method)
-            self.weight_fq[w] = self._call(self._add(wq, point), w)
-        node.replace_input_with(w, self.weight_fq[w])
-        bq = self.quantize_bias(node)
-        if bq is not None:
-            self.biases.append(bq)
+            spec = QuantizerSpec(point, "weight", wr, axis=axis, source=w.target)
+            self.weight_spec[w] = self._spec(spec)
+        self._read(node, w, self.weight_spec[w])
+        b = node.args[i_b] if len(node.args) > i_b else None
+        x_spec = self.grid_of(node, node.args[i_x])
+        if isinstance(b, torch.fx.Node) and b.op == "get_attr" and x_spec is not None:
+            point = parameter_point(b, "bias", {"bits": 32, "signed": True}, "derived")
+            spec = QuantizerSpec(point, "bias", None, source=b.target)
+            spec.bias_of = (x_spec, self.weight_spec[w])
+            self._read(node, b, self._spec(spec))
         self.quantize_output(node, ar)
-
-    def quantize_bias(self, node: torch.fx.Node) -> BiasQuantizer | None:
-        """int32 bias quantizer for a WEIGHTED op whose input and weight are quantized."""
-        x_q = self.grid.get(node.args[WEIGHTED_OPS[node.target][0]])
-        placed = add_bias_quantizer(self.gm, node, x_q)
-        if placed is None:
-            return None
-        bq, point = placed
-        self.points[point.attr] = point
-        return bq
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
         floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
@@ -231,7 +245,8 @@ class _Placer:
             shared = self._aligned_inputs(node, inputs, ar)
             # a float constant among the inputs would be clipped to a grid observed without it
             if node.target is torch.ops.aten.cat.default and len(inputs) == len(floats):
-                self._share(node, shared)
+                if shared is not None:
+                    self._everywhere(node, shared, observe=False)
                 return
         else:
             for v in inputs:
@@ -250,20 +265,23 @@ class _Placer:
         positions = ARITHMETIC_OPS[node.target]
         args = [(i, node.args[i]) for i in positions if i < len(node.args)]
         live = [a for _, a in args if isinstance(a, torch.fx.Node) and a not in self.constant]
-        if not live or not all(a in self.grid for a in live):
+        if not live or not all(self.grid_of(node, a) is not None for a in live):
             return  # an input left float: the op stays float in the engine anyway
         module = module_of(node)[0]
         for i, a in args:
             if isinstance(a, (int, float)) and not isinstance(a, bool):
-                fq = self._scalar(node, float(a), ar, module)
+                if torch.isfinite(torch.tensor(float(a))):
+                    name = f"{module}/{node.name}_constant" if module else f"{node.name}_constant"
+                    scheme = ar.scheme.to_dict()
+                    point = QuantPoint("", name, "constant", module, node.name, scheme, "constant")
+                    spec = self._spec(QuantizerSpec(point, "constant", ar, value=float(a)))
+                    self.plan.edits.append(Edit("scalar", spec, None, node, index=i))
             elif isinstance(a, torch.fx.Node) and a.op == "get_attr" and self._is_buffer(a):
-                fq = self._buffer(a, ar, module)
-            else:
-                continue
-            if fq is not None:
-                args_ = list(node.args)
-                args_[i] = fq
-                node.args = tuple(args_)
+                if a not in self.constant_spec:  # one quantizer per buffer, named by it
+                    point = parameter_point(a, "constant", ar.scheme.to_dict(), "constant")
+                    spec = QuantizerSpec(point, "constant", ar, source=a.target)
+                    self.constant_spec[a] = self._spec(spec)
+                self.plan.edits.append(Edit("arg", self.constant_spec[a], a, node, index=i))
 
     def _is_buffer(self, node: torch.fx.Node) -> bool:
         try:
@@ -272,97 +290,53 @@ class _Placer:
             return False  # a parameter (trains) or a plain attribute
         return value.is_floating_point() and bool(torch.isfinite(value).all())
 
-    def _scalar(
-        self, node: torch.fx.Node, c: float, ar: TensorRecipe, module: str
-    ) -> torch.fx.Node | None:
-        if not torch.isfinite(torch.tensor(c)):
-            return None
-        name = f"{module}/{node.name}_constant" if module else f"{node.name}_constant"
-        q = ConstantQuantizer(name, ar, torch.tensor(c, dtype=torch.float32), own=True)
-        point = QuantPoint("", name, "constant", module, node.name, ar.scheme.to_dict(), "constant")
-        target = self._add(q, point)
-        q.constant_name = f"{target}.value"
-        with self.graph.inserting_before(node):
-            value = self.graph.get_attr(q.constant_name)
-            value.meta["val"] = q.value
-            fq = self.graph.call_module(target, (value,))
-        fq.meta["val"] = q.value
-        fq.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
-        self.grid[fq] = q
-        return fq
-
-    def _buffer(self, buffer: torch.fx.Node, ar: TensorRecipe, module: str) -> torch.fx.Node:
-        """One quantizer per buffer (like a weight), named by the buffer."""
-        if buffer not in self.constant_fq:
-            q = ConstantQuantizer(buffer.target, ar, self.gm.get_buffer(buffer.target))
-            q.constant_name = buffer.target
-            point = parameter_point(buffer, "constant", ar.scheme.to_dict(), "constant")
-            fq = self._call(self._add(q, point), buffer)
-            self.grid[fq] = q
-            self.constant_fq[buffer] = fq
-        return self.constant_fq[buffer]
-
-    def _aligned_inputs(
-        self, node: torch.fx.Node, inputs: list, ar: TensorRecipe
-    ) -> Quantizer | None:
-        """One quantizer for all inputs: merge existing input quantizers into the first; return
-        it (None when no input is on a grid)."""
+    def _aligned_inputs(self, node: torch.fx.Node, inputs: list, ar: TensorRecipe) -> int | None:
+        """One quantizer for all inputs: merge the inputs' quantizers into the first; return it
+        (None when no input is on a grid)."""
         for v in inputs:
             self.quantize_input(node, v, ar)
-        qs = [self.grid[v] for v in node.all_input_nodes if v in self.grid]
-        if not qs:
+        specs = [self.grid_of(node, v) for v in node.all_input_nodes]
+        specs = [s for s in specs if s is not None]
+        if not specs:
             return None
-        keep = qs[0]
-        for other in qs[1:]:
-            if other is not keep and other.scheme == keep.scheme:
+        keep = specs[0]
+        for other in specs[1:]:
+            other = self.resolve(other)
+            same = self.plan.specs[other].recipe.scheme == self.plan.specs[keep].recipe.scheme
+            if other != keep and same:
                 self._merge(other, keep)
         return keep
 
-    def _merge(self, old: Quantizer, new: Quantizer) -> None:
-        new_target = next(
-            f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is new
-        )
-        for n in self.graph.nodes:
-            if n.op == "call_module" and n.target.startswith(CONTAINER + "."):
-                if self.gm.get_submodule(n.target) is old:
-                    n.target = new_target
-        for k, v in list(self.grid.items()):
-            if v is old:
-                self.grid[k] = new
-        for bq in self.biases:
-            if bq.input_quantizer is old:
-                bq.use_input_quantizer(new)
-        attr = next(a for a, m in self.container.named_children() if m is old)
-        delattr(self.container, attr)
+    def _merge(self, old: int, new: int) -> None:
+        """``old`` shares ``new``'s quantizer from now on: its calls and bias scales use ``new``,
+        and it is never created (its attribute name is free again)."""
+        self.plan.merged[old] = new
+        self.plan.edits.append(Edit("merge", old, None, index=new))
+        attr = self.plan.specs[old].point.attr
+        delattr(self.names, attr)
         del self.points[attr]
 
     def data_movement(self, node: torch.fx.Node) -> None:
         src = node.args[0] if node.args else None
-        if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
+        spec = self.grid_of(node, src)
+        if spec is not None and _is_float_tensor(node):
             if src in self.scaled_in_training:  # after dropout: on the grid only in eval mode
                 self.identity_in_eval(node)
             else:
-                self._share(node, self.grid[src])
+                self._everywhere(node, spec, observe=False)
 
     def identity_in_eval(self, node: torch.fx.Node) -> None:
         """Dropout (and data movement after it): the output is on the input's grid in eval mode,
         so consumers do not quantize it again, but no quantizer runs after it (in training the
         values are scaled by ``1 / (1 - p)`` and a re-quantization would clip them)."""
         src = node.args[0] if node.args else None
-        if isinstance(src, torch.fx.Node) and src in self.grid and _is_float_tensor(node):
-            self.grid[node] = self.grid[src]
+        spec = self.grid_of(node, src)
+        if spec is not None and _is_float_tensor(node):
+            self.plan.grid[node] = spec
             self.scaled_in_training.add(node)
 
-    def _share(self, node: torch.fx.Node, q: Quantizer | None) -> None:
-        if q is None:
-            return
-        target = next(f"{CONTAINER}.{a}" for a, m in self.container.named_children() if m is q)
-        fq = self._call(target, node, observe=False)
-        node.replace_all_uses_with(fq, delete_user_cb=lambda u: u is not fq)
-        self.grid[fq] = q
-
     # -- driver ---------------------------------------------------------------------------------
-    def run(self) -> list[QuantPoint]:
+    def run(self) -> PlacementPlan:
         for node in list(self.graph.nodes):
             role = op_role(node)
             if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
@@ -386,25 +360,33 @@ class _Placer:
                 f"include {sorted(m for m, _ in self.seen_modules if m)[:8]}",
                 stacklevel=user_stacklevel(),
             )
-        self.graph.lint()
-        self.gm.recompile()
-        return list(self.points.values())
+        self.plan.order = list(self.points.values())
+        return self.plan
+
+
+def plan_placement(
+    gm: torch.fx.GraphModule, recipe: Recipe, separate_concats: frozenset = frozenset()
+) -> PlacementPlan:
+    """Where quantizers go in ``gm`` and which values share them, as data (``gm`` unchanged).
+    ``separate_concats``: fx names of concats kept float on separately quantized inputs."""
+    return _Planner(gm, recipe, frozenset(separate_concats)).run()
 
 
 def place_quantizers(
     gm: torch.fx.GraphModule, recipe: Recipe, separate_concats: frozenset = frozenset()
 ) -> list[QuantPoint]:
-    """Insert quantizers into ``gm`` in place; return the record of what was placed.
-    ``separate_concats``: fx names of concats kept float on separately quantized inputs."""
-    return _Placer(gm, recipe, frozenset(separate_concats)).run()
+    """Insert quantizers into ``gm`` in place; return the record of what was placed."""
+    return apply_plan(gm, plan_placement(gm, recipe, separate_concats))
 
 
 __all__ = [
     "CONTAINER",
+    "PlacementPlan",
     "QuantPoint",
     "constant_values",
     "module_of",
     "output_quantizers",
     "place_quantizers",
+    "plan_placement",
     "quantize_new_bias",
 ]

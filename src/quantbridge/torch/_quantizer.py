@@ -147,7 +147,8 @@ class Quantizer(nn.Module):
             for k, v in self.tracker.state_dict().items()
         }
 
-    # compatibility views of the state (the flags the state replaced)
+    # compatibility views of the state (the flags it replaced); setting ``observing`` is a
+    # checked move (True: back to calibrating, False: frozen)
     @property
     def observing(self) -> bool:
         return self._state is QState.CALIBRATING
@@ -273,8 +274,7 @@ class Quantizer(nn.Module):
         s = self.scheme
         sign = "int" if s.signed else "uint"
         gran = f"per-channel(axis={self.axis})" if self.axis is not None else "per-tensor"
-        state = "observing" if self.observing else "frozen"
-        return f"{self.name!r}, {sign}{s.bits} [{s.qmin}, {s.qmax}], {gran}, {state}"
+        return f"{self.name!r}, {sign}{s.bits} [{s.qmin}, {s.qmax}], {gran}, {self._state.value}"
 
     # -- calibration ----------------------------------------------------------------------------
     def _new_observer(self):

@@ -3,6 +3,8 @@
 * ``QuantPoint`` - plain data: which user module and tensor each quantizer serves (export, save
   and debug tools read the record, never guess from names or positions);
 * ``output_quantizers`` - which quantizer each model output lies on (``QuantModel.qb_outputs``);
+* ``PlacementPlan`` - what placement decided, as data (quantizers to create, which quantizer
+  each value shares, the graph edits in order), and ``apply_plan``, the one step that applies it;
 * ``add_quantizer`` / ``insert_call`` - a quantizer module under the container and its call;
 * ``add_bias_quantizer`` / ``quantize_new_bias`` - the int32 bias quantizer of a weighted op, a
   plain function (placement uses it, and BN folding in QAT for a bias the fold created).
@@ -11,12 +13,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
-from ._fakequant import BiasQuantizer, Quantizer
+from ..recipe import TensorRecipe
+from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 from ._ops import WEIGHTED_OPS
 
 CONTAINER = "_quantbridge"
@@ -44,6 +47,149 @@ def parameter_point(param: torch.fx.Node, kind: str, scheme: dict, method: str) 
     return QuantPoint("", param.target, kind, module, param.name, scheme, method)
 
 
+@dataclass
+class QuantizerSpec:
+    """One quantizer to create: its record, kind and recipe; a weight's axis and parameter, a
+    bias's parameter and the specs of its input and weight quantizers, a constant's value (a
+    Python scalar) or buffer."""
+
+    point: QuantPoint
+    kind: str  # 'activation' | 'weight' | 'bias' | 'constant'
+    recipe: TensorRecipe | None
+    axis: int | None = None
+    source: str = ""  # the parameter or buffer quantized (weight, bias, buffer constant)
+    value: float | None = None  # a scalar constant
+    bias_of: tuple[int, int] | None = None  # (input spec, weight spec)
+
+
+@dataclass
+class Edit:
+    """One graph edit: a call of quantizer ``spec`` on ``value`` that
+
+    * ``consumer``: ``consumer`` reads (one call per value and quantizer, shared by consumers);
+    * ``all``: every use reads (with ``observe=False`` for a value sharing another's grid);
+    * ``arg``: replaces argument ``index`` of ``consumer`` (a buffer constant);
+    * ``scalar``: replaces the scalar argument ``index`` of ``consumer`` (``value`` is None);
+    * ``create``: creates quantizer ``spec``; ``merge``: ``spec`` shares quantizer ``index``.
+    """
+
+    kind: str
+    spec: int
+    value: torch.fx.Node | None
+    consumer: torch.fx.Node | None = None
+    index: int | None = None
+    observe: bool = True
+
+
+@dataclass
+class PlacementPlan:
+    """What placement decided, before anything is inserted."""
+
+    specs: list[QuantizerSpec] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    # value -> spec whose grid every consumer reads it on; (consumer, value) -> spec for one
+    grid: dict[torch.fx.Node, int] = field(default_factory=dict)
+    reads: dict[tuple[torch.fx.Node, torch.fx.Node], int] = field(default_factory=dict)
+    merged: dict[int, int] = field(default_factory=dict)  # spec -> the spec it shares
+    order: list[int] = field(default_factory=list)  # the specs of the record, in its order
+
+    def resolve(self, spec: int) -> int:
+        while spec in self.merged:
+            spec = self.merged[spec]
+        return spec
+
+    def target(self, spec: int) -> str:
+        return f"{CONTAINER}.{self.specs[spec].point.attr}"
+
+
+def apply_plan(gm: torch.fx.GraphModule, plan: PlacementPlan) -> list[QuantPoint]:
+    """Make the plan's edits in order under ``gm._quantbridge``: create each quantizer, insert its
+    calls, and on a merge move the merged quantizer's calls (and the bias scales taken from it)
+    to the one it shares, then remove it. Returns the placement record."""
+    container = nn.Module()
+    gm.add_submodule(CONTAINER, container)
+    modules: dict[int, nn.Module] = {}
+    calls: dict[tuple[int, torch.fx.Node], torch.fx.Node] = {}
+    for e in plan.edits:
+        if e.kind == "create":
+            modules[e.spec] = _build(gm, plan, e.spec, modules)
+            container.add_module(plan.specs[e.spec].point.attr, modules[e.spec])
+            continue
+        if e.kind == "merge":
+            _merge(gm, container, modules, e.spec, e.index)
+            continue
+        target = _target_of(container, modules[e.spec])
+        if e.kind == "scalar":
+            fq = _scalar_call(gm.graph, target, modules[e.spec], e.consumer)
+        elif e.kind == "all":
+            fq = insert_call(gm.graph, target, e.value, e.observe)
+            e.value.replace_all_uses_with(fq, delete_user_cb=lambda u, fq=fq: u is not fq)
+        else:
+            fq = calls.get((e.spec, e.value))
+            if fq is None:
+                fq = calls[(e.spec, e.value)] = insert_call(gm.graph, target, e.value)
+            if e.kind == "consumer":
+                e.consumer.replace_input_with(e.value, fq)
+        if e.kind in ("scalar", "arg"):
+            args = list(e.consumer.args)
+            args[e.index] = fq
+            e.consumer.args = tuple(args)
+    gm.graph.lint()
+    gm.recompile()
+    return [plan.specs[i].point for i in plan.order]
+
+
+def _target_of(container: nn.Module, module: nn.Module) -> str:
+    return next(f"{CONTAINER}.{a}" for a, m in container.named_children() if m is module)
+
+
+def _merge(gm, container: nn.Module, modules: dict[int, nn.Module], old: int, new: int) -> None:
+    old_q, new_q = modules.pop(old), modules[new]
+    new_target = _target_of(container, new_q)
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and str(n.target).startswith(CONTAINER + "."):
+            if gm.get_submodule(n.target) is old_q:
+                n.target = new_target
+    for m in modules.values():
+        if isinstance(m, BiasQuantizer) and m.input_quantizer is old_q:
+            m.use_input_quantizer(new_q)
+    delattr(container, next(a for a, m in container.named_children() if m is old_q))
+    modules[old] = new_q  # later edits recorded before the merge reach the shared quantizer
+
+
+def _build(gm, plan: PlacementPlan, i: int, modules: dict[int, nn.Module]) -> nn.Module:
+    spec = plan.specs[i]
+    if spec.kind == "activation":
+        return Quantizer(spec.point.name, spec.recipe, "activation")
+    if spec.kind == "weight":
+        wq = WeightQuantizer(spec.source, spec.recipe, spec.axis)
+        wq.weight_name = spec.source
+        return wq
+    if spec.kind == "bias":
+        x_spec, w_spec = spec.bias_of
+        bq = BiasQuantizer(spec.source, modules[x_spec], modules[w_spec])
+        bq.bias_name = spec.source
+        return bq
+    if spec.value is not None:  # a Python scalar: the module holds it
+        value = torch.tensor(spec.value, dtype=torch.float32)
+        q = ConstantQuantizer(spec.point.name, spec.recipe, value, own=True)
+        q.constant_name = f"{plan.target(i)}.value"
+        return q
+    q = ConstantQuantizer(spec.source, spec.recipe, gm.get_buffer(spec.source))
+    q.constant_name = spec.source
+    return q
+
+
+def _scalar_call(graph, target: str, q: ConstantQuantizer, consumer: torch.fx.Node):
+    with graph.inserting_before(consumer):
+        value = graph.get_attr(q.constant_name)
+        value.meta["val"] = q.value
+        fq = graph.call_module(target, (value,))
+    fq.meta["val"] = q.value
+    fq.meta["nn_module_stack"] = consumer.meta.get("nn_module_stack", {})
+    return fq
+
+
 def output_quantizers(gm: torch.fx.GraphModule) -> list[str | None]:
     """Per output of ``gm`` (in the flattened order of its return value), the container attribute
     of the quantizer whose grid that output lies on, or None for a float output. Recorded once
@@ -66,14 +212,20 @@ def output_quantizers(gm: torch.fx.GraphModule) -> list[str | None]:
 def add_quantizer(container: nn.Module, module: nn.Module, point: QuantPoint) -> str:
     """Add ``module`` to the quantizer container under an attribute derived from the point's
     name (made unique); sets ``point.attr`` and returns the call target."""
-    base = re.sub(r"\W", "_", point.name).strip("_") or "q"
+    attr = unique_attr(container, point.name)
+    container.add_module(attr, module)
+    point.attr = attr
+    return f"{CONTAINER}.{attr}"
+
+
+def unique_attr(container: nn.Module, name: str) -> str:
+    """An attribute name for a quantizer named ``name``, free on ``container``."""
+    base = re.sub(r"\W", "_", name).strip("_") or "q"
     attr, i = base, 1
     while hasattr(container, attr):
         i += 1
         attr = f"{base}_{i}"
-    container.add_module(attr, module)
-    point.attr = attr
-    return f"{CONTAINER}.{attr}"
+    return attr
 
 
 def insert_call(
