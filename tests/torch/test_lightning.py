@@ -57,7 +57,7 @@ def float_model(digits):
 def _qat(float_model, digits, learn_scales=False) -> qb.QuantModel:
     torch.manual_seed(SEED)
     calib = [digits[0][:256]]
-    return qb.prepare_qat(copy.deepcopy(float_model), "int8", calib, learn_scales=learn_scales)
+    return qb.prepare_qat(copy.deepcopy(float_model), "native", calib, learn_scales=learn_scales)
 
 
 def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:

@@ -115,7 +115,7 @@ def _openvino(path, x: np.ndarray) -> np.ndarray:
 
 # -- placement ---------------------------------------------------------------------------------
 def test_position_embedding_stays_float_its_add_and_linear_are_quantized():
-    qm = qb.quantize(PositionEmbedding(), _batches())
+    qm = qb.quantize(PositionEmbedding(), _batches(), recipe="native")
     kinds = [p.kind for p in qm.qb_points]
     # x, the add's output (= fc's input) and fc's output; fc's weight and int32 bias
     assert sorted(kinds) == ["activation"] * 3 + ["bias", "weight"]
@@ -167,7 +167,7 @@ def test_constant_values_are_those_no_input_reaches():
 
 def test_constant_through_data_movement_gets_no_quantizer_and_no_shared_one():
     torch.manual_seed(0)
-    qm = qb.quantize(MovedConstant(), _batches())
+    qm = qb.quantize(MovedConstant(), _batches(), recipe="native")
     # activation quantizers: x, x * gain, the add, fc's output - none on the table's path
     quantized = {v.name for v in _quantizer_inputs(qm).values()}
     assert len(quantized) == 4, quantized
@@ -182,7 +182,7 @@ def test_constant_through_data_movement_gets_no_quantizer_and_no_shared_one():
 def test_cat_is_not_aligned_with_a_constant_input(dynamic):
     torch.manual_seed(0)
     m = ClassToken().eval()
-    qm = qb.quantize(m, _batches(), dynamic=dynamic)
+    qm = qb.quantize(m, _batches(), dynamic=dynamic, recipe="native")
     (cat,) = [n for n in qm.graph.nodes if n.target is aten.cat.default]
     (q_out,) = cat.users
     cls_in, x_in = cat.args[0]
@@ -207,7 +207,7 @@ def test_cat_is_not_aligned_with_a_constant_input(dynamic):
 def test_qat_places_the_same_quantizers_and_trains_the_constant_path():
     torch.manual_seed(0)
     m = PositionEmbedding()
-    qm = qb.prepare_qat(m, "int8", _batches())
+    qm = qb.prepare_qat(m, "native", _batches())
     assert sorted(p.kind for p in qm.qb_points) == ["activation"] * 3 + ["bias", "weight"]
     assert all(v.target is not aten.embedding.default for v in _quantizer_inputs(qm).values())
     loss = qm(torch.randn(8, 16, 8)).square().mean()
@@ -225,7 +225,7 @@ def exported(request, tmp_path_factory):
         "moved_constant": (MovedConstant(), "batch"),
         "class_token": (ClassToken(), "none"),
     }[request.param]
-    qm = qb.quantize(model.eval(), _batches(), dynamic=dynamic)
+    qm = qb.quantize(model.eval(), _batches(), dynamic=dynamic, recipe="native")
     path = tmp_path_factory.mktemp("constants") / f"{request.param}.onnx"
     x = torch.randn(8 if dynamic == "none" else 64, 16, 8)
     onnx_model = qb.export(qm, path, x[:8], dynamic=dynamic)

@@ -65,7 +65,7 @@ def test_train_and_eval_flip_captured_batchnorm_and_dropout():
     m = torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Dropout(0.5)
     )
-    qm = qb.prepare_qat(m, "int8", [torch.randn(8, 1, 8, 8)])
+    qm = qb.prepare_qat(m, "native", [torch.randn(8, 1, 8, 8)])
 
     def flags():
         bn = [n.args[5] for n in qm.graph.nodes if n.target is aten.batch_norm.default]
@@ -85,7 +85,7 @@ def test_freeze_batchnorm_keeps_outputs_and_integer_weights(digits, learn_scales
     # regression (lsq): the fold must move |k| into the learned log_scale too
     x, _ = digits
     torch.manual_seed(0)
-    qm = qb.prepare_qat(DigitsCNN(), "int8", [x[:128]], learn_scales=learn_scales)
+    qm = qb.prepare_qat(DigitsCNN(), "native", [x[:128]], learn_scales=learn_scales)
     qm.train()
     with torch.no_grad():
         for i in range(0, 512, 64):  # move BN statistics away from their initial values
@@ -134,7 +134,7 @@ def test_qat_loss_decreases_and_export_agrees_with_ort(
 ):
     x, y = digits
     torch.manual_seed(0)
-    qm = qb.prepare_qat(briefly_trained, "int8", [x[:128]], learn_scales=learn_scales)
+    qm = qb.prepare_qat(briefly_trained, "native", [x[:128]], learn_scales=learn_scales)
     opt = torch.optim.Adam(qm.parameters(), 3e-3)
     losses = []
     for step in range(80):
@@ -165,7 +165,7 @@ def test_qat_loss_decreases_and_export_agrees_with_ort(
 
 def test_export_of_qat_model_with_live_batchnorm_folds_a_copy(digits, tmp_path):
     x, _ = digits
-    qm = qb.prepare_qat(DigitsCNN(), "int8", [x[:64]])
+    qm = qb.prepare_qat(DigitsCNN(), "native", [x[:64]])
     model = qb.export(qm, tmp_path / "m.onnx", x[:2])
     assert "BatchNormalization" not in {n.op_type for n in model.graph.node}
     assert any(n.target is aten.batch_norm.default for n in qm.graph.nodes)  # original untouched
