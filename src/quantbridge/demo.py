@@ -31,6 +31,7 @@ import torch
 
 from . import Recipe, export, quantize
 from .onnx.inspector import inspect_model
+from .recipe import native_preset
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"
@@ -71,8 +72,9 @@ class DemoResult:
 
     @property
     def label(self) -> str:
-        """How the quantized model is called in the text: INT8, or the scheme (W4A8) if not."""
-        return "INT8" if self.scheme == "W8A8" else self.scheme
+        """How the quantized model is called in the text: INT8 for int8-stored weights of 5 to 8
+        bits and 8-bit activations (int8_avx2's 7-bit weights too), else the scheme (W4A8)."""
+        return "INT8" if self.scheme in ("W5A8", "W6A8", "W7A8", "W8A8") else self.scheme
 
     @property
     def checks(self) -> dict[str, bool]:
@@ -276,7 +278,7 @@ def lsb_agreement(
 def run_demo(
     epochs: int = 8,
     out: str | os.PathLike | None = None,
-    recipe: str = "int8",
+    recipe: str = "native",
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     n_calibration: int = 256,
@@ -287,6 +289,12 @@ def run_demo(
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     Recipe.preset(recipe)  # an unknown name fails now, not after training
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    if recipe == "native":
+        recipe = native_preset()
+        if recipe != "int8":
+            log(
+                f"recipe 'native' is {recipe!r} here: this CPU's int8 kernels saturate full-range weights"
+            )
     if out is not None:
         os.makedirs(out, exist_ok=True)
         return _run_demo(epochs, os.fspath(out), recipe, seed, log, n_calibration, keep=True)

@@ -7,13 +7,21 @@
 Public names are re-exported from ``quantbridge``.
 """
 
-from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from .exporter import (
+    PerformanceWarning,
+    SaturationWarning,
+    export,
+    float_weights,
+    slow_form_warnings,
+    to_onnx,
+)
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
 
 __all__ = [
     "OnnxModule",
     "PerformanceWarning",
+    "SaturationWarning",
     "export",
     "float_weights",
     "import_onnx",
