@@ -32,6 +32,7 @@ import torch
 from . import Recipe, export, quantize
 from .onnx.inspector import inspect_model
 from .recipe import native_preset
+from .torch._capture import quiet_torch
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"
@@ -229,7 +230,7 @@ def _accuracy(logits: np.ndarray | torch.Tensor, y: torch.Tensor) -> float:
 
 def export_float(model: torch.nn.Module, path: str, example: torch.Tensor) -> None:
     """The float baseline, exported the way users do it without quantbridge."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_torch():  # no "torchvision is not installed" lines
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
