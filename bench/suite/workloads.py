@@ -34,6 +34,8 @@ def ocr_det_path() -> Path:
     if folder is None:
         raise RuntimeError(skip_reason())
     return folder / "ch_PP-OCRv4_det_infer.onnx"
+
+
 NAMES = ("digits", "resnet18", "mobilenetv2", "minilm", "ocr_det")
 
 

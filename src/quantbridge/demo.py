@@ -36,6 +36,7 @@ from .engine import to_engine
 from .onnx.inspector import inspect_model
 from .optables import WEIGHTED_OPS
 from .recipe import native_preset
+from .torch._capture import quiet_torch
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"
@@ -77,8 +78,9 @@ class DemoResult:
 
     @property
     def label(self) -> str:
-        """How the quantized model is called in the text: INT8, or the scheme (W4A8) if not."""
-        return "INT8" if self.scheme == "W8A8" else self.scheme
+        """How the quantized model is called in the text: INT8 for int8-stored weights of 5 to 8
+        bits and 8-bit activations (int8_avx2's 7-bit weights too), else the scheme (W4A8)."""
+        return "INT8" if self.scheme in ("W5A8", "W6A8", "W7A8", "W8A8") else self.scheme
 
     @property
     def checks(self) -> dict[str, bool]:
@@ -238,7 +240,7 @@ def _accuracy(logits: np.ndarray | torch.Tensor, y: torch.Tensor) -> float:
 
 def export_float(model: torch.nn.Module, path: str, example: torch.Tensor) -> None:
     """The float baseline, exported the way users do it without quantbridge."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_torch():  # no "torchvision is not installed" lines
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
