@@ -232,7 +232,7 @@ def test_import_of_a_file_that_is_not_onnx_names_the_file(tmp_path):
     path.write_text("# not a model\n")
     with pytest.raises(ValueError) as info:
         qb.import_onnx(path)
-    assert str(info.value).startswith(f"import_onnx({str(path)!r}): not an ONNX model (protobuf: ")
+    assert str(info.value).startswith(f"import_onnx: {str(path)!r} is not a readable ONNX model (")
 
 
 def test_runtime_shape_error_names_the_onnx_node_as_onnxruntime_does(tmp_path):

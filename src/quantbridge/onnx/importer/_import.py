@@ -101,17 +101,6 @@ def _float_module(proto: onnx.ModelProto) -> tuple[_Graph, OnnxModule]:
 
 
 # -- loading -------------------------------------------------------------------------------------
-def _parse(load, what: str) -> onnx.ModelProto:
-    """``load()``, with protobuf's DecodeError (no file name) as a ValueError naming ``what``."""
-    try:
-        proto = load()
-    except DecodeError as e:
-        raise ValueError(f"{what}: not an ONNX model (protobuf: {e})") from None
-    if proto.ir_version == 0 or not proto.HasField("graph"):
-        raise ValueError(f"{what}: not an ONNX model (no IR version or graph)")
-    return proto
-
-
 def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         for init in _all_initializers(model.graph):
@@ -123,13 +112,13 @@ def _load(model) -> onnx.ModelProto:
                 )
         return model
     if isinstance(model, bytes):
-        return _parse(lambda: onnx.load_from_string(model), f"import_onnx(<{len(model)} bytes>)")
+        return _parse(lambda: onnx.load_from_string(model), f"<{len(model)} bytes>")
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"import_onnx: no ONNX file at {str(path)!r}")
         # external data is loaded from the model's folder
-        return _parse(lambda: onnx.load(str(path)), f"import_onnx({str(path)!r})")
+        return _parse(lambda: onnx.load(str(path)), repr(str(path)))
     raise TypeError(
         f"import_onnx expects a path, an onnx.ModelProto or its bytes, got {type(model).__name__}"
     )
