@@ -15,6 +15,7 @@ import pytest
 from quantbridge import __version__
 from quantbridge.cli import main
 from quantbridge.demo import DemoResult
+from quantbridge.recipe import native_preset
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def demo_run(tmp_path_factory):
 
 def test_demo_two_epochs_numbers(demo_run):
     code, result, _ = demo_run
-    assert result["epochs"] == 2 and result["recipe"] == "int8"
+    assert result["epochs"] == 2 and result["recipe"] == native_preset()
     assert result["n_train"] + result["n_test"] == 1797
     assert result["float_accuracy"] > 0.85
     assert abs(result["int8_ort_accuracy"] - result["float_accuracy"]) <= 0.02

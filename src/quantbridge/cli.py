@@ -113,9 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", metavar="DIR", help="keep the ONNX files in DIR (default: temp)")
     demo.add_argument(
         "--recipe",
-        default="int8",
+        default="native",
         metavar="NAME",
-        help="recipe preset: int8, int8_symmetric, w4a8, pow2 (default: int8)",
+        help="recipe preset: int8, int8_avx2, int8_symmetric, w4a8, pow2, or native "
+        "(default: int8, or int8_avx2 on x86 CPUs without VNNI, whose int8 kernels saturate)",
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     demo.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -31,6 +31,7 @@ import torch
 
 from . import Recipe, export, quantize
 from .onnx.inspector import inspect_model
+from .recipe import native_preset
 from .zoo import DigitsCNN
 
 ACCURACY_TOLERANCE = 0.005  # "INT8 within 0.5 points of float"
@@ -269,7 +270,7 @@ def lsb_agreement(
 def run_demo(
     epochs: int = 8,
     out: str | os.PathLike | None = None,
-    recipe: str = "int8",
+    recipe: str = "native",
     seed: int = 0,
     log: Callable[[str], None] | None = None,
     n_calibration: int = 256,
@@ -280,6 +281,12 @@ def run_demo(
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     Recipe.preset(recipe)  # an unknown name fails now, not after training
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    if recipe == "native":
+        recipe = native_preset()
+        if recipe != "int8":
+            log(
+                f"recipe 'native' is {recipe!r} here: this CPU's int8 kernels saturate full-range weights"
+            )
     if out is not None:
         os.makedirs(out, exist_ok=True)
         return _run_demo(epochs, os.fspath(out), recipe, seed, log, n_calibration, keep=True)

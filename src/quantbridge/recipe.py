@@ -16,6 +16,13 @@ Presets (``Recipe.preset(name)``, or pass the name to ``quantize``):
   a QDQ ResNet-18 about 3x faster with uint8 than with int8 activations on this machine.
 * ``"int8_symmetric"``: as ``int8`` with int8 symmetric activations (zero point 0), for integer
   accelerators that want zero points of 0.
+* ``"int8_avx2"``: as ``int8`` with 7-bit weights ([-63, 63], still stored as int8), for x86
+  CPUs without VNNI: their int8 kernels (ONNX Runtime, OpenVINO) add pairs of uint8 x int8
+  products in int16 with saturation, which full-range weights overflow (see
+  ``quantbridge._platform``; measured ResNet-18-style in ORT: 72% -> 100% of outputs within 1 LSB).
+* ``"native"``: ``int8_avx2`` on a CPU whose engines saturate (x86 without VNNI), ``int8``
+  elsewhere - for a model that runs exactly on the machine that quantizes it (the demo's default).
+  It resolves to the concrete recipe when used, so checkpoints and exports record that one.
 * ``"w4a8"``: 4-bit symmetric per-channel weights, uint8 activations.
 * ``"pow2"``: int8 symmetric weights and activations with power-of-two scales (shift-only rescale).
 
@@ -31,6 +38,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ._platform import u8s8_saturates
 from .numerics import PerChannel, PerTensor, QScheme
 
 _METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
@@ -245,8 +253,12 @@ class Recipe:
 
     @classmethod
     def preset(cls, name: str) -> Recipe:
+        if name == "native":
+            name = native_preset()
         if name not in PRESETS:
-            raise ValueError(f"unknown recipe preset {name!r}; presets: {sorted(PRESETS)}")
+            raise ValueError(
+                f"unknown recipe preset {name!r}; presets: {sorted([*PRESETS, 'native'])}"
+            )
         return PRESETS[name]
 
     def with_rules(self, *rules: Rule) -> Recipe:
@@ -265,12 +277,21 @@ _SYM8 = QScheme(8, True, True, False, PerTensor())
 PRESETS: dict[str, Recipe] = {
     "int8": Recipe(),
     "int8_symmetric": Recipe(activations=TensorRecipe(_SYM8, "minmax")),
+    "int8_avx2": Recipe(
+        weights=TensorRecipe(QScheme(7, True, True, True, PerChannel(0)), "minmax")
+    ),
     "w4a8": Recipe(weights=TensorRecipe(QScheme(4, True, True, True, PerChannel(0)), "minmax")),
     "pow2": Recipe(
         weights=TensorRecipe(QScheme(8, True, True, True, PerChannel(0), "pow2"), "minmax"),
         activations=TensorRecipe(QScheme(8, True, True, False, PerTensor(), "pow2"), "minmax"),
     ),
 }
+
+
+def native_preset() -> str:
+    """The preset whose int8 file this machine's engines compute exactly: ``int8_avx2`` where
+    uint8 x int8 pair sums saturate (``quantbridge._platform``), else ``int8``."""
+    return "int8_avx2" if u8s8_saturates() else "int8"
 
 
 def resolve_recipe(recipe: Recipe | str | dict | None) -> Recipe:
@@ -284,5 +305,5 @@ def resolve_recipe(recipe: Recipe | str | dict | None) -> Recipe:
     if isinstance(recipe, dict):
         return Recipe.from_dict(recipe)
     raise TypeError(
-        f"recipe must be a Recipe, a preset name {sorted(PRESETS)} or a dict, got {type(recipe).__name__}"
+        f"recipe must be a Recipe, a preset name {sorted([*PRESETS, 'native'])} or a dict, got {type(recipe).__name__}"
     )

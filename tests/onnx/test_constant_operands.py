@@ -51,7 +51,9 @@ def _data(n, seed):
 @pytest.fixture(scope="module")
 def quantized():
     torch.manual_seed(0)
-    return qb.quantize(HardSwishy(), [_data(8, i) for i in range(4)], progress=False)
+    return qb.quantize(
+        HardSwishy(), [_data(8, i) for i in range(4)], progress=False, recipe="native"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +229,9 @@ def test_ppocr_detector_every_add_and_mul_fuses(tmp_path):
 
     det = qb.import_onnx(DET)
     x = torch.from_numpy(_text_images(list(range(8)), 96, 128))
-    qm = qb.quantize(det, [x[i : i + 2] for i in range(0, 8, 2)], dynamic="all", progress=False)
+    qm = qb.quantize(
+        det, [x[i : i + 2] for i in range(0, 8, 2)], dynamic="all", progress=False, recipe="native"
+    )
     qb.export(qm, tmp_path / "det.onnx", x[:2], dynamic="all")
     optimized, sess = _ort_optimized(tmp_path / "det.onnx", tmp_path)
     ops = _ops(optimized)

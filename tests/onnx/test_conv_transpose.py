@@ -62,7 +62,9 @@ def test_fold_into_conv_transpose_is_exact_in_float64():
 
 def test_conv_transpose_weight_is_per_output_channel_and_ort_agrees():
     torch.manual_seed(0)
-    qm = qb.quantize(UpBlock(), [torch.randn(8, 3, 6, 6) for _ in range(3)], progress=False)
+    qm = qb.quantize(
+        UpBlock(), [torch.randn(8, 3, 6, 6) for _ in range(3)], progress=False, recipe="native"
+    )
     quantizers = qm.quantizers()
     up = [q for name, q in quantizers.items() if isinstance(q, WeightQuantizer) and "up" in name]
     assert len(up) == 1 and up[0].axis == 1 and up[0].scale.numel() == 8

@@ -314,7 +314,7 @@ def test_det_int8_end_to_end(det, tmp_path):
     within 2; Resize in linear instead of nearest mode: mean 21-27 steps. The bounds sit between.
     """
     calib = [torch.from_numpy(_text_images([20 + i], 96, 128)) for i in range(4)]
-    qmodel = qb.quantize(det, calib, dynamic="all", progress=False)
+    qmodel = qb.quantize(det, calib, dynamic="all", progress=False, recipe="native")
     model = qb.export(qmodel, tmp_path / "det.int8.onnx", example_inputs=calib[0])
 
     # int8 weights: every Conv reads an int8 initializer through DequantizeLinear
@@ -372,7 +372,7 @@ def test_det_int8_end_to_end(det, tmp_path):
 def test_det_int8_export_with_dynamic_image_size(det, tmp_path):
     """``qb.export(..., dynamic="all")``: one int8 file runs every image size in ONNX Runtime."""
     calib = [torch.from_numpy(_text_images([30 + i], 96, 128)) for i in range(2)]
-    qmodel = qb.quantize(det, calib, dynamic="all", progress=False)
+    qmodel = qb.quantize(det, calib, dynamic="all", progress=False, recipe="native")
     path = tmp_path / "det.int8.onnx"
     qb.export(qmodel, path, example_inputs=calib[0], dynamic="all")
     for height, width in ((64, 96), (128, 160)):
@@ -396,8 +396,8 @@ def test_torch_exported_model_quantizes_like_the_original(tmp_path):
     export_float(model, str(tmp_path / "r18.float.onnx"), torch.randn(2, 3, 32, 32))
     imported = qb.import_onnx(tmp_path / "r18.float.onnx")
     calib = [torch.randn(8, 3, 32, 32) for _ in range(4)]
-    direct = qb.quantize(model, calib, progress=False)
-    via_onnx = qb.quantize(imported, calib, progress=False)
+    direct = qb.quantize(model, calib, progress=False, recipe="native")
+    via_onnx = qb.quantize(imported, calib, progress=False, recipe="native")
     x = torch.randn(32, 3, 32, 32)
     with torch.no_grad():
         np.testing.assert_allclose(imported(x), model(x), rtol=0, atol=1e-5)

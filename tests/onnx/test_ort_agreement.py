@@ -49,7 +49,7 @@ def _ops(model: onnx.ModelProto) -> collections.Counter:
 
 def test_resnet18_style(tmp_path):
     m = resnet18_style(num_classes=100, width=16)
-    qm = qb.quantize(m, [torch.randn(8, 3, 32, 32) for _ in range(4)])
+    qm = qb.quantize(m, [torch.randn(8, 3, 32, 32) for _ in range(4)], recipe="native")
     x = torch.randn(32, 3, 32, 32)
     with torch.no_grad():
         y = qm(x)
@@ -61,7 +61,7 @@ def test_resnet18_style(tmp_path):
 
 def test_mobilenetv2_style(tmp_path):
     m = mobilenetv2_style(num_classes=100, width=0.35)
-    qm = qb.quantize(m, [torch.randn(8, 3, 32, 32) for _ in range(4)])
+    qm = qb.quantize(m, [torch.randn(8, 3, 32, 32) for _ in range(4)], recipe="native")
     x = torch.randn(32, 3, 32, 32)
     with torch.no_grad():
         y = qm(x)
@@ -80,7 +80,7 @@ def test_mobilenetv2_style(tmp_path):
 
 def test_tiny_transformer(tmp_path):
     m = TinyTransformer(num_classes=64)
-    qm = qb.quantize(m, [torch.randint(0, 100, (8, 16)) for _ in range(4)])
+    qm = qb.quantize(m, [torch.randint(0, 100, (8, 16)) for _ in range(4)], recipe="native")
     x = torch.randint(0, 100, (64, 16))
     with torch.no_grad():
         y = qm(x)
@@ -100,7 +100,7 @@ def test_two_inputs_and_keyword_input(tmp_path):
             "scale": torch.rand(n, 1) + 0.5,
         }
 
-    qm = qb.quantize(TwoInputConcat(), [batch(8) for _ in range(4)])
+    qm = qb.quantize(TwoInputConcat(), [batch(8) for _ in range(4)], recipe="native")
     x = batch(512)
     with torch.no_grad():
         y = qm(**x)

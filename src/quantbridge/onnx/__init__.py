@@ -8,7 +8,14 @@
 Public names are re-exported from ``quantbridge``.
 """
 
-from .exporter import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from .exporter import (
+    PerformanceWarning,
+    SaturationWarning,
+    export,
+    float_weights,
+    slow_form_warnings,
+    to_onnx,
+)
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
 from .quantizer import quantize_onnx
@@ -16,6 +23,7 @@ from .quantizer import quantize_onnx
 __all__ = [
     "OnnxModule",
     "PerformanceWarning",
+    "SaturationWarning",
     "export",
     "float_weights",
     "import_onnx",

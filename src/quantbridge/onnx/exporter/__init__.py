@@ -6,6 +6,20 @@ opset selection and downgrade (``_opset``) and int4 weight packing (``_int4``). 
 layer; knows nothing of import, inspection or folding.
 """
 
-from ._export import PerformanceWarning, export, float_weights, slow_form_warnings, to_onnx
+from ._export import (
+    PerformanceWarning,
+    SaturationWarning,
+    export,
+    float_weights,
+    slow_form_warnings,
+    to_onnx,
+)
 
-__all__ = ["PerformanceWarning", "export", "float_weights", "slow_form_warnings", "to_onnx"]
+__all__ = [
+    "PerformanceWarning",
+    "SaturationWarning",
+    "export",
+    "float_weights",
+    "slow_form_warnings",
+    "to_onnx",
+]
