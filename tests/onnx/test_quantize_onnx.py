@@ -321,3 +321,23 @@ def test_concat_of_different_ranges_keeps_separate_scales(tmp_path, monkeypatch)
 
 def out_of(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
     return next(n for n in model.graph.node if tensor in n.output)
+
+
+def test_head_layers():
+    """A layer reaching the output through Softmax (and a bias Add) is the float head; a layer
+    that is itself the output, or feeds a Concat, is not."""
+    from quantbridge.onnx.quantizer._head import head_layers
+
+    assert head_layers(_cnn()) == []  # fc is the graph output itself
+    assert head_layers(_detector_head()) == []  # the convs feed a Concat
+    model = _cnn()
+    fc = next(n for n in model.graph.node if n.name == "fc")
+    fc.output[0] = "pre"
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(10, np.float32), "bias2"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Add", ["pre", "bias2"], ["z"], name="bias"),
+            helper.make_node("Softmax", ["z"], ["logits"], name="softmax"),
+        ]
+    )
+    assert head_layers(model) == ["fc"]
