@@ -167,8 +167,10 @@ def batched(tokenizer, sentences, batch_size: int, max_length: int, padding: str
 def make_recipe(
     method: str = "minmax", skip: tuple[str, ...] = DEFAULT_SKIP, percentile: float | None = None
 ) -> qb.Recipe:
-    """The int8 preset with activation calibration ``method`` and ``skip`` patterns left float."""
-    base = qb.Recipe.preset("int8")
+    """The ``native`` preset (``int8``; 7-bit weights on x86 CPUs without VNNI, whose int8 kernels
+    saturate full-range weights) with activation calibration ``method`` and ``skip`` patterns
+    left float."""
+    base = qb.Recipe.preset("native")
     options = {}
     if method == "percentile" and percentile is not None:
         options["percentile"] = percentile

@@ -18,16 +18,18 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from ppocr_models import ppocr_dir, skip_reason
 
 import quantbridge as qb
 
-_DEFAULT = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr"
-PPOCR = Path(os.environ.get("QB_PPOCR_DIR", _DEFAULT)).resolve()  # a worktree sits elsewhere
+PPOCR = ppocr_dir() or Path(
+    "missing"
+)  # the rapidocr wheel's models, cached (tests/ppocr_models.py)
 DET = PPOCR / "ch_PP-OCRv4_det_infer.onnx"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not DET.exists(), reason=f"PP-OCR models not found in {PPOCR}"),
+    pytest.mark.skipif(not DET.exists(), reason=skip_reason()),
     pytest.mark.skipif(os.environ.get("QB_SKIP_SLOW") == "1", reason="QB_SKIP_SLOW=1"),
 ]
 

@@ -25,15 +25,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from ppocr_models import ppocr_dir, skip_reason
 
 import quantbridge as qb
 from quantbridge.cli import main
 
-# QB_PPOCR_DIR: the models' folder when the checkout is not next to ../shared (a git worktree)
-PPOCR = Path(
-    os.environ.get("QB_PPOCR_DIR")
-    or (Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "ppocr").resolve()
-)
+# the PP-OCR models the way a user gets them: the rapidocr wheel, cached (tests/ppocr_models.py)
+PPOCR = ppocr_dir() or Path("missing")
 DET = PPOCR / "ch_PP-OCRv4_det_infer.onnx"
 REC = PPOCR / "ch_PP-OCRv4_rec_infer.onnx"
 CLS = PPOCR / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -41,7 +39,7 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 SLOW = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("QB_SKIP_SLOW") == "1", reason="QB_SKIP_SLOW=1"),
-    pytest.mark.skipif(not DET.exists(), reason=f"PP-OCR models not found in {PPOCR}"),
+    pytest.mark.skipif(not DET.exists(), reason=skip_reason()),
     pytest.mark.skipif(ocr_data.missing() is not None, reason=str(ocr_data.missing())),
 ]
 
