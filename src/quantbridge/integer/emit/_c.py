@@ -107,9 +107,7 @@ def _conv(c: _Ctx, k: str, step) -> str:
     wc = (w.astype(np.int64) - wz).transpose(0, 2, 3, 1)  # [O][KH][KW][Cg], centered
     c.decls.append(f"static int16_t {k}_xp[{n * hp * wp * ch}];")
     c.const("int16_t", f"{k}_w", wc)
-    c.const("int32_t", f"{k}_b", a["bias"])
-    c.const("int64_t", f"{k}_m", a["multiplier"])
-    c.const("int8_t", f"{k}_n", a["shift"])
+    _layer_requant_consts(c, k, a)
     x, y = c.names[step.inputs[0]], c.names[step.output]
     return f"""    memset({k}_xp, 0, sizeof {k}_xp);
     for (int n = 0; n < {n}; n++) for (int c = 0; c < {ch}; c++)
@@ -132,6 +130,14 @@ def _conv(c: _Ctx, k: str, step) -> str:
 """
 
 
+def _layer_requant_consts(c: _Ctx, k: str, a: dict) -> None:
+    """A weighted layer's int32 bias and per-output-channel multiplier and shift, as arrays
+    ``{k}_b``, ``{k}_m``, ``{k}_n`` (what ``_requant`` reads for channel ``o``)."""
+    c.const("int32_t", f"{k}_b", a["bias"])
+    c.const("int64_t", f"{k}_m", a["multiplier"])
+    c.const("int8_t", f"{k}_n", a["shift"])
+
+
 @_register("conv_transpose")
 def _conv_transpose(c: _Ctx, k: str, step) -> str:
     a = step.attrs
@@ -146,9 +152,7 @@ def _conv_transpose(c: _Ctx, k: str, step) -> str:
     fh, fw = oh + pads[0] + pads[2], ow + pads[1] + pads[3]
     c.decls.append(f"static int32_t {k}_acc[{n * o * fh * fw}];")
     c.const("int32_t", f"{k}_w", wc)
-    c.const("int32_t", f"{k}_b", a["bias"])
-    c.const("int64_t", f"{k}_m", a["multiplier"])
-    c.const("int8_t", f"{k}_n", a["shift"])
+    _layer_requant_consts(c, k, a)
     x, y = c.names[step.inputs[0]], c.names[step.output]
     return f"""    memset({k}_acc, 0, sizeof {k}_acc);
     for (int n = 0; n < {n}; n++) for (int c = 0; c < {ch}; c++)
