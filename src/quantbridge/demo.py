@@ -25,13 +25,14 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import Recipe, export, quantize
+from ._platform import u8s8_saturates
 from .engine import to_engine
 from .onnx.inspector import inspect_model
 from .optables import WEIGHTED_OPS
@@ -306,6 +307,7 @@ def run_demo(
             log(
                 f"recipe 'native' is {recipe!r} here: this CPU's int8 kernels saturate full-range weights"
             )
+    recipe = exact_here(recipe, log)
     if out is not None:
         os.makedirs(out, exist_ok=True)
         return _run_demo(epochs, os.fspath(out), recipe, seed, log, n_calibration, keep=True)
@@ -313,7 +315,25 @@ def run_demo(
         return _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep=False)
 
 
-def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoResult:
+def exact_here(name: str, log: Callable[[str], None]) -> tuple[str, Recipe]:
+    """``(label, recipe)``: the preset ``name``, with 7-bit weights where this CPU's int8 kernels
+    saturate full-range 8-bit weights (``quantbridge._platform``; what 'native' does for 'int8'),
+    so that ONNX Runtime computes the file exactly here. Signed activations count: ONNX Runtime
+    runs them as uint8 + 128."""
+    recipe = Recipe.preset(name)
+    weights = recipe.weights.scheme
+    if not (u8s8_saturates() and weights.signed and weights.bits == 8):
+        return name, recipe
+    log(
+        f"recipe {name!r} with 7-bit weights here: this CPU's int8 kernels saturate "
+        "full-range weights (as 'native' does for 'int8')"
+    )
+    seven = replace(recipe.weights, scheme=replace(weights, bits=7))
+    return f"{name}, 7-bit weights", replace(recipe, weights=seven)
+
+
+def _run_demo(epochs, folder, named, seed, log, n_calibration, keep) -> DemoResult:
+    label, recipe = named
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -331,7 +351,7 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
         float_accuracy = _accuracy(model(x_test), y_test)
     lap("train")
 
-    log(f"quantizing (recipe {recipe!r}, {n_calibration} calibration images)")
+    log(f"quantizing (recipe {label!r}, {n_calibration} calibration images)")
     pick = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(seed))
     calibration = list(x_train[pick[:n_calibration]].split(64))
     qmodel = quantize(model, calibration, recipe=recipe, progress=False)
@@ -366,7 +386,7 @@ def _run_demo(epochs, folder, recipe, seed, log, n_calibration, keep) -> DemoRes
     lap("engine")
 
     return DemoResult(
-        recipe=recipe,
+        recipe=label,
         epochs=epochs,
         seed=seed,
         n_train=len(x_train),

@@ -72,6 +72,22 @@ DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
+# Ops whose output is >= 0 whatever their input (the exporter stores a symmetric int8 tensor
+# they produce as uint8, ``onnx/exporter/_relu_quant``).
+NONNEGATIVE_OUTPUT_OPS: frozenset[str] = frozenset({"Relu", "Sigmoid", "Softmax", "Exp", "Abs"})
+
+# Ops whose output is >= 0 when all their data inputs are (no arithmetic that can go negative;
+# Pad is left out: its constant can be negative). Data input: position 0, or all for Concat/Add/
+# Mul/Max/Sum.
+NONNEGATIVE_PRESERVING_OPS: frozenset[str] = frozenset(
+    {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax",
+     "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Split",
+     "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Expand", "Concat", "Add",
+     "Mul", "Max", "Sum"}
+)  # fmt: skip
+NONNEGATIVE_ALL_INPUTS_OPS: frozenset[str] = frozenset({"Concat", "Add", "Mul", "Max", "Sum"})
+
+
 def is_quantized_op(op_type: str) -> bool:
     """A QDQ node or a QOperator (any ``QLinear*`` op counts, known here or not)."""
     return op_type in QDQ_OPS or op_type in QOPERATOR_OPS or op_type.startswith("QLinear")

@@ -141,8 +141,14 @@ def test_slow_forms_warn_and_default_does_not(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", qb.onnx.PerformanceWarning)
         qb.export(qb.quantize(m, data), tmp_path / "fast.onnx", data[0])
-    with pytest.warns(qb.onnx.PerformanceWarning, match="int8 \\(signed\\) activations"):
-        qb.export(qb.quantize(m, data, recipe="int8_symmetric"), tmp_path / "slow.onnx", data[0])
+    uint8_weights = qb.Recipe(
+        weights=qb.TensorRecipe(qb.QScheme(8, False, False, False, qb.PerChannel(0)))
+    )
+    with pytest.warns(qb.onnx.PerformanceWarning, match="uint8 weights"):
+        qb.export(qb.quantize(m, data, recipe=uint8_weights), tmp_path / "slow.onnx", data[0])
+    with warnings.catch_warnings():  # int8 symmetric activations are now exported in fused form
+        warnings.simplefilter("error", qb.onnx.PerformanceWarning)
+        qb.export(qb.quantize(m, data, recipe="int8_symmetric"), tmp_path / "sym.onnx", data[0])
 
 
 def test_exported_file_carries_no_debug_metadata(tmp_path):

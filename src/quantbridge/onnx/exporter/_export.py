@@ -46,6 +46,7 @@ from ...torch._signature import check_call
 from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
+from ._relu_quant import relu_into_quantize
 from ._torch_onnx import export_program
 
 
@@ -147,6 +148,7 @@ def to_onnx(
     check_call(qmodel, args, kwargs)  # one line naming the input, not a guard assertion
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
+    relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _record(model, qmodel)
@@ -198,15 +200,8 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
 
 def slow_form_warnings(qmodel: QuantModel) -> list[str]:
     """Forms that x86 engines run slowly (measured in bench/forms_study/FINDINGS.md)."""
-    found = []
-    acts = [q for q in qmodel.quantizers().values() if getattr(q, "kind", "") == "activation"]
+    found = []  # int8 (signed) activations: stored as uint8 where non-negative (``_relu_quant``)
     weights = [q for q in qmodel.quantizers().values() if getattr(q, "kind", "") == "weight"]
-    if any(q.scheme.signed and q.scheme.bits == 8 for q in acts):
-        found.append(
-            "int8 (signed) activations: ONNX Runtime on x86 fuses only some convolutions into "
-            "int8 kernels with them (ResNet-18: 0.82x of float time vs 0.27x with uint8). For x86 "
-            "CPUs use the 'int8' recipe (uint8 activations)."
-        )
     if any(not q.scheme.signed for q in weights):
         found.append(
             "uint8 weights: OpenVINO runs no int8 kernel for them and ONNX Runtime is 2.5x "
@@ -216,8 +211,9 @@ def slow_form_warnings(qmodel: QuantModel) -> list[str]:
 
 
 def saturation_warnings(qmodel: QuantModel) -> list[str]:
-    """Full-range int8 weights next to uint8 activations, on a CPU whose engines add uint8 x int8
-    products pairwise in int16 with saturation (x86 without VNNI)."""
+    """Full-range int8 weights next to 8-bit activations, on a CPU whose engines add uint8 x int8
+    products pairwise in int16 with saturation (x86 without VNNI). Signed activations count too:
+    ONNX Runtime runs them as uint8 with zero point + 128."""
     if not u8s8_saturates():
         return []
     quantizers = qmodel.quantizers().values()
@@ -229,10 +225,11 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
         and q.scheme.bits == 8
         and max(-q.qmin, q.qmax) > safe_weight_bound()
     ]
-    uint8_inputs = any(
-        getattr(q, "kind", "") == "activation" and not q.scheme.signed for q in quantizers
+    # uint8 activations, and int8 ones: ONNX Runtime stores those as uint8 + 128 (QDQS8ToU8)
+    eight_bit_inputs = any(
+        getattr(q, "kind", "") == "activation" and q.scheme.bits == 8 for q in quantizers
     )
-    if not (wide and uint8_inputs):
+    if not (wide and eight_bit_inputs):
         return []
     return [
         f"this CPU has no VNNI: ONNX Runtime and OpenVINO add uint8 x int8 products pairwise in "

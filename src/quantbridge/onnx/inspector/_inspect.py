@@ -14,7 +14,8 @@ The report answers the questions people ask of an exported INT8 model before the
 When is a node "int8"? In order (the first that applies wins):
 
 1. QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear are not compute ops; they are counted
-   apart. Constant and shape plumbing are neither.
+   apart, and so is an integer Clip between QuantizeLinear and DequantizeLinear (part of the
+   grid). Constant and shape plumbing are neither.
 2. QOperator ops (QLinearConv, QGemm, ConvInteger, QLinearAdd, ...; ``QOPERATOR_OPS``) are int8.
 3. Data-movement ops (``DATA_MOVEMENT_OPS``: MaxPool, Reshape, Transpose, ...) whose data inputs are
    quantized integers (QOperator form) are int8.
@@ -169,6 +170,8 @@ def _classify(g: Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | N
     op = node.op_type
     if op in QDQ_OPS or op in _NOT_COMPUTE:
         return None
+    if op == "Clip" and g.produced_by(node.input[0], "QuantizeLinear"):
+        return None  # the integer clamp of a Q -> Clip -> DQ grid (narrow range, uint8 post-ReLU)
     if op in QOPERATOR_OPS:
         return "qoperator"
     data = [t for t in node.input if t] if op == "Concat" else node.input[:1]
