@@ -61,7 +61,8 @@ def test_4bit_weights_below_opset_21_stay_in_int8_containers(model, tmp_path):
 
 @pytest.mark.parametrize(
     "activations, bounds",
-    [(A4, (0, 15)), (A8_NARROW, (-127, 127))],
+    # int8 narrow after a ReLU: uint8 [0, 127], same codes (onnx/exporter/_relu_quant)
+    [(A4, {(0, 15)}), (A8_NARROW, {(-127, 127), (0, 127)})],
     ids=["uint4-activations", "int8-narrow-activations"],
 )
 def test_narrow_activations_export_as_q_clip_dq(model, tmp_path, activations, bounds):
@@ -76,7 +77,7 @@ def test_narrow_activations_export_as_q_clip_dq(model, tmp_path, activations, bo
     assert clips, "no integer Clip between QuantizeLinear and DequantizeLinear"
     for clip in clips:
         assert producers[clip.input[0]].op_type == "QuantizeLinear"
-        assert (int(consts[clip.input[1]]), int(consts[clip.input[2]])) == bounds
+        assert (int(consts[clip.input[1]]), int(consts[clip.input[2]])) in bounds
     err = _run(qm, tmp_path / "a.onnx", torch.randn(16, 3, 32, 32))
     assert (err <= 1.001).mean() >= 0.999 and err.max() <= 2.001
 

@@ -110,6 +110,8 @@ def lower(
     graph = model.graph
     env = _graph_inputs(graph)
     b = Builder(accumulator_bits, _shapes(model))
+    for name in [t for n in graph.node for t in n.input] + [o.name for o in graph.output]:
+        b.readers[name] = b.readers.get(name, 0) + 1
     for node in graph.node:
         if node.op_type == "Constant":
             env[node.output[0]] = Const(numpy_helper.to_array(node.attribute[0].t))

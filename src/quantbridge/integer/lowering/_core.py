@@ -122,6 +122,7 @@ class Builder:
         self.inputs: list[Boundary] = []
         self.overflows: list[str] = []
         self.onnx_tensors: dict[str, str] = {}
+        self.readers: dict[str, int] = {}  # ONNX tensor -> nodes reading it (+1: graph output)
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""

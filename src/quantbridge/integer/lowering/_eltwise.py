@@ -8,12 +8,16 @@ Rules, in the order a handler asks them:
    with the composed float function (SiLU ``x * sigmoid(x)``, HardSwish written out, ``x / 6``);
    its QuantizeLinear turns it into a 256-entry table computed in float64;
 2. Relu / Clip of a ``Pending`` kernel result: the clamp narrows (the requantization saturates);
+   an integer Clip of codes (QuantizeLinear -> Clip -> DequantizeLinear: narrow range, sub-8-bit,
+   uint8 after a ReLU) narrows the clamp of the step that wrote them, or is one identity
+   ``rescale_sum`` with that clamp;
 3. Add / Sub / Mul / Concat of program tensors (or integer constants) with any scales: a
    ``Pending`` realized as ``rescale_sum`` / ``mul`` / ``concat`` with integer multipliers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -127,10 +131,32 @@ def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> lis
     x = ins[0]
     if isinstance(x, Pending):
         return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi))]
+    if node.op_type == "Clip" and isinstance(x, QValue) and x.integer:
+        return [_clamp_codes(b, node, x.tensor, lo, hi)]
     composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))
     if composed is None:
         raise LoweringError(f"{describe_node(node)}: input is not a quantized tensor")
     return [composed]
+
+
+def _clamp_codes(b: Builder, node: onnx.NodeProto, t: QTensor, lo: float, hi: float) -> QValue:
+    """``clip(q, lo, hi)`` on the codes of ``t``. When ``t`` was written for this Clip's input
+    alone (by the QuantizeLinear in front of it), its step's clamp narrows:
+    ``clip(clip(v, a, b), lo, hi) == clip(v, max(a, lo), min(b, hi))``; else an identity
+    ``rescale_sum`` (multiplier ``2**n``, shift ``n``: exact) applies the clamp."""
+    qmin = max(t.qmin, math.ceil(lo))
+    qmax = max(qmin, min(t.qmax, math.floor(hi)))
+    writer = next((i for i in range(len(b.steps) - 1, -1, -1) if b.steps[i].output == t.name), None)
+    step = b.steps[writer] if writer is not None else None
+    if (step is not None and "qmin" in step.attrs and t.name == node.input[0]
+            and b.readers.get(node.input[0], 0) == 1):  # fmt: skip
+        narrowed = {"qmin": max(qmin, step.attrs["qmin"]), "qmax": min(qmax, step.attrs["qmax"])}
+        narrowed["qmax"] = max(narrowed["qmin"], narrowed["qmax"])
+        b.steps[writer] = dataclasses.replace(step, attrs={**step.attrs, **narrowed})
+        return QValue(t, integer=True)
+    out = b.like(node.output[0], t)
+    rescale_sum(b, node_name(node), [t], out, qmin, qmax)
+    return QValue(out, integer=True)
 
 
 @register_lowering(*[op for op in UNARY if op != "Relu"])

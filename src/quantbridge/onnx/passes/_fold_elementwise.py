@@ -18,7 +18,7 @@ from onnx import helper
 
 from ...numerics import quantize
 from ._graph import MS_DOMAIN, GraphView, Rewrite, attribute, attributes, node
-from ._match import clip_bounds, operands, q_input, q_output, type_range
+from ._match import clip_bounds, one_type, operands, q_input, q_output, type_range
 from ._registry import register_fold
 
 _QLINEAR = {
@@ -38,6 +38,8 @@ def fold_elementwise(g: GraphView, op: onnx.NodeProto) -> Rewrite | None:
     inputs = [q_input(g, t) for t in op.input]
     out = q_output(g, op)
     if out is None or not inputs or any(i is None for i in inputs):
+        return None
+    if not one_type(out.params, *(i.params for i in inputs)):
         return None
     if op.op_type == "Sum" and len(inputs) != 2:
         return None
@@ -66,6 +68,8 @@ def fold_concat(g: GraphView, concat: onnx.NodeProto) -> Rewrite | None:
     if all(i.params.same_as(out.params) for i in inputs):
         plain = node("Concat", [i.tensor for i in inputs], [out.tensor], name, **attributes(concat))
         return Rewrite([concat, *out.nodes], [plain])
+    if not one_type(out.params, *(i.params for i in inputs)):
+        return None
     names, inits = operands(g, out.params, *(i.params for i in inputs))
     args = list(names[0])
     for i, (s, z) in zip(inputs, names[1:], strict=True):

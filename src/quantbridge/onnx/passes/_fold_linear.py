@@ -22,7 +22,7 @@ import onnx
 
 from ...numerics import bias_scale, dequantize, quantize_bias
 from ._graph import MS_DOMAIN, GraphView, QParams, Rewrite, attribute, attributes, node
-from ._match import QInput, QOutput, operands, q_input, q_output
+from ._match import QInput, QOutput, one_type, operands, q_input, q_output
 from ._registry import register_fold
 
 
@@ -74,7 +74,7 @@ def _bias(g: GraphView, tensor: str, x: QParams, w: QParams) -> tuple[str, list]
 def fold_conv(g: GraphView, conv: onnx.NodeProto) -> Rewrite | None:
     """Case 4: DQ(x), DQ(w) [, bias] -> Conv [-> Relu/Clip] -> Q  ==>  QLinearConv."""
     x, w, out = q_input(g, conv.input[0]), _weight(g, conv.input[1], 0), q_output(g, conv)
-    if x is None or w is None or out is None:
+    if x is None or w is None or out is None or not one_type(x.params, out.params):
         return None
     bias = _bias(g, conv.input[2] if len(conv.input) > 2 else "", x.params, w.params)
     if bias is None:
@@ -116,7 +116,7 @@ def fold_gemm(g: GraphView, gemm: onnx.NodeProto) -> Rewrite | None:
     trans_b = attribute(gemm, "transB", 0)
     a, out = q_input(g, gemm.input[0]), q_output(g, gemm)
     b = _weight(g, gemm.input[1], 0 if trans_b else 1) or q_input(g, gemm.input[1])
-    if a is None or b is None or out is None:
+    if a is None or b is None or out is None or not one_type(a.params, out.params):
         return None
     bias = _bias(g, gemm.input[2] if len(gemm.input) > 2 else "", a.params, b.params)
     if bias is None:
@@ -136,7 +136,7 @@ def fold_matmul(g: GraphView, matmul: onnx.NodeProto) -> Rewrite | None:
     if out is None:
         return _fold_linear(g, matmul, a)
     b = q_input(g, matmul.input[1]) or _weight(g, matmul.input[1], -1)
-    if b is None:
+    if b is None or not one_type(a.params, out.params):
         return None
     names, inits = operands(g, a.params, b.params, out.params)
     (as_, az), (bs, bz), (ys, yz) = names
@@ -157,7 +157,7 @@ def _fold_linear(g: GraphView, matmul: onnx.NodeProto, a: QInput) -> Rewrite | N
     bias_input = add.input[1] if add.input[0] == matmul.output[0] else add.input[0]
     out = q_output(g, add)
     bias = _bias(g, bias_input, a.params, b.params) if out is not None else None
-    if bias is None or not bias[0]:
+    if bias is None or not bias[0] or not one_type(a.params, out.params):
         return None
     shape = g.shapes.get(matmul.input[0])
     if shape is None or len(shape) < 2 or any(d is None for d in shape[1:]):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import onnx
 
 from ._graph import MS_DOMAIN, GraphView, Rewrite, attribute, attributes, node
-from ._match import operands, q_input, q_output
+from ._match import one_type, operands, q_input, q_output
 from ._registry import register_fold
 
 
 def _qlinear_pool(g: GraphView, op: onnx.NodeProto, qop: str, output: str, **attrs):
     x, out = q_input(g, op.input[0]), q_output(g, op)
-    if x is None or out is None:
+    if x is None or out is None or not one_type(x.params, out.params):
         return None
     names, inits = operands(g, x.params, out.params)
     (xs, xz), (ys, yz) = names

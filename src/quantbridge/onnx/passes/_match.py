@@ -87,6 +87,14 @@ def operands(g: GraphView, *params: QParams) -> tuple[list[tuple[str, str]], lis
     return pairs, inits
 
 
+def one_type(*params: QParams) -> bool:
+    """The activations of a QOperator share one integer type: ONNX Runtime implements QLinearConv,
+    QGemm, QLinearMatMul, QLinearAdd, QLinearConcat, ... for uint8-in/uint8-out and int8-in/int8-out
+    only (a model whose input is int8 and whose post-ReLU tensors are uint8 keeps that layer in QDQ
+    form)."""
+    return len({p.dtype for p in params}) <= 1
+
+
 def type_range(dtype: int) -> tuple[int, int]:
     info = np.iinfo(helper.tensor_dtype_to_np_dtype(dtype))
     return int(info.min), int(info.max)
