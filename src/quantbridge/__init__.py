@@ -7,7 +7,7 @@ fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in
 """
 
 from ._version import __version__
-from .engine import EngineModel, to_engine
+from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, fold, import_onnx, quantize_onnx
@@ -50,6 +50,7 @@ __all__ = [
     "freeze_batchnorm",
     "freeze_observers",
     "import_onnx",
+    "integer_mode",
     "load",
     "local_statistics",
     "lower",
