@@ -1,11 +1,12 @@
 """The ``quantbridge`` command: thin wrappers over the public API, no logic of their own.
 
     quantbridge demo [--epochs N] [--out DIR] [--recipe NAME] [--seed N] [--json] [--quiet]
-    quantbridge inspect MODEL.onnx [--json] [--verbose]
+    quantbridge inspect MODEL.onnx|PROGRAM.npz [--json] [--verbose] [--fixed-point]
     quantbridge fold MODEL.onnx -o OUT.onnx
     quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
-                         [--method M] [--opset N] [--batch-size N] [--int8-head] [--quiet]
+                         [--method M] [--opset N] [--batch-size N] [--int8-head]
+                         [--format qdq|qoperator] [--quiet]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,11 +52,28 @@ def _demo(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from .onnx import inspect_model
 
+    if args.fixed_point or str(args.model).endswith(".npz"):
+        return _inspect_fixed_point(args)
     try:
         report = inspect_model(args.model)
     except (ValueError, OSError) as e:
         return _fail("inspect", e)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format(args.verbose))
+    return 0
+
+
+def _inspect_fixed_point(args: argparse.Namespace) -> int:
+    """A lowered program (``.npz``), or the program an ONNX file lowers to: formats, requantizations."""
+    from .integer import describe_fixed_point, load_npz, lower, requantizations
+
+    try:
+        prog = load_npz(args.model) if str(args.model).endswith(".npz") else lower(args.model)
+    except (ValueError, OSError) as e:
+        return _fail("inspect", e)
+    if args.json:
+        print(json.dumps({"tensors": prog.formats(), "requantizations": requantizations(prog)}))
+    else:
+        print(describe_fixed_point(prog))
     return 0
 
 
@@ -107,13 +126,14 @@ def _lower(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from .onnx import inspect_model, quantize_onnx
+    from .onnx import fold, inspect_model, quantize_onnx
 
+    qdq = args.output if args.format == "qdq" else f"{args.output}.qdq.onnx"
     try:
         quantize_onnx(
             args.model,
             args.calib,
-            args.output,
+            qdq,
             recipe=args.recipe,
             method=args.method,
             opset=args.opset,
@@ -121,8 +141,13 @@ def _quantize(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             float_head=not args.int8_head,
         )
+        if args.format == "qoperator":  # the QDQ file folded into QLinearConv, QGemm, ...
+            fold(qdq, args.output)
     except (ValueError, TypeError, OSError) as e:
         return _fail("quantize", e)
+    finally:
+        if qdq != args.output and os.path.exists(qdq):
+            os.remove(qdq)
     if not args.quiet:
         report = inspect_model(args.output)
         print(
@@ -168,6 +193,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", metavar="MODEL.onnx", help="path to an ONNX file")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--verbose", action="store_true", help="list every weight")
+    inspect.add_argument(
+        "--fixed-point", action="store_true",
+        help="lower the model and show each tensor's fixed-point format and each requantization "
+        "(multiplier, shift); the default for a lowered program (.npz)",
+    )  # fmt: skip
     inspect.set_defaults(run=_inspect)
 
     fold = sub.add_parser(
@@ -227,6 +257,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="quantize the layers before a final Sigmoid/Softmax too (default: float)",
     )
+    quant.add_argument(
+        "--format", choices=("qdq", "qoperator"), default="qdq",
+        help="qdq (default), or qoperator: folded into ONNX integer operators (as quantbridge fold)",
+    )  # fmt: skip
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)
     return parser
