@@ -80,3 +80,37 @@ def test_inspect_fixed_point_of_an_onnx_file_and_of_a_program(tmp_path, capsys):
     # multiplier / 2**shift is the scale ratio s_x s_w / s_y, exactly for power-of-two scales
     for r in convs:
         assert r["shift_only"] and all(m == 1 for m in r["multipliers"])
+
+
+def test_float_outputs_are_refused_by_name_with_the_fix():
+    """Outputs computed in float after the last quantized tensor (a float Sigmoid head, an
+    unquantized Relu) are all named in one error, with the producing node and the fix."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.uint8), "z")]  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+        helper.make_node("Sigmoid", ["d"], ["prob"], name="head"),
+        helper.make_node("Relu", ["d"], ["act"], name="relu"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("prob", "act", "d")
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], outputs, inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    try:
+        qb.lower(model)
+    except qb.LoweringError as e:
+        message = str(e)
+    else:
+        raise AssertionError("lower accepted float outputs")
+    assert (
+        "outputs 'prob' (from 'head', Sigmoid), 'act' (from 'relu', Relu) are computed in float"
+        in message
+    )
+    assert "'d'" not in message  # a dequantized output is fine: the program dequantizes it
+    assert "QuantizeLinear -> DequantizeLinear" in message

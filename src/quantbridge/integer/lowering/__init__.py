@@ -135,15 +135,25 @@ def lower(
 
 
 def _outputs(graph: onnx.GraphProto, env: dict[str, Value]) -> list[Boundary]:
-    outputs = []
+    outputs, floats = [], []
+    producer = {t: n for n in graph.node for t in n.output}
     for vi in graph.output:
         v = env.get(vi.name)
         if not isinstance(v, QValue):
-            raise LoweringError(
-                f"graph output {vi.name!r} is not quantized ({type(v).__name__}); end the model "
-                "with QuantizeLinear (and DequantizeLinear for a float output)"
-            )
+            node = producer.get(vi.name)
+            source = f"{node_name(node)!r}, {node.op_type}" if node else "a graph input"
+            floats.append(f"{vi.name!r} (from {source})")
+            continue
         outputs.append(Boundary(vi.name, v.tensor, not v.integer))
+    if floats:
+        raise LoweringError(
+            f"graph output{'s' if len(floats) > 1 else ''} {', '.join(floats)} "
+            f"{'are' if len(floats) > 1 else 'is'} computed in float, after the last quantized "
+            "tensor: an integer-only program cannot compute it. Quantize the output: end the "
+            "graph with QuantizeLinear -> DequantizeLinear (qb.quantize places an output "
+            "quantizer unless a recipe rule skips the last layer; quantize_onnx quantizes a "
+            "final Sigmoid/Softmax head with --int8-head)"
+        )
     return outputs
 
 
