@@ -109,7 +109,7 @@ def test_float_outputs_are_refused_by_name_with_the_fix():
     else:
         raise AssertionError("lower accepted float outputs")
     assert (
-        "outputs 'prob' (from 'head', Sigmoid), 'act' (from 'relu', Relu) are computed in float"
+        "outputs 'prob' (from 'head', Sigmoid), 'act' (from 'relu', Relu) are not quantized"
         in message
     )
     assert "'d'" not in message  # a dequantized output is fine: the program dequantizes it

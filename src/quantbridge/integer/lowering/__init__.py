@@ -148,8 +148,9 @@ def _outputs(graph: onnx.GraphProto, env: dict[str, Value]) -> list[Boundary]:
     if floats:
         raise LoweringError(
             f"graph output{'s' if len(floats) > 1 else ''} {', '.join(floats)} "
-            f"{'are' if len(floats) > 1 else 'is'} computed in float, after the last quantized "
-            "tensor: an integer-only program cannot compute it. Quantize the output: end the "
+            f"{'are' if len(floats) > 1 else 'is'} not quantized: computed in float after the "
+            "last quantized tensor, which an integer-only program cannot do. Quantize the output: "
+            "end the "
             "graph with QuantizeLinear -> DequantizeLinear (qb.quantize places an output "
             "quantizer unless a recipe rule skips the last layer; quantize_onnx quantizes a "
             "final Sigmoid/Softmax head with --int8-head)"
