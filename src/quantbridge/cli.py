@@ -6,6 +6,7 @@
     quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
                          [--method M] [--opset N] [--batch-size N] [--int8-head] [--quiet]
+    quantbridge compare A.onnx [B.onnx] --inputs SAMPLES.npz [--engines E,..] [--json OUT]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .debug import _cli as compare_cli
 from .torch._capture import quiet_torch
 from .torch._progress import progress_enabled, set_progress
 
@@ -229,6 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)
+
+    compare_cli.add_parser(sub)  # quantbridge compare (the debug layer)
     return parser
 
 

@@ -1,0 +1,40 @@
+"""The class of one tensor's disagreement between two engines (thresholds documented in
+``docs/debugging.md``).
+
+* ``"exact"``: the two tensors are identical.
+* ``"quantization noise"``: one of the two engines computes in float (torch float, ORT on the
+  float model): its difference to a quantized engine is the quantization itself.
+* ``"rounding"``: two quantized engines within ``ROUNDING_LSB`` (1) step of the tensor's scale
+  everywhere: a tie rounded the other way (half-to-even against half-away-from-zero, a float
+  against a fixed-point requantization multiplier), then carried through.
+* ``"divergence"``: two quantized engines more than 1 step apart somewhere: a fusion, an engine
+  bug, a broken scale, or a real difference between two files.
+
+Tensors without a scale (float outputs of two quantized engines) have no step: they count as
+``"rounding"`` while ``max_abs <= FLOAT_RTOL * max |reference|`` and ``"divergence"`` beyond.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ROUNDING_LSB = 1.0
+# tolerance on the step count: dequantized values carry float32 rounding (~1e-7 relative)
+LSB_EPS = 1e-3
+FLOAT_RTOL = 1e-2
+
+CLASSES = ("exact", "quantization noise", "rounding", "divergence")
+
+
+def classify(
+    metrics: dict[str, Any], *, a_float: bool, b_float: bool, reference_peak: float
+) -> str:
+    """The class of ``metrics`` (``tensor_metrics`` of engine b against engine a);
+    ``reference_peak`` is ``max |a|`` (used for tensors without a scale)."""
+    if metrics["max_abs"] == 0.0:
+        return "exact"
+    if a_float or b_float:
+        return "quantization noise"
+    if metrics["max_lsb"] is not None:
+        return "rounding" if metrics["max_lsb"] <= ROUNDING_LSB + LSB_EPS else "divergence"
+    return "rounding" if metrics["max_abs"] <= FLOAT_RTOL * reference_peak else "divergence"
