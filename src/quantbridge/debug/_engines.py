@@ -74,6 +74,7 @@ class OnnxCapture:
                 outputs.add(tensor)
         self.sites = {s: by_name[s] for s in self.where}
         self.float_model = float_model
+        self.model = model  # the model the session runs (tests read its fused form)
         self.session = make_session(engine, model.SerializeToString(), None, options)
 
     def run(self, feeds: dict[str, np.ndarray]) -> Values:

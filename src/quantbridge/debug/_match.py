@@ -81,10 +81,11 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     names = quantizer_names(model)
     sites: dict[str, Site] = {}
     aliases: dict[str, list[str]] = {}
+    seen_scales: set[str] = set()
     for node in graph.node:
         slots = QOPERATOR_OUTPUT_QPARAMS.get(node.op_type)
         if slots is not None and node.output[0] not in consts:
-            site = _site(node, slots, consts, producer, names, len(sites))
+            site = _site(node, slots, consts, producer, names, len(sites), seen_scales)
             if site is not None:
                 sites[site.name] = site
         elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
@@ -106,7 +107,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     return out
 
 
-def _site(node, slots, consts, producer, names, order) -> Site | None:
+def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | None:
     scale_name = node.input[slots[0]]
     scale = consts.get(scale_name)
     zp_name = node.input[slots[1]] if len(node.input) > slots[1] else ""
@@ -124,7 +125,9 @@ def _site(node, slots, consts, producer, names, order) -> Site | None:
             op = "Requantize"
     else:
         source, op, layer = "", node.op_type, node.name
-    layer = names.get(scale_name, layer)
+    if scale_name not in seen_scales:  # the recorded quantizer owns the first Q of its scale
+        layer = names.get(scale_name, layer)
+    seen_scales.add(scale_name)
     return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
 
 
@@ -159,16 +162,24 @@ def match_other_file(sites: list[Site], other: list[Site]) -> dict[str, str]:
 
 
 def match_quantizers(sites: list[Site], points: list, scale_of: dict[str, str]) -> dict[str, str]:
-    """Site name -> quantizer attribute of a ``QuantModel``: by the exported scale initializer
-    (``scale_of``: quantizer name -> scale initializer, from the export record) or, for a model
-    imported from ONNX, by the float tensor the site's QuantizeLinear reads. Where several
-    sites share one quantizer (a Reshape between two Q nodes of the same scale), the first site
-    gets it."""
-    by_scale = {scale_of[p.name]: p.attr for p in points if p.name in scale_of}
-    by_source = {p.name: p.attr for p in points if p.kind == "activation"}
+    """Site name -> activation quantizer attribute of a ``QuantModel``, from its placement
+    record: the fx value a quantizer reads (``QuantPoint.tensor``) is the float tensor the site's
+    QuantizeLinear reads (the exporter names ONNX values after fx nodes); a model imported from
+    ONNX names each quantizer after that tensor (``QuantPoint.name``); else the quantizer whose
+    exported scale initializer (``scale_of``, the export record) the site reads, where only one
+    quantizer has it. Where several sites share one quantizer (a Reshape between two Q nodes of
+    the same scale), the first site gets it."""
+    acts = [p for p in points if p.kind == "activation"]
+    by_tensor = {p.tensor: p.attr for p in acts}
+    by_name = {p.name: p.attr for p in acts}
+    owners: dict[str, list[str]] = {}
+    for p in acts:
+        if p.name in scale_of:
+            owners.setdefault(scale_of[p.name], []).append(p.attr)
+    by_scale = {k: v[0] for k, v in owners.items() if len(v) == 1}
     found, used = {}, set()
     for s in sites:
-        attr = by_scale.get(s.scale_init) or (by_source.get(s.source) if s.source else None)
+        attr = by_tensor.get(s.source) or by_name.get(s.source) or by_scale.get(s.scale_init)
         if attr is not None and attr not in used:
             found[s.name] = attr
             used.add(attr)
