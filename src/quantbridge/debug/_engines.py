@@ -46,7 +46,13 @@ Values = dict[str, np.ndarray]
 def _real(codes: np.ndarray, site: Site) -> np.ndarray:
     if site.scale is None:
         return np.asarray(codes, dtype=np.float64)
-    return np.asarray(dequantize(codes, site.scale, site.zero_point), dtype=np.float64)
+    return _dequantize64(codes, site.scale, site.zero_point)
+
+
+def _dequantize64(codes: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """``numerics.dequantize`` in float64 (codes given as float64): two engines' codes then
+    differ by exactly ``k * scale`` and the LSB error is an integer up to float64 rounding."""
+    return np.asarray(dequantize(np.asarray(codes, np.float64), scale, zero_point))
 
 
 def _graph_names(model: onnx.ModelProto) -> set[str]:
@@ -104,7 +110,7 @@ class IntegerCapture:
             t = self.program.onnx_tensors.get(s.name)
             if t is not None and s.quantized:
                 qt = self.program.tensors[t]
-                found[s.name] = np.asarray(dequantize(env[t], qt.scale, qt.zero_point), np.float64)
+                found[s.name] = _dequantize64(env[t], qt.scale, qt.zero_point)
         floats = [s for s in self.sites if not s.quantized and s.name in self.outputs]
         if floats:
             outs = self.program.run(feeds)

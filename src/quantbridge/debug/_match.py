@@ -132,14 +132,8 @@ def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | No
 
 
 def match_names(sites: list[Site], available: set[str]) -> dict[str, str]:
-    """Site name -> tensor name among ``available``: the site's name or one of its aliases."""
-    found = {}
-    for s in sites:
-        for cand in (s.name, *s.aliases):
-            if cand in available:
-                found[s.name] = cand
-                break
-    return found
+    """Site name -> the same tensor name, where ``available`` has it."""
+    return {s.name: s.name for s in sites if s.name in available}
 
 
 def match_sources(sites: list[Site], available: set[str]) -> dict[str, str]:

@@ -32,8 +32,9 @@ def _one_line(e: BaseException) -> str:
 class _Run:
     """One engine on one subject: name, whether it is float, and how its names map to sites."""
 
-    def __init__(self, name: str, engine: str, subject: Subject, rename: dict[str, str]):
+    def __init__(self, name, engine: str, subject: Subject, sites, rename: dict[str, str]):
         self.name, self.engine, self.subject = name, engine, subject
+        self.sites = sites  # the subject's own sites (the reference's for a float model)
         self.spec = ENGINES[engine]
         self.is_float = subject_kind(subject) in self.spec.float_for
         self.rename = rename  # the subject's site name -> reference site name
@@ -53,21 +54,22 @@ def _plan(subjects, engines, sites, own_sites) -> tuple[list[_Run], dict[str, st
         kind = subject_kind(subj)
         names = engines or _default_engines(kind, len(subjects) > 1)
         rename = {s.name: s.name for s in sites}
-        if subj.quantized and own_sites[subj.tag] is not sites:
-            rename = {v: k for k, v in match_other_file(sites, own_sites[subj.tag]).items()}
+        subj_sites = own_sites.get(subj.tag, sites)
+        if subj_sites is not sites:
+            rename = {v: k for k, v in match_other_file(sites, subj_sites).items()}
         for engine in names:
             spec = engine_spec(engine)
             name = engine if len(subjects) == 1 else f"{subj.tag}:{engine}"
             if kind not in spec.forms:
                 errors[name] = f"does not run a {kind} model (runs {', '.join(spec.forms)})"
                 continue
-            runs.append(_Run(name, engine, subj, rename))
+            runs.append(_Run(name, engine, subj, subj_sites, rename))
     return runs, errors
 
 
-def _execute(run: _Run, sites: list[Site], ref_model, inputs: Any) -> Values:
+def _execute(run: _Run, ref_model, inputs: Any) -> Values:
     subj = run.subject
-    built = run.spec.build(subj, sites, ref_model)
+    built = run.spec.build(subj, run.sites, ref_model)
     model = subj.onnx if subj.onnx is not None else ref_model
     values = built.run(feeds(model, inputs, subj.label))
     return {run.rename[k]: v for k, v in values.items() if k in run.rename}
@@ -115,7 +117,7 @@ def compare(
     ref_values = None
     for run in [ref_run] + [r for r in runs if r is not ref_run and r.subject is ref_subj]:
         try:
-            ref_values = _execute(run, sites, ref_subj.onnx, data)
+            ref_values = _execute(run, ref_subj.onnx, data)
             ref_run = run
             break
         except Exception as e:  # noqa: BLE001  (an engine's failure is reported, others go on)
@@ -160,7 +162,7 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
         if run is ref_run or run.name in errors:
             continue
         try:
-            values = _execute(run, sites, ref_subj.onnx, data)
+            values = _execute(run, ref_subj.onnx, data)
         except Exception as e:  # noqa: BLE001  (an engine's failure is reported, others go on)
             errors[run.name] = _one_line(e)
             continue
