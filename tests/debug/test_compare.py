@@ -10,10 +10,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import ResidualCNN
 
 import quantbridge as qb
 from quantbridge.debug._engines import OnnxCapture
 from quantbridge.debug._match import find_sites
+from quantbridge.debug._subject import torch_args
+from quantbridge.onnx import to_onnx
 
 QUANTIZED_ENGINES = ("ort-ref", "ort", "ort-qop", "integer", "torch-quant", "openvino")
 
@@ -130,3 +133,27 @@ def test_streaming_keeps_one_engine_at_a_time(cnn):
     for t in r.tensors:
         for p in t["pairs"]:
             assert not any(isinstance(v, np.ndarray) for v in p.values())
+
+
+def test_float_file_against_its_quantized_file_is_quantization_noise(cnn):
+    path, qmodel, inputs = cnn
+    with qb.float_mode(qmodel):  # the QuantModel's fp32 form, by the same export path
+        float_model = to_onnx(qmodel, torch_args(inputs, None))
+    assert not any(n.op_type == "QuantizeLinear" for n in float_model.graph.node)
+    r = qb.compare(float_model, path, inputs=inputs)
+    assert r.errors == {} and r.to_json()["reference"] == "b:ort-ref"
+    pairs = [p for t in r.tensors for p in t["pairs"]]
+    assert len(pairs) >= 5  # input, conv1, conv2, add, fc: matched through the Q's float input
+    assert {p["class"] for p in pairs} == {"quantization noise"}
+    assert all(p["cosine"] > 0.9 for p in pairs)
+
+
+def test_plain_float_torch_module_gives_its_outputs(cnn):
+    path, qmodel, inputs = cnn
+    # a different float model of the same structure: only outputs are matched, by position
+    r = qb.compare(ResidualCNN().eval(), path, inputs=inputs)
+    assert r.errors == {}
+    compared = [t for t in r.tensors if t["pairs"]]
+    assert [t["layer"] for t in compared] == ["fc/linear"]  # the model output, by position
+    assert compared[0]["pairs"][0]["b"] == "a:torch-float"
+    assert compared[0]["pairs"][0]["class"] == "quantization noise"

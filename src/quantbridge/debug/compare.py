@@ -89,7 +89,8 @@ def compare(
     float torch modules; one of them must be quantized (its tensors are the ones compared).
     ``inputs``: a dict input name -> array, an ``.npz`` path, an array or a tuple of arrays.
     ``engines``: names from ``ENGINES`` (default: every engine that runs the model's form; with
-    two models, each runs them and runs are named ``a:ort-ref``, ``b:ort-ref``...).
+    two models, ``ort-ref`` on each, ``torch-quant`` / ``torch-float`` for a torch model; runs
+    are then named ``a:ort-ref``, ``b:ort-ref``).
     ``reference``: the run the others are measured against (default: ``ort-ref`` of the first
     quantized model). An engine that fails to load or run is reported in ``errors``; tensors an
     engine does not produce are reported in ``unmatched``; neither stops the others.
