@@ -113,7 +113,8 @@ def test_result_table_worst_and_dataframe(result):
     worst = result.worst(3)
     assert len(worst) == 3
     keys = [(w["max_lsb"] or -1.0) for w in worst]
-    assert keys == sorted(keys, reverse=True)
+    assert keys == sorted(keys, reverse=True)  # one class here: by steps of error
+    assert all(w["class"] == "quantization noise" for w in worst)
     assert worst[0]["b"] == "torch-float"  # float is the furthest from the int8 reference
     text = str(result)
     assert "first divergence: none" in text and "torch-float" in text

@@ -70,6 +70,8 @@ def test_broken_requantization_scale_is_the_first_divergence(cnn, tmp_path):
     assert fd is not None and fd["name"] == tensor
     assert fd["layer"] == "conv2/conv2d_1"  # the quantizer of conv2's output, from the record
     assert (fd["a"], fd["b"]) == ("a:ort-ref", "b:ort-ref") and fd["max_lsb"] > 2
+    assert r.worst(1)[0]["class"] == "divergence"  # the table shows divergences first
+    assert f"first divergence: {tensor}" in str(r)
     before = [t for t in r.tensors if t["order"] < fd["order"]]
     assert before and all(p["class"] == "exact" for t in before for p in t["pairs"])
     # the same file unbroken: nothing diverges

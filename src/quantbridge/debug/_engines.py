@@ -95,11 +95,25 @@ class OnnxCapture:
         return [o.get_any_name() for o in self.session.outputs]
 
 
-class IntegerCapture:
-    """The integer program's numpy executor; sites through ``IntegerProgram.onnx_tensors``."""
+def static_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs have the feeds' shapes (lowering needs static
+    sizes where an op averages or reshapes over a free dimension)."""
+    model = copy.deepcopy(model)
+    for v in model.graph.input:
+        if v.name in feeds:
+            dims = v.type.tensor_type.shape.dim
+            for d, size in zip(dims, feeds[v.name].shape, strict=False):
+                d.Clear()
+                d.dim_value = int(size)
+    return model
 
-    def __init__(self, model: onnx.ModelProto, sites: list[Site]):
-        self.program = lower(model)
+
+class IntegerCapture:
+    """The integer program's numpy executor; sites through ``IntegerProgram.onnx_tensors``.
+    The program is lowered for the shapes of the inputs compared."""
+
+    def __init__(self, model: onnx.ModelProto, sites: list[Site], feeds: dict[str, np.ndarray]):
+        self.program = lower(static_inputs(model, feeds))
         self.sites = sites
         self.outputs = {b.name for b in self.program.outputs}
 
@@ -124,8 +138,7 @@ class TorchCapture:
 
     def __init__(self, module, sites: list[Site], onnx_model: onnx.ModelProto, quant: bool):
         self.module, self.quant = module.eval(), quant
-        init = {i.name for i in onnx_model.graph.initializer}
-        self.names = [i.name for i in onnx_model.graph.input if i.name not in init]
+        self.names = _input_names(onnx_model)
         self.where: dict[str, str] = {}
         if isinstance(module, QuantModel):
             scales = quantizer_scales(onnx_model)
@@ -159,6 +172,11 @@ class TorchCapture:
         return {k: v.double().numpy() for k, v in found.items()}
 
 
+def _input_names(model: onnx.ModelProto) -> list[str]:
+    init = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in init]
+
+
 def _output_sites(model: onnx.ModelProto, sites: list[Site]) -> list[str | None]:
     """For each graph output, the site holding its values (a DequantizeLinear output is its
     QuantizeLinear's site), or None."""
@@ -171,20 +189,23 @@ class EngineSpec:
     """An engine: the subject forms it runs, whether it computes in float, its factory."""
 
     forms: tuple[str, ...]
-    build: Callable[[Subject, list[Site], onnx.ModelProto], object]
+    build: Callable[[Subject, list[Site], onnx.ModelProto, dict[str, np.ndarray]], object]
     float_for: tuple[str, ...] = ()  # subject forms on which its results are float
 
 
 def _ort(level: str):
-    return lambda subj, sites, ref: OnnxCapture(
+    return lambda subj, sites, ref, feeds: OnnxCapture(
         subj.onnx, sites, "onnxruntime", {"optimization": level, "device": "cpu"}
     )
 
 
 def _torch(quant: bool):
-    def build(subj: Subject, sites: list[Site], ref: onnx.ModelProto):
-        module = subj.torch if subj.torch is not None else import_onnx(subj.onnx)
-        return TorchCapture(module, sites, subj.onnx if subj.onnx is not None else ref, quant)
+    def build(subj: Subject, sites: list[Site], ref: onnx.ModelProto, feeds: dict):
+        model = subj.onnx if subj.onnx is not None else ref
+        module = subj.torch
+        if module is None:  # example inputs: files with free sizes besides the batch need them
+            module = import_onnx(subj.onnx, example_inputs=torch_args(feeds, _input_names(model)))
+        return TorchCapture(module, sites, model, quant)
 
     return build
 
@@ -196,17 +217,19 @@ ENGINES: dict[str, EngineSpec] = {
     "ort": EngineSpec(("qdq", "qop", "float"), _ort("all"), ("float",)),
     "ort-qop": EngineSpec(
         ("qdq",),
-        lambda subj, sites, ref: OnnxCapture(
+        lambda subj, sites, ref, feeds: OnnxCapture(
             fold(subj.onnx), sites, "onnxruntime", {"optimization": "all", "device": "cpu"}
         ),
     ),
     "openvino": EngineSpec(
         ("qdq", "float"),
-        lambda subj, sites, ref: OnnxCapture(subj.onnx, sites, "openvino", {"device": "CPU"}),
+        lambda subj, sites, ref, feeds: OnnxCapture(
+            subj.onnx, sites, "openvino", {"device": "CPU"}
+        ),
         ("float",),
     ),
     "integer": EngineSpec(
-        ("qdq", "qop"), lambda subj, sites, ref: IntegerCapture(subj.onnx, sites)
+        ("qdq", "qop"), lambda subj, sites, ref, feeds: IntegerCapture(subj.onnx, sites, feeds)
     ),
 }
 

@@ -8,11 +8,20 @@ from typing import Any
 SCHEMA = "quantbridge.compare/1"
 
 
-def _badness(pair: dict[str, Any]) -> tuple[float, float]:
-    """Sort key, worst first: steps of error (where the tensor has a scale), then low SQNR."""
+# worst first: engines that disagree, then what quantization costs, then benign ties
+_CLASS_RANK = {"divergence": 3, "quantization noise": 2, "rounding": 1, "exact": 0}
+
+
+def _badness(pair: dict[str, Any]) -> tuple[int, float, float]:
+    """Sort key, worst first: the class, steps of error (where the tensor has a scale), then
+    low SQNR."""
     lsb = pair.get("max_lsb")
     sqnr = pair["sqnr_db"]
-    return (lsb if lsb is not None else -1.0, -sqnr if sqnr is not None else -1e9)
+    return (
+        _CLASS_RANK[pair["class"]],
+        lsb if lsb is not None else -1.0,
+        -sqnr if sqnr is not None else -1e9,
+    )
 
 
 class CompareResult:
@@ -59,7 +68,8 @@ class CompareResult:
         return rows
 
     def worst(self, n: int = 10) -> list[dict[str, Any]]:
-        """The ``n`` worst (tensor, engine pair) rows: most steps of error first."""
+        """The ``n`` worst (tensor, engine pair) rows: divergences first, then quantization
+        noise, rounding and exact pairs; most steps of error first within a class."""
         return sorted(self.rows(), key=_badness, reverse=True)[:n]
 
     def to_dataframe(self):

@@ -69,9 +69,9 @@ def _plan(subjects, engines, sites, own_sites) -> tuple[list[_Run], dict[str, st
 
 def _execute(run: _Run, ref_model, inputs: Any) -> Values:
     subj = run.subject
-    built = run.spec.build(subj, run.sites, ref_model)
     model = subj.onnx if subj.onnx is not None else ref_model
-    values = built.run(feeds(model, inputs, subj.label))
+    checked = feeds(model, inputs, subj.label)
+    values = run.spec.build(subj, run.sites, ref_model, checked).run(checked)
     return {run.rename[k]: v for k, v in values.items() if k in run.rename}
 
 
