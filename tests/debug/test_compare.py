@@ -66,6 +66,15 @@ def test_tensors_carry_layer_names_scales_and_lsb_shares(result, cnn):
     json.loads(json.dumps(result.to_json(), allow_nan=False))  # plain JSON: no Infinity/NaN
 
 
+def test_sites_know_the_sites_they_are_computed_from(cnn):
+    sites = {s.source: s for s in find_sites(onnx.load(cnn[0])) if s.source}
+    name = {src: s.name for src, s in sites.items()}
+    assert sites["relu"].inputs == (name["x"],)
+    assert sites["relu_1"].inputs == (name["relu"],)
+    assert set(sites["add"].inputs) == {name["relu"], name["relu_1"]}
+    assert sites["x"].inputs == ()
+
+
 def test_float_engine_is_measured_as_quantization_noise_against_independent_float(result, cnn):
     # torch-float's final Gemm output against the user's float model, outside quantbridge:
     # same order of magnitude as the int8 result (quantization noise, not garbage)

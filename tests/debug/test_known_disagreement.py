@@ -78,3 +78,27 @@ def test_broken_requantization_scale_is_the_first_divergence(cnn, tmp_path):
     fine = tmp_path / "fine.qop.onnx"
     qb.fold(str(path), fine)
     assert qb.compare(path, fine, inputs=inputs).first_divergence is None
+
+
+def test_a_tie_seen_in_a_finer_step_downstream_is_rounding_carried():
+    # the tie model, then its output requantized to a 4x finer step (0.05): the 1-step tie
+    # difference is 4 steps there, all of it carried from the input: "rounding", not divergence
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))  # codes 0..63: no saturation at 4x
+    out = model.graph.output[0].name
+    fine = [numpy_helper.from_array(np.float32(0.05), "s_fine"),
+            numpy_helper.from_array(np.uint8(0), "z_fine")]  # fmt: skip
+    model.graph.initializer.extend(fine)
+    model.graph.node.extend([
+        onnx.helper.make_node("QuantizeLinear", [out, "s_fine", "z_fine"], ["fq"], name="fine"),
+        onnx.helper.make_node("DequantizeLinear", ["fq", "s_fine", "z_fine"], ["fine_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "fine_out"
+    onnx.checker.check_model(model, full_check=True)
+    x = np.arange(64, dtype=np.float32).reshape(1, 1, 8, 8) * np.float32(0.1)
+    r = qb.compare(model, inputs={"x": x}, engines=["ort-ref", "integer"])
+    by_name = {t["name"]: t for t in r.tensors}
+    tie, finer = by_name["yq"]["pairs"][0], by_name["fq"]["pairs"][0]
+    assert tie["class"] == "rounding" and tie["max_lsb"] == pytest.approx(1.0)
+    assert finer["max_lsb"] == pytest.approx(4.0) and finer["carried_lsb"] == pytest.approx(4.0)
+    assert finer["class"] == "rounding"
+    assert r.first_divergence is None

@@ -74,3 +74,14 @@ def _m(max_abs, max_lsb):
 )
 def test_classes_follow_the_documented_thresholds(metrics, a_float, b_float, expected):
     assert classify(metrics, a_float=a_float, b_float=b_float, reference_peak=10.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("max_lsb", "carried", "expected"),
+    [(5.0, 0.0, "divergence"), (5.0, 0.4, "rounding"), (5.0, 0.39, "divergence")],
+)
+def test_error_carried_from_the_inputs_plus_one_step_is_rounding(max_lsb, carried, expected):
+    # step 0.1: 5 steps = 0.5 of error; explained when the inputs carried >= 0.4 (0.5 - 1 step)
+    m = _m(max_lsb * 0.1, max_lsb)
+    got = classify(m, a_float=False, b_float=False, reference_peak=10.0, carried=carried, scale=0.1)
+    assert got == expected

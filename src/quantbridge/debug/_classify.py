@@ -7,8 +7,12 @@
 * ``"rounding"``: two quantized engines within ``ROUNDING_LSB`` (1) step of the tensor's scale
   everywhere: a tie rounded the other way (half-to-even against half-away-from-zero, a float
   against a fixed-point requantization multiplier), then carried through.
-* ``"divergence"``: two quantized engines more than 1 step apart somewhere: a fusion, an engine
-  bug, a broken scale, or a real difference between two files.
+* ``"rounding"`` too: two quantized engines further apart than 1 step, by no more than the
+  error their inputs already carried (``carried``: the largest ``max_abs`` of the same engine
+  pair on the tensors it is computed from) plus 1 step: an earlier 1-step difference seen in
+  a finer step (a 1-step error on a tensor of step 0.108 is 5 steps of the next tensor's 0.0235).
+* ``"divergence"``: two quantized engines more than 1 step apart somewhere, beyond what their
+  inputs carried: a fusion, an engine bug, a broken scale, or a real difference between files.
 
 Tensors without a scale (float outputs of two quantized engines) have no step: they count as
 ``"rounding"`` while ``max_abs <= FLOAT_RTOL * max |reference|`` and ``"divergence"`` beyond.
@@ -27,14 +31,25 @@ CLASSES = ("exact", "quantization noise", "rounding", "divergence")
 
 
 def classify(
-    metrics: dict[str, Any], *, a_float: bool, b_float: bool, reference_peak: float
+    metrics: dict[str, Any],
+    *,
+    a_float: bool,
+    b_float: bool,
+    reference_peak: float,
+    carried: float = 0.0,
+    scale: float | None = None,
 ) -> str:
     """The class of ``metrics`` (``tensor_metrics`` of engine b against engine a);
-    ``reference_peak`` is ``max |a|`` (used for tensors without a scale)."""
+    ``reference_peak`` is ``max |a|`` (used for tensors without a scale), ``carried`` the
+    largest absolute error of the same pair on the tensor's input tensors, ``scale`` its step."""
     if metrics["max_abs"] == 0.0:
         return "exact"
     if a_float or b_float:
         return "quantization noise"
     if metrics["max_lsb"] is not None:
-        return "rounding" if metrics["max_lsb"] <= ROUNDING_LSB + LSB_EPS else "divergence"
+        if metrics["max_lsb"] <= ROUNDING_LSB + LSB_EPS:
+            return "rounding"
+        if scale and metrics["max_abs"] <= carried + scale * (ROUNDING_LSB + LSB_EPS):
+            return "rounding"
+        return "divergence"
     return "rounding" if metrics["max_abs"] <= FLOAT_RTOL * reference_peak else "divergence"

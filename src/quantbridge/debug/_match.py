@@ -49,6 +49,7 @@ class Site:
     source: str = ""  # float tensor a QuantizeLinear reads ("" for integer ops)
     scale_init: str = ""  # initializer holding the scale
     aliases: tuple[str, ...] = ()  # DequantizeLinear outputs of the same values (graph outputs)
+    inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
 
     @property
     def quantized(self) -> bool:
@@ -95,9 +96,14 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear or QLinear* "
             "op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
         )
+    nodes = {n.output[0]: n for n in graph.node if n.output}
     out = [
-        Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ()))}) for s in sites.values()
-    ]
+        Site(**{
+            **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
+            "inputs": _upstream(nodes[s.name], sites, producer),
+        })
+        for s in sites.values()
+    ]  # fmt: skip
     held = {s.name for s in out} | {a for s in out for a in s.aliases}
     for o in graph.output:
         if o.name not in held:
@@ -105,6 +111,31 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             out.append(Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT))
     return out
+
+
+def _upstream(node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 256) -> tuple:
+    """The sites ``node`` is computed from: walk its inputs back through float ops, stopping
+    at sites (and DequantizeLinear of a site); constants and graph inputs end a path."""
+    found: list[str] = []
+    todo = [t for t in node.input if t]
+    seen: set[str] = set()
+    while todo and len(seen) < limit:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in sites and t != node.output[0]:
+            found.append(t)
+            continue
+        p = producer.get(t)
+        if p is None or p.op_type == "QuantizeLinear":
+            continue
+        if p.op_type == "DequantizeLinear":
+            if p.input[0] in sites:
+                found.append(p.input[0])
+            continue
+        todo.extend(i for i in p.input if i)
+    return tuple(dict.fromkeys(found))
 
 
 def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | None:

@@ -169,16 +169,19 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
             continue
         ran.append(run.name)
         lost = []
+        carried: dict[str, float] = {}  # site -> this pair's max_abs, for the sites after it
         for s in sites:
             if s.name not in ref_values:
                 continue
             if s.name not in values:
                 lost.append(s.name)
                 continue
-            pair = _pair(ref_run, run, s, ref_values[s.name], values.pop(s.name))
+            upstream = max((carried.get(i, 0.0) for i in s.inputs), default=0.0)
+            pair = _pair(ref_run, run, s, ref_values[s.name], values.pop(s.name), upstream)
             if pair is None:
                 lost.append(s.name)
             else:
+                carried[s.name] = pair["max_abs"]
                 table[s.name]["pairs"].append(pair)
         if lost:
             unmatched[run.name] = lost
@@ -195,12 +198,16 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
     }
 
 
-def _pair(ref_run, run, site: Site, a: np.ndarray, b: np.ndarray) -> dict[str, Any] | None:
+def _pair(ref_run, run, site: Site, a, b, carried: float) -> dict[str, Any] | None:
     if a.shape != b.shape:
         return None
     m = tensor_metrics(a, b, site.scale)
     peak = float(np.abs(a).max()) if a.size else 0.0
-    m["class"] = classify(m, a_float=ref_run.is_float, b_float=run.is_float, reference_peak=peak)
+    m["carried_lsb"] = carried / site.scale if site.scale else None
+    m["class"] = classify(
+        m, a_float=ref_run.is_float, b_float=run.is_float, reference_peak=peak,
+        carried=carried, scale=site.scale,
+    )  # fmt: skip
     return {"a": ref_run.name, "b": run.name, **m}
 
 
