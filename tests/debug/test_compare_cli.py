@@ -41,3 +41,17 @@ def test_cli_bad_inputs_fail_in_one_line(cnn, tmp_path, capsys):
     assert "quantbridge compare: error:" in err and "['x']" in err and len(err.splitlines()) == 1
     assert main(["compare", str(tmp_path / "missing.onnx"), "--inputs", str(samples)]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_report_without_the_renderer_says_so(cnn, tmp_path, capsys):
+    import pytest
+
+    import quantbridge.debug as debug
+
+    if hasattr(debug, "render_html"):
+        pytest.skip("the HTML report is installed; its own tests cover --report")
+    path, _, inputs = cnn
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, **inputs)
+    code = main(["compare", str(path), "--inputs", str(samples), "--report", "r.html"])
+    assert code == 2 and "--report needs quantbridge.debug.render_html" in capsys.readouterr().err
