@@ -8,8 +8,8 @@
   everywhere: a tie rounded the other way (half-to-even against half-away-from-zero, a float
   against a fixed-point requantization multiplier), then carried through.
 * ``"rounding"`` too: two quantized engines further apart than 1 step, by no more than the
-  error their inputs already carried (``carried``: the largest ``max_abs`` of the same engine
-  pair on the tensors it is computed from) plus 1 step: an earlier 1-step difference seen in
+  error their inputs already carried (``carried``: the sum of the ``max_abs`` of the same engine
+  pair on the tensors it is computed from, as an Add's two input errors add up) plus 1 step: an earlier 1-step difference seen in
   a finer step (a 1-step error on a tensor of step 0.108 is 5 steps of the next tensor's 0.0235).
 * ``"divergence"``: two quantized engines more than 1 step apart somewhere, beyond what their
   inputs carried: a fusion, an engine bug, a broken scale, or a real difference between files.
@@ -40,8 +40,9 @@ def classify(
     scale: float | None = None,
 ) -> str:
     """The class of ``metrics`` (``tensor_metrics`` of engine b against engine a);
-    ``reference_peak`` is ``max |a|`` (used for tensors without a scale), ``carried`` the
-    largest absolute error of the same pair on the tensor's input tensors, ``scale`` its step."""
+    ``reference_peak`` is ``max |a|`` (used for tensors without a scale), ``carried`` the sum
+    of the same pair's largest absolute errors on the tensor's input tensors, ``scale`` its
+    step."""
     if metrics["max_abs"] == 0.0:
         return "exact"
     if a_float or b_float:
