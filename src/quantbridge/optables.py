@@ -95,3 +95,13 @@ QOPERATOR_OUTPUT_QPARAMS: dict[str, tuple[int, int]] = {
     "QLinearLeakyRelu": (3, 4),
     "QLinearSoftmax": (3, 4),
 }
+
+
+# Ops whose output error is at most the sum of their inputs' errors (each input 1-Lipschitz):
+# an error an input carried cannot grow through them (debug credits such carried errors).
+UNIT_GAIN_OPS: frozenset[str] = DATA_MOVEMENT_OPS | frozenset(
+    {"Add", "Sub", "Relu", "Clip", "Max", "Min", "AveragePool", "GlobalAveragePool",
+     "GlobalMaxPool", "ReduceMean", "ReduceMax", "ReduceMin", "Sigmoid", "HardSigmoid", "Tanh",
+     "QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearConcat", "QLinearAveragePool",
+     "QLinearGlobalAveragePool", "QLinearReduceMean", "QLinearSigmoid"}
+)  # fmt: skip

@@ -73,6 +73,8 @@ def test_sites_know_the_sites_they_are_computed_from(cnn):
     assert sites["relu_1"].inputs == (name["relu"],)
     assert set(sites["add"].inputs) == {name["relu"], name["relu_1"]}
     assert sites["x"].inputs == ()
+    # an error can grow through a Conv (no credit for carried errors), not through an Add
+    assert sites["add"].unit_gain and not sites["relu"].unit_gain
 
 
 def test_float_engine_is_measured_as_quantization_noise_against_independent_float(result, cnn):

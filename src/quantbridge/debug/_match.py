@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..optables import QOPERATOR_OUTPUT_QPARAMS
+from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -50,6 +50,7 @@ class Site:
     scale_init: str = ""  # initializer holding the scale
     aliases: tuple[str, ...] = ()  # DequantizeLinear outputs of the same values (graph outputs)
     inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
+    unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
 
     @property
     def quantized(self) -> bool:
@@ -100,7 +101,8 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     out = [
         Site(**{
             **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
-            "inputs": _upstream(nodes[s.name], sites, producer),
+            "inputs": _upstream(nodes[s.name], sites, producer)[0],
+            "unit_gain": _upstream(nodes[s.name], sites, producer)[1],
         })
         for s in sites.values()
     ]  # fmt: skip
@@ -113,10 +115,14 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     return out
 
 
-def _upstream(node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 256) -> tuple:
+def _upstream(
+    node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 256
+) -> tuple[tuple[str, ...], bool]:
     """The sites ``node`` is computed from: walk its inputs back through float ops, stopping
-    at sites (and DequantizeLinear of a site); constants and graph inputs end a path."""
+    at sites (and DequantizeLinear of a site); constants and graph inputs end a path. Also
+    whether ``node`` and every op walked through is in ``UNIT_GAIN_OPS``."""
     found: list[str] = []
+    unit_gain = node.op_type in UNIT_GAIN_OPS
     todo = [t for t in node.input if t]
     seen: set[str] = set()
     while todo and len(seen) < limit:
@@ -134,8 +140,9 @@ def _upstream(node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 25
             if p.input[0] in sites:
                 found.append(p.input[0])
             continue
+        unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
         todo.extend(i for i in p.input if i)
-    return tuple(dict.fromkeys(found))
+    return tuple(dict.fromkeys(found)), unit_gain
 
 
 def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | None:

@@ -103,7 +103,10 @@ class CompareResult:
         lines = [f"reference engine: {d['reference']}; engines: {', '.join(d['engines'])}"]
         fd = d["first_divergence"]
         if fd is None:
-            lines.append("first divergence: none (every quantized pair within 1 LSB)")
+            lines.append(
+                "first divergence: none (quantized pairs within 1 LSB, or within what their "
+                "inputs carried)"
+            )
         else:
             lines.append(
                 f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "

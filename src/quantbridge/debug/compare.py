@@ -176,7 +176,8 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
             if s.name not in values:
                 lost.append(s.name)
                 continue
-            upstream = sum(carried.get(i, 0.0) for i in s.inputs)  # an Add's two errors add
+            # an Add's two input errors add up; ops that may amplify an error get no credit
+            upstream = sum(carried.get(i, 0.0) for i in s.inputs) if s.unit_gain else 0.0
             pair = _pair(ref_run, run, s, ref_values[s.name], values.pop(s.name), upstream)
             if pair is None:
                 lost.append(s.name)
