@@ -85,3 +85,14 @@ def test_error_carried_from_the_inputs_plus_one_step_is_rounding(max_lsb, carrie
     m = _m(max_lsb * 0.1, max_lsb)
     got = classify(m, a_float=False, b_float=False, reference_peak=10.0, carried=carried, scale=0.1)
     assert got == expected
+
+
+def test_float_tensor_differences_at_float32_noise_are_rounding():
+    # PP-OCRv4 det's Sigmoid output on a blank page: peak 1e-8, engines 2e-10 apart
+    m = _m(2e-10, None)
+    assert classify(m, a_float=False, b_float=False, reference_peak=1e-8) == "rounding"
+    assert classify(_m(0.3, None), a_float=False, b_float=False, reference_peak=1.0) == (
+        "divergence"
+    )
+    got = classify(_m(0.3, None), a_float=False, b_float=False, reference_peak=1.0, carried=0.3)
+    assert got == "rounding"

@@ -111,7 +111,11 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
         if o.name not in held:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
-            out.append(Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT))
+            ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
+            out.append(
+                Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
+                     inputs=ins, unit_gain=gain)
+            )  # fmt: skip
     return out
 
 
