@@ -7,6 +7,7 @@ fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in
 """
 
 from ._version import __version__
+from .debug import CompareResult, compare
 from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
@@ -33,6 +34,7 @@ __all__ = [
     "__version__",
     "CaptureError",
     "CheckpointError",
+    "CompareResult",
     "IntegerProgram",
     "LoweringError",
     "EngineModel",
@@ -44,6 +46,7 @@ __all__ = [
     "Rule",
     "TensorRecipe",
     "assert_quantizers_synchronized",
+    "compare",
     "export",
     "float_mode",
     "fold",

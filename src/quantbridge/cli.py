@@ -7,6 +7,7 @@
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
                          [--method M] [--opset N] [--batch-size N] [--int8-head]
                          [--format qdq|qoperator] [--quiet]
+    quantbridge compare A.onnx [B.onnx] --inputs SAMPLES.npz [--engines E,..] [--json OUT]
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -22,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .debug import _cli as compare_cli
 from .torch._capture import quiet_torch
 from .torch._progress import progress_enabled, set_progress
 
@@ -263,6 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)
+
+    compare_cli.add_parser(sub)  # quantbridge compare (the debug layer)
     return parser
 
 

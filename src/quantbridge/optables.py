@@ -91,3 +91,33 @@ NONNEGATIVE_ALL_INPUTS_OPS: frozenset[str] = frozenset({"Concat", "Add", "Mul", 
 def is_quantized_op(op_type: str) -> bool:
     """A QDQ node or a QOperator (any ``QLinear*`` op counts, known here or not)."""
     return op_type in QDQ_OPS or op_type in QOPERATOR_OPS or op_type.startswith("QLinear")
+
+
+# Integer ops whose output is quantized: op -> input positions of the output scale and zero point
+# (debug reads a QOperator graph's quantized tensors, and their steps, from these).
+QOPERATOR_OUTPUT_QPARAMS: dict[str, tuple[int, int]] = {
+    "QuantizeLinear": (1, 2),
+    "QLinearConv": (6, 7),
+    "QLinearConvTranspose": (6, 7),
+    "QLinearMatMul": (6, 7),
+    "QGemm": (7, 8),
+    "QLinearAdd": (6, 7),
+    "QLinearMul": (6, 7),
+    "QLinearConcat": (0, 1),
+    "QLinearAveragePool": (3, 4),
+    "QLinearGlobalAveragePool": (3, 4),
+    "QLinearReduceMean": (3, 4),
+    "QLinearSigmoid": (3, 4),
+    "QLinearLeakyRelu": (3, 4),
+    "QLinearSoftmax": (3, 4),
+}
+
+
+# Ops whose output error is at most the sum of their inputs' errors (each input 1-Lipschitz):
+# an error an input carried cannot grow through them (debug credits such carried errors).
+UNIT_GAIN_OPS: frozenset[str] = DATA_MOVEMENT_OPS | frozenset(
+    {"Add", "Sub", "Relu", "Clip", "Max", "Min", "AveragePool", "GlobalAveragePool",
+     "GlobalMaxPool", "ReduceMean", "ReduceMax", "ReduceMin", "Sigmoid", "HardSigmoid", "Tanh",
+     "QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearConcat", "QLinearAveragePool",
+     "QLinearGlobalAveragePool", "QLinearReduceMean", "QLinearSigmoid"}
+)  # fmt: skip

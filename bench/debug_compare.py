@@ -1,0 +1,123 @@
+"""Cost of ``qb.compare`` (issue 11, "Performance"): wall time and peak memory of a full compare
+with every intermediate quantized tensor captured, against running the same engines once on the
+same inputs without capture.
+
+    python -m bench.debug_compare [--model resnet18|FILE.onnx] [--batch 8] [--size 224]
+           [--engines ort-ref,ort,ort-qop,integer] [--inputs SAMPLES.npz]
+
+Each measurement runs in a fresh process (peak RSS is per process), after the libraries are
+imported and the model file is written, so both clocks see the same work: load + run (plain),
+load + capture + compare (compare). The quantized file is made once (ResNet-18-style from
+``quantbridge.zoo``, random weights, 'native' recipe, N(0,1) inputs), or given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _plain(model_path: str, inputs: dict, engines: list[str]) -> None:
+    """The engines once, outputs only: what a user runs without compare."""
+    import onnx
+
+    import quantbridge as qb
+    from quantbridge.engine._backends import make_session
+
+    model = onnx.load(model_path)
+    for engine in engines:
+        if engine in ("ort-ref", "ort"):
+            level = "disable" if engine == "ort-ref" else "all"
+            make_session(
+                "onnxruntime", model.SerializeToString(), None, {"optimization": level}
+            ).run(inputs)
+        elif engine == "ort-qop":
+            folded = qb.fold(model).SerializeToString()
+            make_session("onnxruntime", folded, None, {}).run(inputs)
+        elif engine == "openvino":
+            make_session("openvino", model.SerializeToString(), None, {}).run(inputs)
+        elif engine == "integer":
+            qb.lower(model).run(inputs)
+        elif engine == "torch-quant":
+            import torch
+
+            qb.import_onnx(model)(*(torch.from_numpy(v) for v in inputs.values()))
+
+
+def _child(mode: str, model_path: str, inputs_path: str, engines: list[str]) -> dict:
+    import quantbridge as qb  # noqa: F401  (imported before the clock)
+
+    with np.load(inputs_path) as f:
+        inputs = {k: f[k] for k in f.files}
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    if mode == "plain":
+        _plain(model_path, inputs, engines)
+        extra = {}
+    else:
+        r = qb.compare(model_path, inputs=inputs, engines=engines)
+        extra = {"tensors": len(r.tensors), "errors": r.errors,
+                 "first_divergence": r.first_divergence}  # fmt: skip
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"mode": mode, "wall_s": wall, "peak_rss_mb": peak / 1024,
+            "rss_growth_mb": (peak - base) / 1024, **extra}  # fmt: skip
+
+
+def _make_resnet(path: Path, batch: int, size: int) -> dict:
+    import torch
+
+    import quantbridge as qb
+    from quantbridge.zoo import resnet18_style
+
+    torch.manual_seed(0)
+    model = resnet18_style().eval()
+    calib = [torch.randn(batch, 3, size, size) for _ in range(2)]
+    qmodel = qb.quantize(model, calib, recipe="native")
+    qb.export(qmodel, path, example_inputs=calib[0])
+    return {"x": np.random.default_rng(1).standard_normal((batch, 3, size, size), np.float32)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--inputs", help="samples .npz for a given model file")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--engines", default="ort-ref,ort,ort-qop,integer")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        mode, model_path, inputs_path, engines = args.child
+        print(json.dumps(_child(mode, model_path, inputs_path, engines.split(","))))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model == "resnet18":
+            model_path = Path(tmp) / "resnet18.int8.onnx"
+            inputs = _make_resnet(model_path, args.batch, args.size)
+            inputs_path = Path(tmp) / "inputs.npz"
+            np.savez(inputs_path, **inputs)
+        else:
+            model_path, inputs_path = Path(args.model), Path(args.inputs)
+        rows = []
+        for mode in ("plain", "compare"):
+            cmd = [sys.executable, "-m", "bench.debug_compare", "--child", mode, str(model_path),
+                   str(inputs_path), args.engines]  # fmt: skip
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    plain, full = rows
+    print(json.dumps({"model": args.model, "engines": args.engines, "plain": plain,
+                      "compare": full, "time_ratio": full["wall_s"] / plain["wall_s"],
+                      "peak_ratio": full["peak_rss_mb"] / plain["peak_rss_mb"]}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

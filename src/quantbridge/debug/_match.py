@@ -1,0 +1,230 @@
+"""The quantized tensors of a model ("sites") and how each engine's names map onto them.
+
+A site is one quantized tensor of the reference ONNX file (QDQ or QOperator form), in the graph's
+topological order: the output of a ``QuantizeLinear`` or of an integer op (``QLinearConv``,
+``QGemm``, ... ``optables.QOPERATOR_OUTPUT_QPARAMS`` says where its output scale is), with that
+scale and zero point. Non-quantized graph outputs are sites too (no scale). The mapping is read
+from records, never guessed from name suffixes:
+
+* ONNX engines on the QDQ file, and ONNX Runtime on the folded file: the site's own name. The
+  fold keeps every ``QuantizeLinear`` output name as the output of the integer op that replaces
+  it (``val_1`` is the Q output in QDQ form and the ``QLinearConv`` output after ``fold``);
+* the integer program: ``IntegerProgram.onnx_tensors`` (ONNX name -> program tensor, recorded by
+  the lowering);
+* a torch ``QuantModel``: its placement record (``qb_points``). An exported model's metadata
+  ``quantbridge.quantizers`` names each quantizer's scale initializer; a model imported from ONNX
+  names each activation quantizer after the float tensor its ``QuantizeLinear`` reads (``source``);
+* a float ONNX model: the float tensor the site's ``QuantizeLinear`` reads (``source``); tools
+  that quantize an ONNX file (``quantize_onnx``, ONNX Runtime's) keep the float model's names.
+
+A second quantized file is matched by site name, then by ``source``; what stays unmatched is
+reported and the rest is compared.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+
+QUANTIZERS_KEY = "quantbridge.quantizers"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One quantized tensor (or float graph output) of the reference model."""
+
+    name: str  # tensor name in the reference ONNX file (the integer codes)
+    order: int  # topological position among the sites
+    op: str  # op computing it (the producer of a QuantizeLinear's input), or "input"
+    layer: str  # quantizer name from the export record, else the ONNX node name
+    scale: float | None  # the step (None: float tensor, or a per-channel activation)
+    zero_point: int
+    elem_type: int  # ONNX element type of the codes (FLOAT for a float site)
+    source: str = ""  # float tensor a QuantizeLinear reads ("" for integer ops)
+    scale_init: str = ""  # initializer holding the scale
+    aliases: tuple[str, ...] = ()  # DequantizeLinear outputs of the same values (graph outputs)
+    inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
+    unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
+
+    @property
+    def quantized(self) -> bool:
+        return self.elem_type != onnx.TensorProto.FLOAT
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    found = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].HasField("t"):
+            found[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return found
+
+
+def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
+    """Scale initializer -> quantizer name, from quantbridge's export record (empty if none)."""
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZERS_KEY:
+            record = json.loads(prop.value)
+            return {v["scale"]: k for k, v in record.items() if v.get("kind") == "activation"}
+    return {}
+
+
+def find_sites(model: onnx.ModelProto) -> list[Site]:
+    """Every quantized tensor of ``model`` (QDQ or QOperator form) and its float graph outputs,
+    in topological order. ValueError for a model with no quantized tensor."""
+    graph = model.graph
+    consts = _constants(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    names = quantizer_names(model)
+    sites: dict[str, Site] = {}
+    aliases: dict[str, list[str]] = {}
+    seen_scales: set[str] = set()
+    for node in graph.node:
+        slots = QOPERATOR_OUTPUT_QPARAMS.get(node.op_type)
+        if slots is not None and node.output[0] not in consts:
+            site = _site(node, slots, consts, producer, names, len(sites), seen_scales)
+            if site is not None:
+                sites[site.name] = site
+        elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
+            aliases.setdefault(node.input[0], []).append(node.output[0])
+    if not sites:
+        raise ValueError(
+            f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear or QLinear* "
+            "op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
+        )
+    nodes = {n.output[0]: n for n in graph.node if n.output}
+    out = [
+        Site(**{
+            **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
+            "inputs": _upstream(nodes[s.name], sites, producer)[0],
+            "unit_gain": _upstream(nodes[s.name], sites, producer)[1],
+        })
+        for s in sites.values()
+    ]  # fmt: skip
+    held = {s.name for s in out} | {a for s in out for a in s.aliases}
+    for o in graph.output:
+        if o.name not in held:
+            p = producer.get(o.name)
+            op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
+            ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
+            out.append(
+                Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
+                     inputs=ins, unit_gain=gain)
+            )  # fmt: skip
+    return out
+
+
+def _upstream(
+    node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 256
+) -> tuple[tuple[str, ...], bool]:
+    """The sites ``node`` is computed from: walk its inputs back through float ops, stopping
+    at sites (and DequantizeLinear of a site); constants and graph inputs end a path. Also
+    whether ``node`` and every op walked through is in ``UNIT_GAIN_OPS``."""
+    found: list[str] = []
+    unit_gain = node.op_type in UNIT_GAIN_OPS
+    todo = [t for t in node.input if t]
+    seen: set[str] = set()
+    while todo and len(seen) < limit:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in sites and t != node.output[0]:
+            found.append(t)
+            continue
+        p = producer.get(t)
+        if p is None or p.op_type == "QuantizeLinear":
+            continue
+        if p.op_type == "DequantizeLinear":
+            if p.input[0] in sites:
+                found.append(p.input[0])
+            continue
+        unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
+        todo.extend(i for i in p.input if i)
+    return tuple(dict.fromkeys(found)), unit_gain
+
+
+def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | None:
+    scale_name = node.input[slots[0]]
+    scale = consts.get(scale_name)
+    zp_name = node.input[slots[1]] if len(node.input) > slots[1] else ""
+    zp = consts.get(zp_name) if zp_name else None
+    elem = onnx.TensorProto.UINT8
+    if zp is not None:
+        elem = onnx.helper.np_dtype_to_tensor_dtype(zp.dtype)
+    step = float(scale.reshape(-1)[0]) if scale is not None and scale.size == 1 else None
+    zero = int(zp.reshape(-1)[0]) if zp is not None and zp.size >= 1 else 0
+    if node.op_type == "QuantizeLinear":
+        source = node.input[0]
+        p = producer.get(source)
+        op, layer = (p.op_type, p.name) if p is not None else ("input", source)
+        if p is not None and p.op_type == "DequantizeLinear":  # a requantization Q(DQ(x))
+            op = "Requantize"
+    else:
+        source, op, layer = "", node.op_type, node.name
+    if scale_name not in seen_scales:  # the recorded quantizer owns the first Q of its scale
+        layer = names.get(scale_name, layer)
+    seen_scales.add(scale_name)
+    return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
+
+
+def match_names(sites: list[Site], available: set[str]) -> dict[str, str]:
+    """Site name -> the same tensor name, where ``available`` has it."""
+    return {s.name: s.name for s in sites if s.name in available}
+
+
+def match_sources(sites: list[Site], available: set[str]) -> dict[str, str]:
+    """Site name -> the float tensor its QuantizeLinear reads, where ``available`` has it."""
+    return {s.name: s.source for s in sites if s.source and s.source in available}
+
+
+def match_other_file(sites: list[Site], other: list[Site]) -> dict[str, str]:
+    """Site name -> the matching site name of a second quantized file: same tensor name, else
+    the same float source tensor; each site of ``other`` is used once."""
+    by_name = {s.name: s for s in other}
+    by_source = {s.source: s for s in other if s.source}
+    found, used = {}, set()
+    for s in sites:
+        hit = by_name.get(s.name) or (by_source.get(s.source) if s.source else None)
+        if hit is not None and hit.name not in used:
+            found[s.name] = hit.name
+            used.add(hit.name)
+    return found
+
+
+def match_quantizers(sites: list[Site], points: list, scale_of: dict[str, str]) -> dict[str, str]:
+    """Site name -> activation quantizer attribute of a ``QuantModel``, from its placement
+    record: the fx value a quantizer reads (``QuantPoint.tensor``) is the float tensor the site's
+    QuantizeLinear reads (the exporter names ONNX values after fx nodes); a model imported from
+    ONNX names each quantizer after that tensor (``QuantPoint.name``); else the quantizer whose
+    exported scale initializer (``scale_of``, the export record) the site reads, where only one
+    quantizer has it. Where several sites share one quantizer (a Reshape between two Q nodes of
+    the same scale), the first site gets it."""
+    acts = [p for p in points if p.kind == "activation"]
+    by_tensor = {p.tensor: p.attr for p in acts}
+    by_name = {p.name: p.attr for p in acts}
+    owners: dict[str, list[str]] = {}
+    for p in acts:
+        if p.name in scale_of:
+            owners.setdefault(scale_of[p.name], []).append(p.attr)
+    by_scale = {k: v[0] for k, v in owners.items() if len(v) == 1}
+    found, used = {}, set()
+    for s in sites:
+        attr = by_tensor.get(s.source) or by_name.get(s.source) or by_scale.get(s.scale_init)
+        if attr is not None and attr not in used:
+            found[s.name] = attr
+            used.add(attr)
+    return found
+
+
+def quantizer_scales(model: onnx.ModelProto) -> dict[str, str]:
+    """Quantizer name -> scale initializer, from quantbridge's export record."""
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZERS_KEY:
+            return {k: v["scale"] for k, v in json.loads(prop.value).items()}
+    return {}

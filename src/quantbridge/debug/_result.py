@@ -1,0 +1,142 @@
+"""``CompareResult``: the table ``compare`` returns, with the JSON of ``quantbridge.compare/1``
+(the contract the HTML report reads), a dataframe, the worst tensors and a text table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA = "quantbridge.compare/1"
+
+
+# worst first: engines that disagree, then what quantization costs, then benign ties
+_CLASS_RANK = {"divergence": 3, "quantization noise": 2, "rounding": 1, "exact": 0}
+
+
+def _badness(pair: dict[str, Any]) -> tuple[int, float, float]:
+    """Sort key, worst first: the class, steps of error (where the tensor has a scale), then
+    low SQNR."""
+    lsb = pair.get("max_lsb")
+    sqnr = pair["sqnr_db"]
+    return (
+        _CLASS_RANK[pair["class"]],
+        lsb if lsb is not None else -1.0,
+        -sqnr if sqnr is not None else -1e9,
+    )
+
+
+class CompareResult:
+    """Per-tensor metrics of every engine against the reference engine (``compare``)."""
+
+    def __init__(self, data: dict[str, Any]):
+        self._data = data
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``quantbridge.compare/1`` dict (see docs/debugging.md), plain JSON data."""
+        return self._data
+
+    @property
+    def tensors(self) -> list[dict[str, Any]]:
+        return self._data["tensors"]
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return self._data["errors"]
+
+    @property
+    def unmatched(self) -> dict[str, list[str]]:
+        return self._data["unmatched"]
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first tensor in topological order classified "divergence" (the bisection), as
+        ``{"name", "order", "layer", "a", "b", "max_lsb"}``, or None."""
+        return self._data["first_divergence"]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat row per tensor and engine pair, in topological order."""
+        rows = []
+        for t in self.tensors:
+            for p in t["pairs"]:
+                share = p.get("lsb_share") or {}
+                rows.append({
+                    "order": t["order"], "name": t["name"], "layer": t["layer"], "op": t["op"],
+                    "scale": t["scale"], "a": p["a"], "b": p["b"], "class": p["class"],
+                    "sqnr_db": p["sqnr_db"], "cosine": p["cosine"], "max_abs": p["max_abs"],
+                    "mean_abs": p["mean_abs"], "max_lsb": p.get("max_lsb"),
+                    **{f"lsb_{k}": v for k, v in share.items()},
+                })  # fmt: skip
+        return rows
+
+    def worst(self, n: int = 10) -> list[dict[str, Any]]:
+        """The ``n`` worst (tensor, engine pair) rows: divergences first, then quantization
+        noise, rounding and exact pairs; most steps of error first within a class."""
+        return sorted(self.rows(), key=_badness, reverse=True)[:n]
+
+    def to_dataframe(self):
+        """The rows as a pandas DataFrame (ImportError when pandas is not installed)."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError(
+                "CompareResult.to_dataframe needs pandas: pip install pandas (or use .rows() / "
+                ".to_json(), which need nothing)"
+            ) from e
+        return pd.DataFrame(self.rows())
+
+    def table(self, n: int = 10) -> list[list[str]]:
+        """Header and the ``n`` worst rows as strings (``__str__`` and ``__rich__`` show it)."""
+        head = ["#", "tensor", "layer", "a", "b", "class", "max LSB", "share >1 LSB", "SQNR dB"]
+        body = []
+        for r in self.worst(n):
+            over = (r.get("lsb_2") or 0.0) + (r.get("lsb_>2") or 0.0)
+            body.append([
+                str(r["order"]), r["name"], r["layer"], r["a"], r["b"], r["class"],
+                "-" if r["max_lsb"] is None else f"{r['max_lsb']:.2f}",
+                "-" if r["max_lsb"] is None else f"{100 * over:.2f}%",
+                "-" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}",
+            ])  # fmt: skip
+        return [head, *body]
+
+    def summary(self) -> list[str]:
+        """Lines under the table: reference, first divergence, errors, unmatched tensors."""
+        d = self._data
+        lines = [f"reference engine: {d['reference']}; engines: {', '.join(d['engines'])}"]
+        fd = d["first_divergence"]
+        if fd is None:
+            lines.append(
+                "first divergence: none (quantized pairs within 1 LSB, or within what their "
+                "inputs carried)"
+            )
+        else:
+            lines.append(
+                f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "
+                f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}"
+            )
+        for engine, reason in d["errors"].items():
+            lines.append(f"engine {engine} failed: {reason}")
+        for engine, names in d["unmatched"].items():
+            shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+            lines.append(f"{engine}: {len(names)} tensors not matched ({shown})")
+        return lines
+
+    def __str__(self) -> str:
+        rows = self.table()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join([*text, *self.summary()])
+
+    def __rich__(self):
+        """A rich Table of the worst tensors (``rich.print(result)``)."""
+        from rich.console import Group
+        from rich.table import Table
+
+        rows = self.table()
+        table = Table(*rows[0], title="worst tensors")
+        for r in rows[1:]:
+            table.add_row(*r, style="red" if r[5] == "divergence" else None)
+        return Group(table, *self.summary())
+
+    def __repr__(self) -> str:
+        fd = self.first_divergence
+        where = fd["name"] if fd else None
+        return f"CompareResult({len(self.tensors)} tensors, first_divergence={where!r})"

@@ -1,0 +1,224 @@
+"""``compare``: the same inputs through every form of a quantized model, tensor by tensor, in
+LSBs of each tensor's step; the first diverging tensor is the automatic bisection.
+
+Runs are streamed: the reference engine's tensors are kept, every other engine runs in turn, is
+measured against them and dropped, so memory holds two engines' tensors, not every engine's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._classify import classify
+from ._engines import ENGINES, Values, engine_spec, subject_kind
+from ._match import Site, find_sites, match_other_file
+from ._metrics import tensor_metrics
+from ._result import SCHEMA, CompareResult
+from ._subject import Subject, feeds, load_subject, read_inputs
+
+# preferred reference engines, best first (the node-by-node reference of the quantized file)
+_REFERENCES = ("ort-ref", "integer", "ort", "ort-qop", "torch-quant", "openvino")
+# with two models, each runs one engine by default: the first of these that runs its form
+_PAIR_DEFAULTS = ("ort-ref", "torch-quant", "torch-float")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+class _Run:
+    """One engine on one subject: name, whether it is float, and how its names map to sites."""
+
+    def __init__(self, name, engine: str, subject: Subject, sites, rename: dict[str, str]):
+        self.name, self.engine, self.subject = name, engine, subject
+        self.sites = sites  # the subject's own sites (the reference's for a float model)
+        self.spec = ENGINES[engine]
+        self.is_float = subject_kind(subject) in self.spec.float_for
+        self.rename = rename  # the subject's site name -> reference site name
+
+
+def _default_engines(kind: str, pair: bool) -> list[str]:
+    """Every engine that runs the form; with two models, the first of ``_PAIR_DEFAULTS``."""
+    usable = [e for e, s in ENGINES.items() if kind in s.forms]
+    if pair:
+        usable = [e for e in _PAIR_DEFAULTS if e in usable][:1]
+    return usable
+
+
+def _plan(subjects, engines, sites, own_sites) -> tuple[list[_Run], dict[str, str]]:
+    runs, errors = [], {}
+    for subj in subjects:
+        kind = subject_kind(subj)
+        names = engines or _default_engines(kind, len(subjects) > 1)
+        rename = {s.name: s.name for s in sites}
+        subj_sites = own_sites.get(subj.tag, sites)
+        if subj_sites is not sites:
+            rename = {v: k for k, v in match_other_file(sites, subj_sites).items()}
+        for engine in names:
+            spec = engine_spec(engine)
+            name = engine if len(subjects) == 1 else f"{subj.tag}:{engine}"
+            if kind not in spec.forms:
+                errors[name] = f"does not run a {kind} model (runs {', '.join(spec.forms)})"
+                continue
+            runs.append(_Run(name, engine, subj, subj_sites, rename))
+    return runs, errors
+
+
+def _execute(run: _Run, ref_model, inputs: Any) -> Values:
+    subj = run.subject
+    model = subj.onnx if subj.onnx is not None else ref_model
+    checked = feeds(model, inputs, subj.label)
+    values = run.spec.build(subj, run.sites, ref_model, checked).run(checked)
+    return {run.rename[k]: v for k, v in values.items() if k in run.rename}
+
+
+def compare(
+    a: Any,
+    b: Any = None,
+    *,
+    inputs: Any,
+    engines: list[str] | None = None,
+    reference: str | None = None,
+) -> CompareResult:
+    """Run ``inputs`` through the engines and compare every quantized tensor with the reference.
+
+    ``a`` / ``b``: ONNX paths or ``ModelProto`` (QDQ, QOperator or float), ``QuantModel``s or
+    float torch modules; one of them must be quantized (its tensors are the ones compared).
+    ``inputs``: a dict input name -> array, an ``.npz`` path, an array or a tuple of arrays.
+    ``engines``: names from ``ENGINES`` (default: every engine that runs the model's form; with
+    two models, ``ort-ref`` on each, ``torch-quant`` / ``torch-float`` for a torch model; runs
+    are then named ``a:ort-ref``, ``b:ort-ref``).
+    ``reference``: the run the others are measured against (default: ``ort-ref`` of the first
+    quantized model). An engine that fails to load or run is reported in ``errors``; tensors an
+    engine does not produce are reported in ``unmatched``; neither stops the others.
+    """
+    if engines is not None:
+        for e in engines:
+            engine_spec(e)
+    data = read_inputs(inputs)
+    subjects = [load_subject(a, "a", data)]
+    if b is not None:
+        subjects.append(load_subject(b, "b", data))
+    quantized = [s for s in subjects if s.quantized]
+    if not quantized:
+        raise ValueError(
+            "compare needs a quantized model (QDQ or QOperator ONNX, or a QuantModel); got "
+            + " and ".join(f"{s.label} ({subject_kind(s)})" for s in subjects)
+        )
+    ref_subj = quantized[0]
+    own_sites = {s.tag: find_sites(s.onnx) for s in quantized}
+    sites = own_sites[ref_subj.tag]
+    for subj in subjects:  # bad inputs are the user's error, not an engine's
+        feeds(subj.onnx if subj.onnx is not None else ref_subj.onnx, data, subj.label)
+    runs, errors = _plan(subjects, engines, sites, own_sites)
+    ref_run = _pick_reference(runs, ref_subj, reference)
+    ref_values = None
+    for run in [ref_run] + [r for r in runs if r is not ref_run and r.subject is ref_subj]:
+        try:
+            ref_values = _execute(run, ref_subj.onnx, data)
+            ref_run = run
+            break
+        except Exception as e:  # noqa: BLE001  (an engine's failure is reported, others go on)
+            errors[run.name] = _one_line(e)
+    if ref_values is None:
+        raise RuntimeError(f"no engine could run {ref_subj.label}: {errors}")
+    result = _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors)
+    result["models"] = [s.label for s in subjects]
+    return CompareResult(result)
+
+
+def _pick_reference(runs: list[_Run], ref_subj: Subject, reference: str | None) -> _Run:
+    own = [r for r in runs if r.subject is ref_subj and not r.is_float]
+    if reference is not None:
+        for r in runs:
+            if r.name == reference:
+                return r
+        raise ValueError(f"reference {reference!r} is not a run; runs: {[r.name for r in runs]}")
+    for name in _REFERENCES:
+        for r in own:
+            if r.engine == name:
+                return r
+    if not own:
+        raise ValueError(f"no quantized engine runs {ref_subj.label}; give engines=[...]")
+    return own[0]
+
+
+def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[str, Any]:
+    table = {
+        s.name: {
+            "name": s.name, "order": s.order, "op": s.op, "layer": s.layer, "scale": s.scale,
+            "zero_point": s.zero_point if s.scale is not None else None, "pairs": [],
+        }
+        for s in sites
+    }  # fmt: skip
+    unmatched: dict[str, list[str]] = {}
+    missing = [s.name for s in sites if s.name not in ref_values]
+    if missing:
+        unmatched[ref_run.name] = missing
+    ran = [ref_run.name]
+    for run in runs:
+        if run is ref_run or run.name in errors:
+            continue
+        try:
+            values = _execute(run, ref_subj.onnx, data)
+        except Exception as e:  # noqa: BLE001  (an engine's failure is reported, others go on)
+            errors[run.name] = _one_line(e)
+            continue
+        ran.append(run.name)
+        lost = []
+        carried: dict[str, float] = {}  # site -> this pair's max_abs, for the sites after it
+        for s in sites:
+            if s.name not in ref_values:
+                continue
+            if s.name not in values:
+                lost.append(s.name)
+                continue
+            # an Add's two input errors add up; ops that may amplify an error get no credit
+            upstream = sum(carried.get(i, 0.0) for i in s.inputs) if s.unit_gain else 0.0
+            pair = _pair(ref_run, run, s, ref_values[s.name], values.pop(s.name), upstream)
+            if pair is None:
+                lost.append(s.name)
+            else:
+                carried[s.name] = pair["max_abs"]
+                table[s.name]["pairs"].append(pair)
+        if lost:
+            unmatched[run.name] = lost
+        del values
+    return {
+        "schema": SCHEMA,
+        "models": [],
+        "engines": ran,
+        "reference": ref_run.name,
+        "errors": errors,
+        "unmatched": unmatched,
+        "tensors": list(table.values()),
+        "first_divergence": _first_divergence(table),
+    }
+
+
+def _pair(ref_run, run, site: Site, a, b, carried: float) -> dict[str, Any] | None:
+    if a.shape != b.shape:
+        return None
+    m = tensor_metrics(a, b, site.scale)
+    peak = float(np.abs(a).max()) if a.size else 0.0
+    m["carried_lsb"] = carried / site.scale if site.scale else None
+    m["class"] = classify(
+        m, a_float=ref_run.is_float, b_float=run.is_float, reference_peak=peak,
+        carried=carried, scale=site.scale,
+    )  # fmt: skip
+    return {"a": ref_run.name, "b": run.name, **m}
+
+
+def _first_divergence(table: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    for t in sorted(table.values(), key=lambda t: t["order"]):
+        bad = [p for p in t["pairs"] if p["class"] == "divergence"]
+        if bad:
+            worst = max(bad, key=lambda p: p["max_lsb"] if p["max_lsb"] is not None else 0.0)
+            return {
+                "name": t["name"], "order": t["order"], "layer": t["layer"], "a": worst["a"],
+                "b": worst["b"], "max_lsb": worst["max_lsb"],
+            }  # fmt: skip
+    return None
