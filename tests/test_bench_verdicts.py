@@ -181,3 +181,30 @@ def test_report_prints_the_comparison_table():
     assert "| onnxruntime | +0.50 points [+0.00..+1.00] (ahead; ours default vs default)" in text
     assert "| modelopt | peer failed: ModuleNotFoundError" in text
     assert "failed: `ModuleNotFoundError" in text  # the row itself
+
+
+def _engine_batch(ratio, wrapper_us, raw_ms, ok=True):
+    r = lambda m: {"median": m, "min": m, "max": m, "n": 3}  # noqa: E731
+    return {
+        "wrapper_us": wrapper_us,
+        "ms": {"raw/int8": r(raw_ms)},
+        "calls_per_sample": {"torch/float": 1, "engine/int8": 1, "raw/int8": 1},
+        "outputs": {"engine/int8": {"ok": ok, "why": "" if ok else "all zeros"}},
+        "ratios": {"torch/float : engine/int8": r(ratio), "engine/int8 : raw/int8": r(1.02)},
+    }
+
+
+def test_engine_call_targets():
+    batches = {"batch 1": _engine_batch(3.5, 90.0, 6.5), "batch 8": _engine_batch(2.9, 60.0, 40.0)}
+    rows = {t[0]: t for t in verdicts.engine_targets({"engine": {"workloads": {"resnet18": {"batches": batches}}}})}  # fmt: skip
+    speed = rows["Engine model (ORT INT8) >= 3x faster than float torch, ResNet-18 batch 8"]
+    assert speed[2] == "**not met**" and "2.90" in speed[1]
+    overhead = rows["Engine call overhead over a raw session < 5%, batch 1"]
+    assert overhead[2] == "met" and "wrapper 1.38%" in overhead[1]  # 90 us of 6.5 ms
+    batches["batch 1"] = _engine_batch(3.5, 400.0, 6.5)  # 6.2 %
+    rows = {t[0]: t for t in verdicts.engine_targets({"engine": {"workloads": {"resnet18": {"batches": batches}}}})}  # fmt: skip
+    assert rows["Engine call overhead over a raw session < 5%, batch 1"][2] == "**not met**"
+    batches["batch 8"] = _engine_batch(3.5, 60.0, 40.0, ok=False)  # fast but wrong: not judged
+    rows = {t[0]: t for t in verdicts.engine_targets({"engine": {"workloads": {"resnet18": {"batches": batches}}}})}  # fmt: skip
+    row = rows["Engine model (ORT INT8) >= 3x faster than float torch, ResNet-18 batch 8"]
+    assert row[2] == "not judged" and "all zeros" in row[1]

@@ -15,8 +15,9 @@ their *best* rows (``verdicts``).
   resolution (``tools.ENTROPY_EQUAL``).
 * NNCF (``nncf.quantize`` on the float ONNX file) and NVIDIA ModelOpt
   (``modelopt.onnx.quantization.quantize``, CPU calibration): run out of process
-  (``peer_child``) by ``QB_BENCH_PEERS_PYTHON`` (default: this interpreter), since their pins
-  may not fit the bench's environment. A peer that is not installed is a failed row.
+  (``peer_child``) by ``QB_BENCH_NNCF_PYTHON`` / ``QB_BENCH_MODELOPT_PYTHON`` (or
+  ``QB_BENCH_PEERS_PYTHON``; default: this interpreter), since their pins may not fit the bench's
+  environment (``peers_python``). A peer that is not installed is a failed row.
 * PyTorch FX PTQ (``x86`` default qconfig mapping, and ``minmax``) where FX captures the model.
 """
 
@@ -117,8 +118,15 @@ def _recipe(name: str):
     return None if factory is None else factory()
 
 
-def peers_python() -> str:
-    return os.environ.get(PEERS_PYTHON_ENV) or sys.executable
+def peers_python(tool: str) -> str:
+    """The interpreter of an out-of-process peer: ``QB_BENCH_<TOOL>_PYTHON``, else
+    ``QB_BENCH_PEERS_PYTHON``, else this one. ModelOpt's ONNX extra pins onnxruntime-gpu 1.24 and
+    onnx 1.21, which cannot share an environment with the bench's onnxruntime: it gets its own."""
+    return (
+        os.environ.get(f"QB_BENCH_{tool.upper()}_PYTHON")
+        or os.environ.get(PEERS_PYTHON_ENV)
+        or sys.executable
+    )
 
 
 def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -> dict:
@@ -129,7 +137,7 @@ def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -
     spec |= {"calib": str(npz), "out": str(path)}
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # bench only: no quantbridge in the child
     proc = subprocess.run(
-        [peers_python(), "-m", "bench.suite.peer_child", json.dumps(spec)],
+        [peers_python(c.tool), "-m", "bench.suite.peer_child", json.dumps(spec)],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from bench import engine_call
+
 from . import report_accuracy, verdicts
 from .verdicts import COST_KEYS
 
@@ -36,6 +38,7 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
     out += verdicts.speed_targets(results)
     out += verdicts.cost_targets(results)
     out += verdicts.qat_targets(results)
+    out += verdicts.engine_targets(results)
     return out
 
 
@@ -65,6 +68,7 @@ def render(results: dict) -> str:
     lines += _speed(results)
     lines += _cost(results)
     lines += _qat(results)
+    lines += _engine(results)
     lines += _stages(results)
     return "\n".join(lines) + "\n"
 
@@ -261,6 +265,27 @@ def _qat(results: dict) -> list[str]:
     out += [f"| {k} | {v:.2f} |" for k, v in q["ratios"].items()]
     out += ["", "Checks of bench/qat_step.py: " + "; ".join(
         f"{k}: {'yes' if v else 'no'}" for k, v in q.get("checks", {}).items()), ""]  # fmt: skip
+    return out
+
+
+def _engine(results: dict) -> list[str]:
+    e = results.get("engine")
+    if e is None:
+        return []
+    out = ["## 5. The engine model's call (issue 15)", ""]
+    if "error" in e:
+        return out + [f"failed: {e['error']}", ""]
+    out += [
+        "`fast = qb.to_engine(qmodel, 'onnxruntime')` called as `fast(x)` against the user's float "
+        "torch model, the QuantModel's fake-quant `qmodel(x)` and a raw `session.run` on the "
+        f"engine model's own session, interleaved ({e['rounds']} rounds, {e['threads']} threads, "
+        "every form the same calls per sample); the engine's output is checked against the raw "
+        "session's first. Wrapper = the engine model's own microseconds per call, without the "
+        "session. ms are medians, ratios per round median [min-max] (`bench/engine_call.py`).",
+        "",
+        *engine_call.table(e),
+        "",
+    ]
     return out
 
 
