@@ -59,9 +59,10 @@ def nncf_quantize(spec: dict, batches: list[dict[str, np.ndarray]]) -> dict:
 
 # -- NVIDIA ModelOpt ----------------------------------------------------------------------------
 MODELOPT_CONFIGS = {
-    "default": {},  # quantize_mode int8 with its default calibration method
-    "max": {"calibration_method": "max"},
-    "entropy": {"calibration_method": "entropy"},
+    "default": {},  # quantize_mode int8: its default calibration, fp16 for what stays float
+    # for a CPU engine: what stays unquantized kept in fp32, each calibration method
+    "max fp32": {"calibration_method": "max", "high_precision_dtype": "fp32"},
+    "entropy fp32": {"calibration_method": "entropy", "high_precision_dtype": "fp32"},
 }
 
 

@@ -90,8 +90,9 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     if not quick:
         out.append(Config("nncf", "transformer", workloads=("minilm",)))
     out.append(Config("modelopt", "default", True))
+    out.append(Config("modelopt", "max fp32"))
     if not quick:
-        out += [Config("modelopt", "max"), Config("modelopt", "entropy")]
+        out.append(Config("modelopt", "entropy fp32"))
     out.append(Config("pytorch_fx", "x86", True, runner="torch"))
     if not quick:
         out.append(Config("pytorch_fx", "minmax", runner="torch"))
