@@ -263,6 +263,9 @@ def _qat(results: dict) -> list[str]:
         out.append(f"| {name} | {s['median_ms']:.1f} [{s['min_ms']:.1f}-{s['max_ms']:.1f}] |")
     out += ["", "| ratio of medians | value |", "|---|---|"]
     out += [f"| {k} | {v:.2f} |" for k, v in q["ratios"].items()]
+    if q.get("differences"):
+        out += ["", "Not like with like (so the ratios against PyTorch are shown, not judged):"]
+        out += [f"* {d}" for d in q["differences"]]
     out += ["", "Checks of bench/qat_step.py: " + "; ".join(
         f"{k}: {'yes' if v else 'no'}" for k, v in q.get("checks", {}).items()), ""]  # fmt: skip
     return out
