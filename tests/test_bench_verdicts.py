@@ -208,3 +208,16 @@ def test_engine_call_targets():
     rows = {t[0]: t for t in verdicts.engine_targets({"engine": {"workloads": {"resnet18": {"batches": batches}}}})}  # fmt: skip
     row = rows["Engine model (ORT INT8) >= 3x faster than float torch, ResNet-18 batch 8"]
     assert row[2] == "not judged" and "all zeros" in row[1]
+
+
+def test_report_renders_the_engine_figure_and_the_qat_differences():
+    r = lambda m: {"median": m, "min": m, "max": m, "n": 3}  # noqa: E731
+    ms = {k: r(5.0) for k in ("torch/float", "torch/qmodel", "engine/int8", "raw/int8")}
+    batch = {**_engine_batch(3.2, 80.0, 5.0, ok=False), "ms": ms}
+    batch["ratios"]["torch/qmodel : engine/int8"] = r(4.0)
+    results = {"engine": {"rounds": 4, "threads": 2, "workloads": {"resnet18": {"batches": {"batch 8": batch}}}},  # fmt: skip
+               "qat": {"stats": {}, "ratios": {"qb_ma/pytorch_fx": 0.8}, "differences": ["BN"]}}  # fmt: skip
+    text = "\n".join(report._engine(results) + report._qat(results))
+    assert "## 5. The engine model's call" in text
+    assert "| resnet18 | 8 | 5.00 |" in text and "**outputs wrong: all zeros**" in text
+    assert "Not like with like" in text and "* BN" in text
