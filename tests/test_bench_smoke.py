@@ -39,7 +39,7 @@ def test_digits_rows_from_every_tool(digits_run):
         if row["tool"] in ("nncf", "modelopt") and "error" in row:
             # not installed here (QB_BENCH_PEERS_PYTHON names an environment that has them):
             # a failed row that says why, never a win
-            assert "No module named" in row["error"] or row["tool"] in row["error"], row
+            assert "No module named" in row["error"], row
             continue
         assert "error" not in row, row
         assert 0.0 <= row["top1"] <= 1.0 and len(row["values"]) == acc["repeats"]
