@@ -85,6 +85,11 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
         Config("onnxruntime", f"u8s8 per-channel {m}", settings={**x86, "method": m})
         for m in ort_methods
     ]
+    # transformers: only the weighted ops quantized (the attention-mask Add and the Softmax,
+    # which ORT's defaults quantize, stay float)
+    matmul_only = {**x86, "method": "minmax", "op_types_to_quantize": ["MatMul", "Gemm"]}
+    out.append(Config("onnxruntime", "u8s8 per-channel minmax, MatMul/Gemm only",
+                      settings=matmul_only, workloads=("minilm",)))  # fmt: skip
     out.append(Config("nncf", "default", True))
     out.append(Config("nncf", "mixed"))
     if not quick:

@@ -120,7 +120,8 @@ def quantize_ort(
     overriding it: ``{"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}``
     are ORT's own defaults; ``"preprocess": True`` runs ``quant_pre_process`` first (timed; where
     it fails the float file is quantized as is and the reason kept in ``preprocess_error``);
-    ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins)."""
+    ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins);
+    ``"op_types_to_quantize"`` limits the quantized op types."""
     import logging
 
     from onnxruntime.quantization import (
@@ -171,6 +172,7 @@ def quantize_ort(
             per_channel=s["per_channel"],
             calibrate_method=calibrate_method,
             nodes_to_exclude=list(nodes_to_exclude),
+            op_types_to_quantize=s.get("op_types_to_quantize"),
             extra_options=extra,
             calibration_cache_path=cache,
         )
