@@ -78,6 +78,20 @@ def calibration_subsets(n_batches: int, repeats: int) -> list[list[int]]:
     return subsets
 
 
+def quantized_coverage(path: Path) -> dict[str, int]:
+    """What an INT8 file quantizes (rows differ: ModelOpt and NNCF leave residual Adds float):
+    QuantizeLinear nodes on activations, and weights stored in float and quantized at run time
+    (a QuantizeLinear on an initializer) rather than stored as integers."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    on_constants = sum(1 for n in qs if n.input[0] in constants)
+    return {"activation_q": len(qs) - on_constants, "float_weights_q": on_constants}
+
+
 def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, files: dict) -> dict:
     subsets = calibration_subsets(len(w.calib_feeds), repeats)
     values, seconds, extra = [], [], {}
@@ -98,6 +112,7 @@ def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, fil
             scores = _ort_eval(w, path, ref)
             if r == 0:
                 files[f"{c.tool}/{c.name}"] = str(path)
+                extra["graph"] = quantized_coverage(path)
         key = key or next(iter(scores))
         values.append(scores[key])
         extra |= {k: v for k, v in scores.items() if k != key}  # mask IoU: repeat 0's

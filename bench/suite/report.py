@@ -156,19 +156,23 @@ def _speed(results: dict) -> list[str]:
             out += [f"OpenVINO float default precision here: **{prec}** (`ov/float`); "
                     "`ov/float_f32` forces f32.", ""]  # fmt: skip
         for batch, b in sp["batches"].items():
-            calls = b.get("calls_per_sample", {})
+            calls, checks = b.get("calls_per_sample", {}), b.get("outputs", {})
             out += [
                 f"**{batch}**",
                 "",
-                "| form | ms | process CPU ms | calls |",
-                "|---|---|---|---|",
+                "| form | ms | process CPU ms | calls | output SQNR dB vs node-by-node ORT |",
+                "|---|---|---|---|---|",
             ]
             for form, s in b["ms"].items():
                 cpu = _f(b["cpu_ms"][form]["median"], 1)
-                out.append(f"| {form} | {_ms(s)} | {cpu} | {calls.get(form, 1)} |")
+                out.append(
+                    f"| {form} | {_ms(s)} | {cpu} | {calls.get(form, 1)} | "
+                    f"{_check(checks.get(form))} |"
+                )
             out += ["", "| ratio | value |", "|---|---|"]
             for r in b["ratios"].values():
-                out.append(f"| {r['what']} | {_ratio(r)} |")
+                excluded = f" (excluded: {r['excluded']})" if r.get("excluded") else ""
+                out.append(f"| {r['what']} | {_ratio(r)}{excluded} |")
             out.append("")
         ops = sp.get("ops", {})
         if ops:
@@ -181,6 +185,14 @@ def _speed(results: dict) -> list[str]:
                 out.append(f"* `{form}`: {text}")
             out.append("")
     return out
+
+
+def _check(c: dict | None) -> str:
+    if not c:
+        return "-"
+    if not c.get("ok"):
+        return f"**wrong: {c.get('why')}**"
+    return _f(c.get("sqnr_db"), 1)
 
 
 def _cost(results: dict) -> list[str]:

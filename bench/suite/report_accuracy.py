@@ -22,7 +22,9 @@ INTRO = (
     "run. ONNX Runtime's `entropy (2048 bins, 256 levels)` is its KL search at our resolution. "
     "Rows with several calibration repeats (each leaving one calibration batch out) show the "
     "median [min-max]; differences are ours - peer per repeat, signed, higher is better, with no "
-    "tie margin. A failed peer is a failed row, never a win."
+    "tie margin. A failed peer is a failed row, never a win. The last column counts the "
+    "file's QuantizeLinear nodes on activations (and on float weights quantized at run time): "
+    "rows that quantize less of the graph are not the same INT8 model."
 )
 
 
@@ -64,8 +66,8 @@ def section(results: dict) -> list[str]:
             out.append(f"Float model in ONNX Runtime: top-1 {100 * acc['float']['top1']:.2f} %.")
         out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
         extra = " | text-mask IoU" if name == "ocr_det" else ""
-        out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | quantize s |",
-                "|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
+        out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | quantize s | activation Q (+ float weights Q'd at run time) |",
+                "|---|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
         for r in acc["rows"]:
             config = r.get("config", r["method"])
             config += " (default)" if r.get("default") and config != "default" else ""
@@ -76,12 +78,19 @@ def section(results: dict) -> list[str]:
             secs = "-" if secs is None else f"{secs:.1f}"
             out.append(
                 f"| {TOOL_NAMES.get(r['tool'], r['tool'])} | {config} | {cell(r, key)}{iou} "
-                f"| {secs} |"
+                f"| {secs} | {_coverage(r.get('graph'))} |"
             )
         out.append("")
         if "config" in (acc["rows"] or [{}])[0]:
             out += comparison(acc, key)
     return out
+
+
+def _coverage(graph: dict | None) -> str:
+    if not graph:
+        return "-"
+    extra = f" (+ {graph['float_weights_q']})" if graph["float_weights_q"] else ""
+    return f"{graph['activation_q']}{extra}"
 
 
 def comparison(acc: dict, key: str) -> list[str]:
