@@ -5,8 +5,8 @@ an INT8 ONNX file that the suite runs in ONNX Runtime; ``"torch"`` ones (PyTorch
 module run in torch. Per workload and tool, the report compares the tools' *default* rows and
 their *best* rows (``verdicts``).
 
-* quantbridge: ``default`` is ``qb.quantize(model, calib)`` with no recipe; further rows are
-  recipes by name (``OURS``: the calibration methods, and any preset or recipe registered with
+* quantbridge: ``default`` is ``qb.quantize(model, calib)`` with no recipe; ``native`` the
+  platform preset (7-bit weights on x86 without VNNI); further rows are recipes by name (``OURS``: the calibration methods, and any preset or recipe registered with
   ``register_ours``, e.g. the PTQ methods of issue 14 as they land). ``--ours-recipes a,b`` adds
   presets by name.
 * ONNX Runtime: ``default`` is ``quant_pre_process`` + ``quantize_static`` with ORT's own
@@ -70,7 +70,9 @@ def ours_factory(name: str) -> Callable[[], object] | None:
 
 def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     """The rows of figure 1: ``quick`` keeps every tool's default and one best-setting row."""
-    ours = ["default"] + ([] if quick else ["minmax", "percentile", "entropy"])
+    # "native": the platform preset (7-bit weights where ONNX Runtime's and OpenVINO's u8s8
+    # kernels saturate, i.e. x86 without VNNI; quantbridge._platform) - the figure runs in them
+    ours = ["default", "native"] + ([] if quick else ["minmax", "percentile", "entropy"])
     out = [Config("quantbridge", n, n == "default") for n in [*ours, *extra_ours]]
     x86 = {"preprocess": True}  # u8/s8 per-channel: tools.quantize_ort's form
     ort_default = {
