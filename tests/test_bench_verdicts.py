@@ -242,3 +242,16 @@ def test_cost_summary_pairs_whole_process_times_by_repeat():
         rows["Cost, ResNet-18 entropy: in-process >= 2x faster than ORT quantize_static"] == "met"
     )
     assert rows["Cost, ResNet-18 entropy: whole process (imports included) no slower than ORT's"] == "**not met**"  # fmt: skip
+
+
+def test_every_configuration_name_makes_a_file_name():
+    # regression: 'u8s8 per-channel minmax, MatMul/Gemm only' wrote into a missing folder
+    from bench.suite.accuracy import file_slug
+    from bench.suite.peers import configs
+
+    for c in configs(quick=False, extra_ours=("int8_avx2",)):
+        slug = file_slug(f"{c.tool}.{c.name}")
+        assert "/" not in slug and " " not in slug and slug, c
+    assert file_slug("onnxruntime.u8s8 per-channel minmax, MatMul/Gemm only") == (
+        "onnxruntime.u8s8_per-channel_minmax_MatMul_Gemm_only"
+    )

@@ -8,6 +8,7 @@ run in ONNX Runtime; PyTorch's run in torch (its quantized x86 kernels).
 
 from __future__ import annotations
 
+import re
 import statistics
 import traceback
 from collections.abc import Callable
@@ -78,6 +79,11 @@ def calibration_subsets(n_batches: int, repeats: int) -> list[list[int]]:
     return subsets
 
 
+def file_slug(name: str) -> str:
+    """A configuration's name as a file name part ('MatMul/Gemm only' holds a slash)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
 def quantized_coverage(path: Path) -> dict[str, int]:
     """What an INT8 file quantizes (rows differ: ModelOpt and NNCF leave residual Adds float):
     QuantizeLinear nodes on activations, and weights stored in float and quantized at run time
@@ -106,8 +112,7 @@ def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, fil
             scores = score(w, ref, tools.torch_outputs(converted, w.eval_torch))
             secs = {"total_s": secs}
         else:
-            slug = f"{c.tool}.{c.name}".replace(" ", "_").replace("(", "").replace(")", "")
-            path = work / f"{w.name}.{slug}.r{r}.onnx"
+            path = work / f"{w.name}.{file_slug(f'{c.tool}.{c.name}')}.r{r}.onnx"
             secs = peers.quantize_onnx(c, w, calib, feeds, path)
             scores = _ort_eval(w, path, ref)
             if r == 0:
