@@ -22,7 +22,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-FIGURES = ("accuracy", "speed", "cost", "qat")
+FIGURES = ("accuracy", "speed", "cost", "qat", "engine")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,6 +38,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--markdown",
         type=Path,
         help="report file (default BENCHMARKS.md for whole runs; none with --only/--figures)",
+    )
+    p.add_argument(
+        "--ours-recipes",
+        default="",
+        help="comma-separated extra quantbridge rows of figure 1: preset names or names "
+        "registered with bench.suite.peers.register_ours",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="calibration repeats per accuracy row (run-to-run spread; default 1 quick, 3 full)",
     )
     p.add_argument("--work", type=Path, help="folder for the ONNX files (default: a temp folder)")
     p.add_argument(
@@ -113,15 +124,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plan(quick: bool) -> dict:
-    """What a mode runs (figure 1 methods, cost sizes, timing rounds)."""
-    from bench.suite import tools, workloads
+    """What a mode runs (figure 1 repeats, cost sizes, timing rounds); figure 1's rows are
+    ``bench.suite.peers.configs``."""
+    from bench.suite import workloads
 
     if quick:
         return {
             "sizes": workloads.QUICK,
-            "methods": ("minmax",),
-            "fx_kinds": ("x86",),
-            "ort_only": (),
+            "repeats": 1,
             "variants": False,
             "cost_methods": ("percentile", "entropy"),
             "cost_samples": 16,
@@ -131,9 +141,7 @@ def plan(quick: bool) -> dict:
         }
     return {
         "sizes": workloads.FULL,
-        "methods": ("minmax", "percentile", "entropy"),
-        "fx_kinds": ("x86", "minmax"),
-        "ort_only": (tools.ENTROPY_2048,),
+        "repeats": 3,
         "variants": True,
         "cost_methods": ("minmax", "percentile", "entropy"),
         "cost_samples": 64,
@@ -144,9 +152,14 @@ def plan(quick: bool) -> dict:
 
 
 def run_suite(args, work: Path, results: dict, log) -> None:
-    from bench.suite import accuracy, cost, qat, speed, workloads
+    from bench.suite import accuracy, cost, peers, qat, speed, workloads
 
     p = plan(args.quick)
+    if args.repeats:
+        p["repeats"] = args.repeats
+    extra = tuple(n.strip() for n in args.ours_recipes.split(",") if n.strip())
+    configs = peers.configs(args.quick, extra)
+    p["configs"] = [f"{c.tool}/{c.name}{' (default)' if c.default else ''}" for c in configs]
     results["plan"] = {**p, "sizes": asdict(p["sizes"])}
     figures = args.figures_
     for name in args.workloads:
@@ -164,11 +177,10 @@ def run_suite(args, work: Path, results: dict, log) -> None:
         if not p["variants"]:
             w.variants = {}
         entry["title"], entry["notes"], entry["metric"] = w.title, w.notes, w.metric
-        prebuilt = None
         if name == "resnet18" and "cost" in figures:
             log(f"[{name}] figure 3: cost of quantizing (fresh process per run)")
             c = cost.run(work, p["cost_methods"], p["cost_samples"], p["cost_repeats"], log)
-            prebuilt = c.pop("files")
+            c.pop("files")
             results["cost"] = c
             results["stage_seconds"]["cost"] = time.time() - t0
         if name == "ocr_det" and "cost" in figures and not args.quick:
@@ -180,14 +192,11 @@ def run_suite(args, work: Path, results: dict, log) -> None:
             c.pop("files")  # 256 px images: figure 1 calibrates at the workload's own size
             results["cost_ocr_det"] = c
             results["stage_seconds"]["cost_ocr_det"] = time.time() - t_cost
-        methods = p["methods"]
-        if prebuilt:
-            methods = tuple(dict.fromkeys(m for _, m in prebuilt))
         files: dict[str, str] = {}
         if "accuracy" in figures or "speed" in figures:
             log(f"[{name}] figure 1: accuracy")
-            ort_only = p["ort_only"] if name in ("digits", "resnet18", "mobilenetv2") else ()
-            a = accuracy.run(w, work, methods, log, prebuilt, p["fx_kinds"], ort_only)
+            picked = configs if "accuracy" in figures else speed.configs_needed(configs)
+            a = accuracy.run(w, work, picked, log, p["repeats"])
             files = a.pop("files")
             if "accuracy" in figures:
                 entry["accuracy"] = a
@@ -204,6 +213,16 @@ def run_suite(args, work: Path, results: dict, log) -> None:
         except Exception as e:
             results["qat"] = {"error": f"{type(e).__name__}: {e}"}
         results["stage_seconds"]["qat"] = time.time() - t0
+    if "engine" in figures:
+        t0 = time.time()
+        log("[engine] figure 5: qb.to_engine call vs float torch, qmodel, raw session")
+        from bench import engine_call
+
+        try:
+            results["engine"] = engine_call.figure(args.quick, args.workloads, log)
+        except Exception as e:
+            results["engine"] = {"error": f"{type(e).__name__}: {e}"}
+        results["stage_seconds"]["engine"] = time.time() - t0
 
 
 def _prefer_minmax(files: dict[str, str]) -> dict[str, str]:

@@ -73,6 +73,31 @@ def _minilm(batches: tuple[int, ...]):
 WORKLOADS = {"resnet18": _resnet18, "minilm": _minilm}
 
 
+def _first_tensor(out):
+    """The first tensor of an output structure (tensor, tuple, dict, ModelOutput)."""
+    while not isinstance(out, torch.Tensor):
+        out = next(iter(out.values())) if hasattr(out, "values") else out[0]
+    return out.detach().numpy()
+
+
+def figure(quick: bool, workloads: tuple[str, ...], log) -> dict:
+    """Figure 5 of ``python -m bench``: ResNet-18 and MiniLM (those of ``workloads`` that are
+    here), batch 1 and 8, the suite's threads; fewer rounds in quick mode."""
+    names = [n for n in WORKLOADS if n in workloads]
+    torch.set_num_threads(THREADS)
+    results = {"threads": THREADS, "rounds": 4 if quick else 12, "workloads": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            try:
+                results["workloads"][name] = run_workload(
+                    name, (1, 8), results["rounds"], THREADS, log
+                )
+            except Exception as e:  # a workload that cannot run is a result
+                results["workloads"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return results
+
+
 def _call(fn, x):
     return (lambda: fn(**x)) if isinstance(x, dict) else (lambda: fn(x))
 
@@ -95,6 +120,7 @@ def _wrapper_us(fast, x, repeats: int = 300) -> float:
 
 def run_workload(name: str, batches: tuple[int, ...], rounds: int, threads: int, log) -> dict:
     import quantbridge as qb
+    from bench.suite.speed import check_output
     from bench.suite.timing import interleave, paired_ratio, summary
 
     model, calib, recipe, dynamic, inputs = WORKLOADS[name](batches)
@@ -125,7 +151,11 @@ def run_workload(name: str, batches: tuple[int, ...], rounds: int, threads: int,
             feeds = {k: x[k].numpy() for k in names}
         else:
             feeds = {names[0]: x.numpy()}
-        with torch.no_grad():
+        with torch.no_grad():  # the engine's output against a raw session's before timing
+            check = check_output(
+                session.run(None, feeds)[0],
+                _first_tensor(fast(**x) if isinstance(x, dict) else fast(x)),
+            )
             runners = {
                 "torch/float": _call(model, x),
                 "torch/qmodel": _call(qmodel, x),
@@ -133,8 +163,9 @@ def run_workload(name: str, batches: tuple[int, ...], rounds: int, threads: int,
                 "raw/int8": lambda feeds=feeds: session.run(None, feeds),
             }
             log(f"[{name}] batch {batch}: {rounds} interleaved rounds")
-            samples = interleave(runners, rounds, warmup=2)
+            samples = interleave(runners, rounds, warmup=2, same_calls=True)
         entry = {
+            "outputs": {"engine/int8": check},
             "wrapper_us": _wrapper_us(fast, x),
             "ms": {k: summary(v["wall_ms"]) for k, v in samples.items()},
             "calls_per_sample": {k: v["calls"] for k, v in samples.items()},
@@ -160,11 +191,22 @@ def render(results: dict) -> str:
         f"{results['threads']}, "
         f"load average {results['load_average']})",
         "",
+        *table(results),
+    ]
+    return "\n".join(lines)
+
+
+def table(results: dict) -> list[str]:
+    """The figure's markdown table (``render``, and the suite's report)."""
+    lines = [
         "| workload | batch | torch float ms | qmodel ms | engine int8 ms | raw session ms | "
         "float/engine | qmodel/engine | engine/raw - 1 | wrapper us (% of raw) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, w in results["workloads"].items():
+        if "error" in w:
+            lines.append(f"| {name} | - | failed: `{w['error'][:200]}` |||||||||")
+            continue
         for batch, e in w["batches"].items():
             ms, r = e["ms"], e["ratios"]
 
@@ -176,8 +218,14 @@ def render(results: dict) -> str:
                 f"{_ratio(r['torch/qmodel : engine/int8'])} | {100 * (over['median'] - 1):+.1f}% "
                 f"[{100 * (over['min'] - 1):+.1f}..{100 * (over['max'] - 1):+.1f}] | "
                 f"{e['wrapper_us']:.0f} ({e['wrapper_us'] / 10 / ms['raw/int8']['median']:.2f}%) |"
+                + _wrong(e)
             )
-    return "\n".join(lines)
+    return lines
+
+
+def _wrong(entry: dict) -> str:
+    check = entry.get("outputs", {}).get("engine/int8")
+    return f" **outputs wrong: {check['why']}**" if check and not check["ok"] else ""
 
 
 def main(argv: list[str] | None = None) -> int:

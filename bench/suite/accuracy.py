@@ -1,4 +1,4 @@
-"""Figure 1: accuracy of the INT8 result, ours vs ONNX Runtime ``quantize_static`` vs PyTorch FX.
+"""Figure 1: accuracy of the INT8 result, ours vs every peer's default and best settings (``peers``).
 
 Every INT8 model is judged against the float model on the same held-out inputs: top-1 on digits
 (against labels, float shown beside), mean cosine of sentence embeddings for MiniLM, output SQNR
@@ -8,13 +8,15 @@ run in ONNX Runtime; PyTorch's run in torch (its quantized x86 kernels).
 
 from __future__ import annotations
 
+import re
+import statistics
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from . import engines, tools
+from . import engines, peers, tools
 from .workloads import Workload
 
 NOT_BUILT = "n/a (ONNX import not built yet)"
@@ -67,77 +69,94 @@ def _row(tool: str, method: str, fn: Callable[[], dict]) -> dict:
         }
 
 
+def calibration_subsets(n_batches: int, repeats: int) -> list[list[int]]:
+    """Batch indices per repeat: all batches first, then each repeat leaves one batch out (the
+    run-to-run spread of a deterministic quantizer comes from its calibration data)."""
+    subsets = [list(range(n_batches))]
+    for r in range(1, repeats):
+        drop = (r - 1) % n_batches
+        subsets.append([i for i in range(n_batches) if i != drop] or [0])
+    return subsets
+
+
+def file_slug(name: str) -> str:
+    """A configuration's name as a file name part ('MatMul/Gemm only' holds a slash)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def quantized_coverage(path: Path) -> dict[str, int]:
+    """What an INT8 file quantizes (rows differ: ModelOpt and NNCF leave residual Adds float):
+    QuantizeLinear nodes on activations, and weights stored in float and quantized at run time
+    (a QuantizeLinear on an initializer) rather than stored as integers."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    on_constants = sum(1 for n in qs if n.input[0] in constants)
+    return {"activation_q": len(qs) - on_constants, "float_weights_q": on_constants}
+
+
+def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, files: dict) -> dict:
+    subsets = calibration_subsets(len(w.calib_feeds), repeats)
+    values, seconds, extra = [], [], {}
+    key = None
+    for r, idx in enumerate(subsets):
+        calib = [w.calib[i] for i in idx]
+        feeds = [w.calib_feeds[i] for i in idx]
+        if c.runner == "torch":
+            if w.model is None:
+                return {"not_applicable": NOT_BUILT}
+            converted, secs = tools.quantize_fx(w.model, calib, c.name)
+            scores = score(w, ref, tools.torch_outputs(converted, w.eval_torch))
+            secs = {"total_s": secs}
+        else:
+            path = work / f"{w.name}.{file_slug(f'{c.tool}.{c.name}')}.r{r}.onnx"
+            secs = peers.quantize_onnx(c, w, calib, feeds, path)
+            scores = _ort_eval(w, path, ref)
+            if r == 0:
+                files[f"{c.tool}/{c.name}"] = str(path)
+                extra["graph"] = quantized_coverage(path)
+        key = key or next(iter(scores))
+        values.append(scores[key])
+        extra |= {k: v for k, v in scores.items() if k != key}  # mask IoU: repeat 0's
+        seconds.append(secs.pop("total_s", None))
+        extra |= {k: v for k, v in secs.items() if k not in ("calibrate_s", "export_s")}
+    return {key: statistics.median(values), "values": values, **extra,
+            "seconds": {"total_s": statistics.median([x for x in seconds if x is not None] or [0])}}  # fmt: skip
+
+
 def run(
     w: Workload,
     work: Path,
-    methods: tuple[str, ...],
+    configs: list[peers.Config],
     log: Callable[[str], None],
-    prebuilt: dict[tuple[str, str], Path] | None = None,
-    fx_kinds: tuple[str, ...] = ("x86", "minmax"),
-    ort_only: tuple[str, ...] = (),
+    repeats: int = 1,
 ) -> dict:
-    """Rows for one workload; ``files[(tool, method)]`` are the INT8 ONNX files (for figure 2)."""
+    """Rows for one workload, one per configuration (``peers.configs``), each with one metric
+    value per calibration repeat; ``files["<tool>/<config>"]`` are the INT8 ONNX files of the
+    first repeat (figure 2 times ``quantbridge/default`` and ORT's u8/s8 per-channel minmax)."""
     float_session = engines.ort_session(w.float_onnx)
     ref = engines.ort_outputs(float_session, w.eval_feeds)
     result: dict = {
         "metric": w.metric,
         "float": score(w, ref, ref) if w.metric == "top1" else None,
+        "repeats": repeats,
         "rows": [],
         "files": {},
     }
     rows, files = result["rows"], result["files"]
-
-    for method in methods:
-        path = work / f"{w.name}.ours.{method}.onnx"
-
-        def ours(method=method, path=path) -> dict:
-            if w.model is None:
-                return {"not_applicable": NOT_BUILT}
-            seconds = None
-            if prebuilt and ("ours", method) in prebuilt:
-                path = prebuilt[("ours", method)]
-            else:
-                seconds = tools.quantize_ours(w.model, w.calib, method, path, w.example)
-            files[f"ours/{method}"] = str(path)
-            return {**_ort_eval(w, path, ref), "seconds": seconds}
-
-        log(f"  {w.name}: quantbridge {method}")
-        rows.append(_row("quantbridge", method, ours))
-
-        path_ort = work / f"{w.name}.ort.{method}.onnx"
-
-        def ort(method=method, path=path_ort) -> dict:
-            seconds = None
-            if prebuilt and ("ort", method) in prebuilt:
-                path = prebuilt[("ort", method)]
-            else:
-                seconds = tools.quantize_ort(w.float_onnx, w.calib_feeds, method, path)
-            files[f"ort/{method}"] = str(path)
-            return {**_ort_eval(w, path, ref), "seconds": seconds}
-
-        log(f"  {w.name}: onnxruntime quantize_static {method}")
-        rows.append(_row("onnxruntime", method, ort))
-
-    for method in ort_only:
-        path_ort = work / f"{w.name}.ort.{method.split()[0]}-extra.onnx"
-
-        def ort_extra(method=method, path=path_ort) -> dict:
-            seconds = tools.quantize_ort(w.float_onnx, w.calib_feeds, method, path)
-            return {**_ort_eval(w, path, ref), "seconds": seconds}
-
-        log(f"  {w.name}: onnxruntime {method}")
-        rows.append(_row("onnxruntime", method, ort_extra))
-
-    if w.model is not None:
-        for kind in fx_kinds:
-
-            def fx(kind=kind) -> dict:
-                converted, seconds = tools.quantize_fx(w.model, w.calib, kind)
-                out = tools.torch_outputs(converted, w.eval_torch)
-                return {**score(w, ref, out), "seconds": {"total_s": seconds}}
-
-            log(f"  {w.name}: pytorch FX {kind}")
-            rows.append(_row("pytorch_fx", kind, fx))
+    for c in configs:
+        if c.workloads is not None and w.name not in c.workloads:
+            continue
+        log(f"  {w.name}: {c.tool} {c.name}")
+        row = _row(c.tool, c.name, lambda c=c: _config_row(c, w, work, ref, repeats, files))
+        rows.append({**row, "config": c.name, "default": c.default})
+    if "quantbridge/default" in files:
+        files.setdefault("ours/minmax", files["quantbridge/default"])
+    if "onnxruntime/u8s8 per-channel minmax" in files:
+        files["ort/minmax"] = files["onnxruntime/u8s8 per-channel minmax"]
 
     for name, (rules, excluded) in w.variants.items():
         method = "minmax"
@@ -152,7 +171,7 @@ def run(
             return {**_ort_eval(w, path, ref), "seconds": seconds, "variant": name}
 
         log(f"  {w.name}: quantbridge {method}, {name}")
-        rows.append(_row("quantbridge", method, ours_variant))
+        rows.append({**_row("quantbridge", method, ours_variant), "config": method})
         path_ort = work / f"{w.name}.ort.{method}.variant.onnx"
 
         def ort_variant(path=path_ort, excluded=excluded, method=method, name=name) -> dict:
@@ -166,5 +185,5 @@ def run(
             }
 
         log(f"  {w.name}: onnxruntime {method}, {name}")
-        rows.append(_row("onnxruntime", method, ort_variant))
+        rows.append({**_row("onnxruntime", method, ort_variant), "config": method})
     return result

@@ -24,14 +24,20 @@ INT8_ORT_OPS = set(INTEGER_OPS)  # ONNX Runtime's integer operators (quantbridge
 FLOAT_COMPUTE_OPS = set(WEIGHTED_OPS) | ORT_FUSED_WEIGHTED_OPS
 
 
-def ort_session(path: Path, optimized_path: Path | None = None):
+def ort_session(path: Path, optimized_path: Path | None = None, optimize: bool = True):
+    """The suite's session; ``optimize=False``: graph optimizations off, so QDQ models run node
+    by node (the reference engine outputs are checked against: exact with any weights)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = THREADS
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path is not None:

@@ -23,4 +23,16 @@ def run(quick: bool, log: Callable[[str], None]) -> dict:
     report = qat_step.run(steps, warmup, 1, False, log)
     report.pop("times_ms", None)
     report["source"] = "bench/qat_step.py run(steps, warmup, threads=1)"
+    report["differences"] = list(DIFFERENCES)
     return report
+
+
+# What the QAT step of ours and of PyTorch FX (``get_default_qat_qconfig_mapping("x86")``) do
+# differently; the report does not judge "ours / pytorch_fx" while this is not empty
+DIFFERENCES = (
+    "BatchNorm: FX trains fused ConvBn(ReLU) modules (BN folded into the weights every step, "
+    "the folded weights fake-quantized); ours keeps BN a separate op during QAT "
+    "(`qb.prepare_qat` does not fold it; `qb.freeze_batchnorm` folds it later)",
+    "activations: FX x86 fake-quantizes to 7 bits (reduce_range); ours to 8 bits",
+    "qb_lsq learns its step sizes (LSQ); FX's x86 QAT has moving-average ranges only",
+)

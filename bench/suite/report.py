@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import math
 
-from .tools import ENTROPY_2048
+from bench import engine_call
 
-METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float"}
-# "ours never worse": a shortfall smaller than this is a tie (one digit image of 450; noise in
-# the last digits of a mean cosine; 0.1 dB of SQNR)
-TIES = {"top1": 1 / 450 + 1e-9, "cosine": 1e-3, "sqnr_db": 0.1}
-TOOL_NAMES = {
-    "quantbridge": "quantbridge (`qb.quantize` + `qb.export`, run in ORT)",
-    "onnxruntime": "ONNX Runtime `quantize_static` (QDQ u8/s8 per-channel)",
-    "pytorch_fx": "PyTorch FX PTQ (`prepare_fx`/`convert_fx`, torch x86 kernels)",
-}
+from . import report_accuracy, verdicts
+from .verdicts import COST_KEYS
 
 
 def _f(x, digits: int = 2) -> str:
@@ -37,144 +30,15 @@ def _ms(s: dict | None) -> str:
     return f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"
 
 
-def _primary(metric: str) -> str:
-    return "sqnr_db" if metric == "sqnr" else metric
-
-
-def _row_value(row: dict, key: str) -> str:
-    if "error" in row:
-        return f"fails: `{row['error'][:160]}`"
-    if "not_applicable" in row:
-        return row["not_applicable"]
-    v = row.get(key)
-    if key == "top1":
-        return f"{100 * v:.2f} %"
-    if key == "cosine":
-        return f"{v:.4f}"
-    return _f(v, 2)
-
-
 # -- targets ------------------------------------------------------------------------------------
 def targets(results: dict) -> list[tuple[str, str, str]]:
-    """(target, measured, verdict) rows for the headline table."""
+    """(target, measured, verdict) rows for the headline table (the logic: ``verdicts``)."""
     out: list[tuple[str, str, str]] = []
-    out += _accuracy_targets(results)
-    out += _speed_targets(results)
-    out += _cost_targets(results)
-    return out
-
-
-def _accuracy_targets(results: dict) -> list[tuple[str, str, str]]:
-    worse, better, compared = [], [], 0
-    for name, entry in results["workloads"].items():
-        acc = entry.get("accuracy")
-        if not acc:
-            continue
-        key = _primary(acc["metric"])
-        rows = {(r["tool"], r["method"], r.get("variant")): r for r in acc["rows"]}
-        for (tool, method, variant), r in rows.items():
-            if tool != "quantbridge" or key not in r:
-                continue
-            peers = [(("onnxruntime", method, variant), f"ORT {method}")]
-            if method == "entropy" and ("onnxruntime", ENTROPY_2048, None) in rows:
-                # ORT's default entropy (128 bins = 128 quantized bins) has one candidate
-                # threshold, the full range: max-abs in effect, not the KL method. The same
-                # method is its KL search at TensorRT's 2048 bins, which ours runs too.
-                peers = [(("onnxruntime", ENTROPY_2048, None), f"ORT {ENTROPY_2048}")]
-            if method == "minmax" and variant is None:
-                peers.append((("pytorch_fx", "minmax", None), "FX minmax"))
-            for peer_key, label in peers:
-                peer = rows.get(peer_key)
-                if peer is None or "not_applicable" in peer:
-                    continue
-                compared += 1
-                tag = f"{name} {method}{' (' + variant + ')' if variant else ''} vs {label}"
-                if "error" in peer:
-                    better.append(f"{tag} (peer fails)")
-                    continue
-                delta = r[key] - peer[key]
-                if delta < -TIES[key]:
-                    worse.append(f"{tag}: {_fmt_delta(key, delta)}")
-                elif delta > TIES[key]:
-                    better.append(f"{tag}: +{_fmt_delta(key, delta)}")
-    if not compared:
-        return []
-    measured = f"{compared} same-method comparisons; better on {len(better)}" + (
-        f"; worse on {len(worse)}: " + "; ".join(worse) if worse else "; worse on none"
-    )
-    verdict = "met" if not worse and better else "**not met**"
-    return [("Accuracy: ours never worse than a peer with the same method, better on >= 1",
-             measured, verdict)]  # fmt: skip
-
-
-def _fmt_delta(key: str, d: float) -> str:
-    if key == "top1":
-        return f"{100 * d:.2f} points"
-    if key == "cosine":
-        return f"{d:.4f} cosine"
-    return f"{d:.2f} dB"
-
-
-def _speed_targets(results: dict) -> list[tuple[str, str, str]]:
-    out = []
-    res = results["workloads"].get("resnet18", {}).get("speed", {}).get("batches", {})
-    r = res.get("batch 8", {}).get("ratios", {}).get("ort/float : ort/ours")
-    if r:
-        out.append(("ORT: ours >= 3x faster than float, ResNet-18 batch 8",
-                    f"{_ratio(r)}x", "met" if r["median"] >= 3 else "**not met**"))  # fmt: skip
-    ov, slower = [], []
-    for name, entry in results["workloads"].items():
-        for batch, b in entry.get("speed", {}).get("batches", {}).items():
-            r = b["ratios"].get("ov/float : ov/ours")
-            if r:
-                ov.append((f"{name} {batch}", r))
-            r = b["ratios"].get("ort/ours : ort/ort_qdq")
-            if r:
-                slower.append((f"{name} {batch}", r))
-    if ov:
-        ok = all(r["median"] > 1 for _, r in ov)
-        text = "; ".join(f"{n} {r['median']:.2f}x" for n, r in ov)
-        out.append(("OpenVINO: ours faster than OpenVINO float (default precision)", text,
-                    "met" if ok else "**not met**"))  # fmt: skip
-    if slower:
-        worst = max(r["median"] for _, r in slower)
-        text = "; ".join(
-            f"{n} {r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]" for n, r in slower
-        )
-        if worst <= 1.0:
-            verdict = "met"
-        elif worst <= 1.10:
-            verdict = "met within noise (median <= 1.10, spans 1)"
-        else:
-            verdict = "**not met**"
-        out.append(("ORT: ours never slower than ORT's fastest quantized form (time ratio <= 1)",
-                    text, verdict))  # fmt: skip
-    return out
-
-
-COST_KEYS = ("cost", "cost_ocr_det")  # figure 3 runs: ResNet-18-style, then the OCR detector
-
-
-def _cost_targets(results: dict) -> list[tuple[str, str, str]]:
-    out = []
-    for key in COST_KEYS:
-        cost = results.get(key)
-        if not cost:
-            continue
-        model = "OCR det" if cost.get("workload") == "ocr_det" else "ResNet-18"
-        small = cost["samples"] < 64
-        for method in ("percentile", "entropy"):
-            s = cost["summary"].get(method)
-            if not s or "error" in s:
-                continue
-            sp, mem = s["speedup"], s["memory_ratio"]
-            label = f"{model} {method}"
-            if small:  # ORT keeps every calibration output in memory: its peak grows with samples
-                label += f", {cost['samples']} samples (target stated for 64)"
-            out.append((f"Cost, {label}: >= 2x faster than ORT quantize_static",
-                        f"{_ratio(sp)}x (ORT time / ours)", "met" if sp["median"] >= 2 else "**not met**"))  # fmt: skip
-            out.append((f"Cost, {label}: <= half ORT's peak memory",
-                        f"{_ratio(mem)} (our peak / ORT's)", "met" if mem["median"] <= 0.5 else "**not met**"))  # fmt: skip
+    out += verdicts.accuracy_targets(results)
+    out += verdicts.speed_targets(results)
+    out += verdicts.cost_targets(results)
+    out += verdicts.qat_targets(results)
+    out += verdicts.engine_targets(results)
     return out
 
 
@@ -204,6 +68,7 @@ def render(results: dict) -> str:
     lines += _speed(results)
     lines += _cost(results)
     lines += _qat(results)
+    lines += _engine(results)
     lines += _stages(results)
     return "\n".join(lines) + "\n"
 
@@ -214,18 +79,23 @@ def _reading() -> list[str]:
     return [
         "## Reading these results",
         "",
-        "* ONNX Runtime's `quantize_static` entropy runs at 128 histogram bins and 128 quantized "
-        "bins and has no option to change them; that leaves one candidate window, the full range, "
-        "so its `entropy` rows are max-abs calibration. `entropy (2048 bins)` is ORT's real KL "
-        "search (TensorRT's bin count, via `create_calibrator` + a calibration cache); the "
-        "accuracy target compares our `entropy` (a KL search at 2048 bins too) with it where it "
-        "was run, and with ORT's default `entropy` row elsewhere.",
-        "* PyTorch `x86` uses `reduce_range` (7-bit activations) by design; `minmax` is the "
-        "same-method PyTorch row. FX cannot trace Hugging Face BERT under transformers 5.",
+        "* Accuracy verdicts compare each tool's documented default with ours' default, and each "
+        "tool's best row with ours' best, signed, per calibration repeat, with no tie margin; a "
+        "peer that failed is listed as not compared (never a win). ONNX Runtime's "
+        "`quantize_static` entropy alone runs at 128 histogram bins = 128 quantized bins (one "
+        "candidate window: max-abs); `entropy (2048 bins, 256 levels)` is its KL search at our "
+        "resolution (2048 bins, 256 quantized levels over a window).",
+        "* Speed ratios count only when both forms took the same number of calls per sample and "
+        "both forms' outputs matched the node-by-node ONNX Runtime run of the same file; other "
+        "pairs are listed as excluded.",
+        "* PyTorch `x86` uses `reduce_range` (7-bit activations) by design; `minmax` is "
+        "MinMaxObserver quint8 + per-channel int8 weights. FX cannot trace Hugging Face BERT "
+        "under transformers 5.",
         "* The CNNs have random weights and N(0,1) inputs: their SQNR says how faithfully the "
         "INT8 graph follows float, not how a trained model would rank classes. Clipping "
         "calibrations (entropy) lose most there.",
-        "* Speed rows time the `minmax` files (the calibration method does not change the graph). "
+        "* Speed rows time ours' default file and ORT's u8/s8 per-channel minmax file (the "
+        "calibration method does not change the graph). "
         "Figure 3 times whole fresh processes; see bench/README.md for what each side includes.",
         "",
     ]
@@ -256,41 +126,7 @@ def _machine(results: dict) -> list[str]:
 
 
 def _accuracy(results: dict) -> list[str]:
-    out = ["## 1. Accuracy of the INT8 result", ""]
-    out += [
-        "Same calibration batches for every tool. Ours and ONNX Runtime's models run in ONNX "
-        "Runtime, PyTorch's in torch. `percentile` is 99.999 for both tools; `entropy` uses each "
-        "tool's defaults. PyTorch `x86` = `get_default_qconfig_mapping('x86')` (HistogramObserver, "
-        "reduce_range: 7-bit activations); PyTorch `minmax` = MinMaxObserver quint8 + per-channel "
-        "int8 weights. PT2E is not in torch 2.13 (moved to torchao), so FX is the PyTorch path.",
-        "",
-    ]
-    for name, entry in results["workloads"].items():
-        if "error" in entry:
-            out += [f"### {name}", "", f"Not run: {entry['error']}", ""]
-            continue
-        acc = entry.get("accuracy")
-        if not acc:
-            continue
-        key = _primary(acc["metric"])
-        out += [f"### {entry['title']}", ""]
-        out += [f"{n}." for n in entry.get("notes", [])]
-        if acc.get("float"):
-            out.append(f"Float model in ONNX Runtime: top-1 {100 * acc['float']['top1']:.2f} %.")
-        out.append("")
-        extra = " | text-mask IoU" if name == "ocr_det" else ""
-        out += [f"| tool | method | {METRIC_NAMES[key]}{extra} | quantize s |",
-                "|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
-        for r in acc["rows"]:
-            method = r["method"] + (f", {r['variant']}" if r.get("variant") else "")
-            iou = f" | {_f(r.get('mask_iou'), 3)}" if extra else ""
-            secs = r.get("seconds") or {}
-            out.append(
-                f"| {TOOL_NAMES.get(r['tool'], r['tool'])} | {method} | {_row_value(r, key)}{iou} "
-                f"| {_f(secs.get('total_s'), 1)} |"
-            )
-        out.append("")
-    return out
+    return report_accuracy.section(results)
 
 
 def _speed(results: dict) -> list[str]:
@@ -320,19 +156,23 @@ def _speed(results: dict) -> list[str]:
             out += [f"OpenVINO float default precision here: **{prec}** (`ov/float`); "
                     "`ov/float_f32` forces f32.", ""]  # fmt: skip
         for batch, b in sp["batches"].items():
-            calls = b.get("calls_per_sample", {})
+            calls, checks = b.get("calls_per_sample", {}), b.get("outputs", {})
             out += [
                 f"**{batch}**",
                 "",
-                "| form | ms | process CPU ms | calls |",
-                "|---|---|---|---|",
+                "| form | ms | process CPU ms | calls | output SQNR dB vs node-by-node ORT |",
+                "|---|---|---|---|---|",
             ]
             for form, s in b["ms"].items():
                 cpu = _f(b["cpu_ms"][form]["median"], 1)
-                out.append(f"| {form} | {_ms(s)} | {cpu} | {calls.get(form, 1)} |")
+                out.append(
+                    f"| {form} | {_ms(s)} | {cpu} | {calls.get(form, 1)} | "
+                    f"{_check(checks.get(form))} |"
+                )
             out += ["", "| ratio | value |", "|---|---|"]
             for r in b["ratios"].values():
-                out.append(f"| {r['what']} | {_ratio(r)} |")
+                excluded = f" (excluded: {r['excluded']})" if r.get("excluded") else ""
+                out.append(f"| {r['what']} | {_ratio(r)}{excluded} |")
             out.append("")
         ops = sp.get("ops", {})
         if ops:
@@ -345,6 +185,14 @@ def _speed(results: dict) -> list[str]:
                 out.append(f"* `{form}`: {text}")
             out.append("")
     return out
+
+
+def _check(c: dict | None) -> str:
+    if not c:
+        return "-"
+    if not c.get("ok"):
+        return f"**wrong: {c.get('why')}**"
+    return _f(c.get("sqnr_db"), 1)
 
 
 def _cost(results: dict) -> list[str]:
@@ -379,18 +227,18 @@ def _cost_table(cost: dict) -> list[str]:
         "Peak memory = VmHWM of the process (includes torch for ours; the ORT process does not "
         "import torch); 'setup' = the peak before the timed part.",
         "",
-        "| method | ours s | ORT s | speed-up (ORT s / ours s) | incl. float export | ours peak MiB (setup) | ORT peak MiB (setup) | memory ratio (ours / ORT) | ours import / calibrate / export s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | ours s | ORT s | speed-up (ORT s / ours s) | incl. float export | whole process: ours s / ORT s / speed-up | ours peak MiB (setup) | ORT peak MiB (setup) | memory ratio (ours / ORT) | ours import / calibrate / export s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, s in cost["summary"].items():
         if "error" in s:
-            out.append(f"| {method} | {s['error']} |||||||")
+            out.append(f"| {method} | {s['error']} ||||||||")
             continue
         steps = s["ours_steps_s"]
         e2e = _ratio(s["speedup_incl_float_export"]) if cost["float_export_s"] > 0 else "-"
         out.append(
             f"| {method} | {_ms(s['ours_s'])} | {_ms(s['ort_s'])} | {_ratio(s['speedup'])} | "
-            f"{e2e} | {_ms(s['ours_peak_mib'])} "
+            f"{e2e} | {_process(s)} | {_ms(s['ours_peak_mib'])} "
             f"({s['ours_setup_peak_mib']:.0f}) | {_ms(s['ort_peak_mib'])} "
             f"({s['ort_setup_peak_mib']:.0f}) | {_ratio(s['memory_ratio'])} | "
             f"{steps.get('import_s', 0):.1f} / {steps.get('calibrate_s', 0):.1f} / "
@@ -398,6 +246,14 @@ def _cost_table(cost: dict) -> list[str]:
         )
     out.append("")
     return out
+
+
+def _process(s: dict) -> str:
+    if "process_speedup" not in s:
+        return "-"
+    return (
+        f"{_ms(s['ours_process_s'])} / {_ms(s['ort_process_s'])} / {_ratio(s['process_speedup'])}"
+    )
 
 
 def _qat(results: dict) -> list[str]:
@@ -419,8 +275,32 @@ def _qat(results: dict) -> list[str]:
         out.append(f"| {name} | {s['median_ms']:.1f} [{s['min_ms']:.1f}-{s['max_ms']:.1f}] |")
     out += ["", "| ratio of medians | value |", "|---|---|"]
     out += [f"| {k} | {v:.2f} |" for k, v in q["ratios"].items()]
+    if q.get("differences"):
+        out += ["", "Not like with like (so the ratios against PyTorch are shown, not judged):"]
+        out += [f"* {d}" for d in q["differences"]]
     out += ["", "Checks of bench/qat_step.py: " + "; ".join(
         f"{k}: {'yes' if v else 'no'}" for k, v in q.get("checks", {}).items()), ""]  # fmt: skip
+    return out
+
+
+def _engine(results: dict) -> list[str]:
+    e = results.get("engine")
+    if e is None:
+        return []
+    out = ["## 5. The engine model's call (issue 15)", ""]
+    if "error" in e:
+        return out + [f"failed: {e['error']}", ""]
+    out += [
+        "`fast = qb.to_engine(qmodel, 'onnxruntime')` called as `fast(x)` against the user's float "
+        "torch model, the QuantModel's fake-quant `qmodel(x)` and a raw `session.run` on the "
+        f"engine model's own session, interleaved ({e['rounds']} rounds, {e['threads']} threads, "
+        "every form the same calls per sample); the engine's output is checked against the raw "
+        "session's first. Wrapper = the engine model's own microseconds per call, without the "
+        "session. ms are medians, ratios per round median [min-max] (`bench/engine_call.py`).",
+        "",
+        *engine_call.table(e),
+        "",
+    ]
     return out
 
 

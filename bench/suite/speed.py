@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import engines, tools
+import numpy as np
+
+from . import engines, tools, verdicts
 from .timing import interleave, paired_ratio, summary
 from .workloads import Workload
 
@@ -37,6 +39,45 @@ RATIOS = (
 
 
 FOLDED = ("resnet18",)  # workloads whose QDQ export is also timed folded (QOperator)
+# An engine's output below this SQNR against the same file run node by node (ORT, graph
+# optimizations off) is wrong, and its times do not count. Low on purpose: it catches broken
+# results (OpenVINO's all-zero MiniLM embeddings at batch 32 read 0 dB), not kernel rounding
+# (u8s8 saturation on AVX2 CPUs without VNNI costs a few LSB: ~16 dB on MiniLM, cosine 0.989).
+MIN_OUTPUT_SQNR_DB = 10.0
+SPEED_CONFIGS = ("quantbridge/default", "onnxruntime/u8s8 per-channel minmax")
+
+
+def configs_needed(configs: list) -> list:
+    """The figure 1 configurations whose files figure 2 times (a speed-only run)."""
+    return [c for c in configs if f"{c.tool}/{c.name}" in SPEED_CONFIGS]
+
+
+def check_output(ref: np.ndarray, out: np.ndarray) -> dict:
+    """``{"sqnr_db", "ok", "why"}`` of an engine's first output against the reference run."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        return {"sqnr_db": None, "ok": False, "why": f"shape {out.shape}, expected {ref.shape}"}
+    if not np.all(np.isfinite(out)):
+        return {"sqnr_db": None, "ok": False, "why": "non-finite values"}
+    noise, signal = float(np.sum((ref - out) ** 2)), float(np.sum(ref**2))
+    sqnr = float("inf") if noise == 0 else 10 * float(np.log10(max(signal, 1e-300) / noise))
+    ok = sqnr >= MIN_OUTPUT_SQNR_DB
+    why = "" if ok else f"SQNR {sqnr:.1f} dB vs the node-by-node ORT run (< {MIN_OUTPUT_SQNR_DB})"
+    if not ok and not np.any(out):
+        why = "all zeros"
+    return {"sqnr_db": sqnr, "ok": ok, "why": why}
+
+
+def _first(out) -> np.ndarray:
+    """First output of an ORT run (list) or an OpenVINO request (OVDict)."""
+    return np.asarray(next(iter(out.values())) if hasattr(out, "values") else out[0])
+
+
+def _form_model(form: str) -> str:
+    """'ov/float_f32' -> 'float'; 'ort/ours/variant' -> 'ours/variant'."""
+    name = form.split("/", 1)[1]
+    return "float" if name == "float_f32" else name
 
 
 def _models(w: Workload, files: dict[str, str], work: Path) -> dict[str, Path]:
@@ -65,10 +106,11 @@ def run(
 ) -> dict:
     models = _models(w, files, work)
     result: dict = {"models": {k: str(v) for k, v in models.items()}, "batches": {}, "ops": {}}
-    sessions, compiled = {}, {}
+    sessions, compiled, references = {}, {}, {}
     for name, path in models.items():
         opt = work / f"{w.name}.{name.replace('/', '_')}.ort-optimized.onnx"
         try:
+            references[name] = engines.ort_session(path, optimize=False)
             sessions[name] = engines.ort_session(path, opt)
             result["ops"][f"ort/{name}"] = engines.compute_ops(opt)
         except Exception as e:
@@ -94,9 +136,19 @@ def run(
     for batch, feeds in w.speed_feeds.items():
         runners = {f"ort/{k}": engines.ort_runner(s, feeds) for k, s in sessions.items()}
         runners |= {f"ov/{k}": engines.ov_runner(c, feeds) for k, c in compiled.items()}
+        outputs = {}
+        for form, runner in runners.items():  # checked before a time counts
+            try:
+                ref = _first(engines.ort_runner(references[_form_model(form)], feeds)())
+                outputs[form] = check_output(ref, _first(runner()))
+            except Exception as e:
+                outputs[form] = {"ok": False, "why": tools.short_error(e)}
+            if not outputs[form]["ok"]:
+                log(f"  {w.name} {batch}: {form} outputs wrong ({outputs[form]['why']})")
         log(f"  {w.name} {batch}: timing {len(runners)} forms, up to {rounds} interleaved rounds")
-        samples = interleave(runners, rounds, warmup=2, budget_s=budget_s)
+        samples = interleave(runners, rounds, warmup=2, budget_s=budget_s, same_calls=True)
         entry: dict = {
+            "outputs": outputs,
             "ms": {k: summary(v["wall_ms"]) for k, v in samples.items()},
             "cpu_ms": {k: summary(v["cpu_ms"]) for k, v in samples.items()},
             "ratios": {},
@@ -107,7 +159,16 @@ def run(
                     "what": what,
                     **paired_ratio(samples[a]["wall_ms"], samples[b]["wall_ms"]),
                 }
-        entry["calls_per_sample"] = {k: v["calls"] for k, v in samples.items()}
+                problem = verdicts.pair_problem(
+                    {"outputs": outputs, "calls_per_sample": _calls(samples)}, a, b
+                )
+                if problem:
+                    entry["ratios"][f"{a} : {b}"]["excluded"] = problem
+        entry["calls_per_sample"] = _calls(samples)
         entry["raw_ms"] = {k: [round(t, 2) for t in v["wall_ms"]] for k, v in samples.items()}
         result["batches"][batch] = entry
     return result
+
+
+def _calls(samples: dict) -> dict[str, int]:
+    return {k: v["calls"] for k, v in samples.items()}

@@ -30,11 +30,14 @@ def interleave(
     min_rounds: int = 3,
     sample_ms: float = 40.0,
     max_calls: int = 5,
+    same_calls: bool = False,
 ) -> dict[str, dict[str, list[float]]]:
     """``{name: {"wall_ms": [...], "cpu_ms": [...], "calls": k}}`` over ``rounds`` interleaved
     rounds; each sample the fastest of ``k`` calls (module docstring).
 
     ``budget_s`` stops early (after at least ``min_rounds``) when the rounds so far took longer.
+    ``same_calls``: every runner gets the same ``k`` (the fastest runner's), so the two forms of
+    any ratio are minima over equally many calls (a minimum over more calls is lower by itself).
     """
     names = list(runners)
     warm_ms = {n: float("inf") for n in names}
@@ -44,6 +47,8 @@ def interleave(
             runners[name]()
             warm_ms[name] = min(warm_ms[name], (time.perf_counter() - t0) * 1e3)
     calls = {n: calls_per_sample(warm_ms[n], sample_ms, max_calls) for n in names}
+    if same_calls and calls:
+        calls = dict.fromkeys(names, max(calls.values()))
     out = {n: {"wall_ms": [], "cpu_ms": [], "calls": calls[n]} for n in names}
     start = time.perf_counter()
     for r in range(rounds):

@@ -31,6 +31,10 @@ import numpy as np
 PERCENTILE = 99.999
 METHODS = ("minmax", "percentile", "entropy")
 ENTROPY_2048 = "entropy (2048 bins)"  # ONNX Runtime only: its entropy with TensorRT's bin count
+# ORT's KL search at our resolution: 2048 histogram bins, 256 quantized bins over the window (as
+# ours judges a uint8 window: quantbridge.calibrate, ENTROPY_NUM_BINS and num_quant_bins); ORT's
+# 128 quantized bins are 64 levels per side of its symmetric window
+ENTROPY_EQUAL = "entropy (2048 bins, 256 levels)"
 FX_QCONFIGS = {
     "x86": "get_default_qconfig_mapping('x86'): HistogramObserver activations (reduce_range, "
     "7-bit), per-channel int8 weights",
@@ -59,16 +63,26 @@ def float_module(model):
 
 
 def quantize_ours(
-    model, calib: list, method: str, path: Path, example: Any, rules: tuple = ()
+    model,
+    calib: list,
+    method: str | None,
+    path: Path,
+    example: Any,
+    rules: tuple = (),
+    recipe: Any = None,
 ) -> dict[str, float]:
     """(Import,) calibrate, freeze and export; seconds per step. ``model`` may be a float ONNX
-    path: then the import is timed too (``import_s``), as ONNX Runtime's time starts from it."""
+    path: then the import is timed too (``import_s``), as ONNX Runtime's time starts from it.
+    ``method`` None: ``recipe`` as given (None: ``qb.quantize``'s default)."""
     import quantbridge as qb
 
     t0 = time.perf_counter()
     model = float_module(model)
     t_import = time.perf_counter()
-    qmodel = qb.quantize(model, calib, recipe=ours_recipe(method, rules), progress=False)
+    if method is not None:
+        recipe = ours_recipe(method, rules)
+    kwargs = {} if recipe is None else {"recipe": recipe}
+    qmodel = qb.quantize(model, calib, progress=False, **kwargs)
     t1 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,7 +114,14 @@ def quantize_ort(
     method: str,
     path: Path,
     nodes_to_exclude: tuple[str, ...] = (),
+    settings: dict | None = None,
 ) -> dict[str, float]:
+    """``quantize_static`` with the suite's x86 form (QDQ u8/s8 per-channel), or ``settings``
+    overriding it: ``{"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}``
+    are ORT's own defaults; ``"preprocess": True`` runs ``quant_pre_process`` first (timed; where
+    it fails the float file is quantized as is and the reason kept in ``preprocess_error``);
+    ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins);
+    ``"op_types_to_quantize"`` limits the quantized op types."""
     import logging
 
     from onnxruntime.quantization import (
@@ -119,31 +140,46 @@ def quantize_ort(
         "percentile": CalibrationMethod.Percentile,
         "entropy": CalibrationMethod.Entropy,
         ENTROPY_2048: CalibrationMethod.Entropy,
+        ENTROPY_EQUAL: CalibrationMethod.Entropy,
     }[method]
+    s = {"activation_type": "QUInt8", "weight_type": "QInt8", "per_channel": True}
+    s |= settings or {}
     extra = {"CalibPercentile": PERCENTILE} if method == "percentile" else {}
     logging.getLogger().setLevel(logging.ERROR)  # "please consider pre-processing" warnings
     t0 = time.perf_counter()
+    info: dict = {}
     with tempfile.TemporaryDirectory(prefix="qb-bench-ort-") as tmp:
+        source = Path(float_path)
+        if s.get("preprocess"):
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            try:
+                quant_pre_process(str(float_path), str(Path(tmp) / "pre.onnx"))
+                source = Path(tmp) / "pre.onnx"
+            except Exception as e:  # documented as optional: quantize the file as is
+                info["preprocess_error"] = short_error(e)
         reader, cache = Reader(calib_feeds), None
-        if method == ENTROPY_2048:
-            cache, reader = _entropy_cache(float_path, reader, Path(tmp)), None
+        if method in (ENTROPY_2048, ENTROPY_EQUAL):
+            bins = 128 if method == ENTROPY_2048 else s.get("num_quantized_bins", 256)
+            cache, reader = _entropy_cache(source, reader, Path(tmp), bins), None
         quantize_static(
-            str(float_path),
+            str(source),
             str(path),
             reader,
             quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
+            activation_type=getattr(QuantType, s["activation_type"]),
+            weight_type=getattr(QuantType, s["weight_type"]),
+            per_channel=s["per_channel"],
             calibrate_method=calibrate_method,
             nodes_to_exclude=list(nodes_to_exclude),
+            op_types_to_quantize=s.get("op_types_to_quantize"),
             extra_options=extra,
             calibration_cache_path=cache,
         )
-    return {"total_s": time.perf_counter() - t0}
+    return {"total_s": time.perf_counter() - t0, **info}
 
 
-def _entropy_cache(float_path: Path, reader, tmp: Path) -> Path:
+def _entropy_cache(float_path: Path, reader, tmp: Path, num_quantized_bins: int = 128) -> Path:
     """ORT's entropy calibrator with TensorRT's 2048 histogram bins (128 quantized bins), its
     ranges handed to ``quantize_static`` through a calibration cache: ``quantize_static`` itself
     has no option for the bin count, and its default of 128 bins = 128 quantized bins leaves a
@@ -156,7 +192,7 @@ def _entropy_cache(float_path: Path, reader, tmp: Path) -> Path:
         None,
         augmented_model_path=str(tmp / "augmented.onnx"),
         calibrate_method=CalibrationMethod.Entropy,
-        extra_options={"num_bins": 2048, "num_quantized_bins": 128},
+        extra_options={"num_bins": 2048, "num_quantized_bins": num_quantized_bins},
     )
     calibrator.collect_data(reader)
     cache = tmp / "ranges.json"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 import torch
 from torch import nn
+from unprivileged import call_as_nobody, is_root, reachable_folder
 
 import quantbridge as qb
 from quantbridge.zoo import DigitsCNN
@@ -118,20 +118,32 @@ def test_export_to_missing_folder(tmp_path):
         qb.export(qm, tmp_path / "nope" / "m.onnx", torch.randn(2, 1, 8, 8))
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and False, reason="")
 def test_export_to_unwritable_path(tmp_path):
+    """A read-only folder and a read-only file: PermissionError naming the path, nothing written.
+    As root (permission bits not enforced) the same calls run in a child that dropped to
+    ``nobody``."""
     qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
-    target = tmp_path / "m.onnx"
+    folder = reachable_folder() if is_root() else tmp_path
+    target = folder / "m.onnx"
     target.write_bytes(b"")
     target.chmod(0o444)
-    readonly_dir = tmp_path / "ro"
+    readonly_dir = folder / "ro"
     readonly_dir.mkdir()
     readonly_dir.chmod(0o555)
     try:
-        if os.access(readonly_dir, os.W_OK):  # root ignores permission bits
-            pytest.skip("running as root: permission bits are not enforced")
-        with pytest.raises(PermissionError, match="not writable"):
-            qb.export(qm, readonly_dir / "m.onnx", torch.randn(2, 1, 8, 8))
+        for path in (readonly_dir / "m.onnx", target):
+
+            def export(path=path):
+                qb.export(qm, path, torch.randn(2, 1, 8, 8))
+
+            if is_root():
+                message = call_as_nobody(export)
+                assert message.startswith("PermissionError: ") and "not writable" in message
+                assert repr(str(path)) in message
+            else:
+                with pytest.raises(PermissionError, match="not writable"):
+                    export()
+        assert target.read_bytes() == b"" and not (readonly_dir / "m.onnx").exists()
     finally:
         readonly_dir.chmod(0o755)
 

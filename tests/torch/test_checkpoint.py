@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import stat
 
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from unprivileged import call_as_nobody, is_root, reachable_folder
 
 import quantbridge as qb
 from quantbridge.torch import prepare
@@ -295,16 +297,37 @@ def test_save_refuses_a_float_model_and_bad_paths(digits_ckpt, tmp_path):
         qb.save(qm, tmp_path)
     with pytest.raises(ValueError, match="does not exist; create it"):
         qb.save(qm, tmp_path / "nope" / "m.qb")
-    readonly = tmp_path / "ro"
+    readonly = (reachable_folder() if is_root() else tmp_path) / "ro"
     readonly.mkdir()
     readonly.chmod(0o555)
     try:
-        if os.access(readonly, os.W_OK):  # root ignores permission bits
-            pytest.skip("running as root: permission bits are not enforced")
-        with pytest.raises(PermissionError, match="not writable"):
-            qb.save(qm, readonly / "m.qb")
+        if is_root():  # permission bits are not enforced for root: the call as `nobody`
+            message = call_as_nobody(lambda: qb.save(qm, readonly / "m.qb"))
+            assert message.startswith("PermissionError: ") and "not writable" in message
+            assert repr(str(readonly / "m.qb")) in message
+        else:
+            with pytest.raises(PermissionError, match="not writable"):
+                qb.save(qm, readonly / "m.qb")
+        assert not (readonly / "m.qb").exists()
     finally:
         readonly.chmod(0o755)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the no-VNNI note of qb.export
+@pytest.mark.parametrize("umask", [0o077, 0o002])
+def test_saved_and_exported_files_follow_the_umask(digits_ckpt, tmp_path, umask):
+    """The files qb.save and qb.export write get the user's default mode (0o666 & ~umask), as
+    any file a user's program creates: no world-readable checkpoint under umask 077, a
+    group-writable one under 002."""
+    qm, _ = digits_ckpt
+    old = os.umask(umask)
+    try:
+        qb.save(qm, tmp_path / "m.qb")
+        qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 1, 8, 8))
+    finally:
+        os.umask(old)
+    for name in ("m.qb", "m.onnx"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
 
 
 def test_load_needs_a_fresh_float_model(digits_ckpt):

@@ -85,7 +85,12 @@ def test_freeze_batchnorm_keeps_outputs_and_integer_weights(digits, learn_scales
     # regression (lsq): the fold must move |k| into the learned log_scale too
     x, _ = digits
     torch.manual_seed(0)
-    qm = qb.prepare_qat(DigitsCNN(), "native", [x[:128]], learn_scales=learn_scales)
+    model = DigitsCNN()
+    with torch.no_grad():  # some negative gammas: the fold's k = gamma / sigma flips their sign
+        model.bn1.weight[::3] *= -1.0
+    gamma_sign = model.bn1.weight.detach().sign().view(-1, 1, 1, 1)
+    assert (gamma_sign < 0).sum() == 6 and (gamma_sign > 0).sum() == 10
+    qm = qb.prepare_qat(model, "native", [x[:128]], learn_scales=learn_scales)
     qm.train()
     with torch.no_grad():
         for i in range(0, 512, 64):  # move BN statistics away from their initial values
@@ -100,11 +105,10 @@ def test_freeze_batchnorm_keeps_outputs_and_integer_weights(digits, learn_scales
     assert not any(n.target is aten.batch_norm.default for n in qm.graph.nodes)
     assert "conv1.bias" in qm.quantizers()  # the bias the fold created is quantized
     w_after = qm.quantizers()["conv1.weight"]
-    k_sign = torch.sign(qm.get_parameter("conv1.weight").flatten(1).sum(1))
     codes_after = w_after.quantize_integers(qm.get_parameter("conv1.weight"))
-    # |k| moved into the scale: the integers are the same up to the sign of gamma
-    assert torch.equal(codes_after.abs(), codes_before.abs())
-    assert k_sign.abs().sum() > 0
+    # |k| moved into the scale: the integers are the same, negated where gamma < 0
+    assert torch.equal(codes_after, codes_before * gamma_sign)
+    assert not torch.equal(codes_after, codes_before)  # the flipped channels are really there
     with torch.no_grad():
         y_after = qm(x[:256])
     out_scale = qm.output_quantizer().scale.item()

@@ -1,0 +1,164 @@
+"""Figure 1's configurations: every tool's documented default and its best documented settings.
+
+A configuration is ``(tool, name, default)`` plus how to quantize: ``"onnx"`` configurations write
+an INT8 ONNX file that the suite runs in ONNX Runtime; ``"torch"`` ones (PyTorch FX) return a
+module run in torch. Per workload and tool, the report compares the tools' *default* rows and
+their *best* rows (``verdicts``).
+
+* quantbridge: ``default`` is ``qb.quantize(model, calib)`` with no recipe; ``native`` the
+  platform preset (7-bit weights on x86 without VNNI); further rows are recipes by name (``OURS``: the calibration methods, and any preset or recipe registered with
+  ``register_ours``, e.g. the PTQ methods of issue 14 as they land). ``--ours-recipes a,b`` adds
+  presets by name.
+* ONNX Runtime: ``default`` is ``quant_pre_process`` + ``quantize_static`` with ORT's own
+  defaults (QDQ, int8 activations and weights, per-tensor, MinMax); its x86 form (u8/s8
+  per-channel, pre-processed) with minmax, percentile, entropy and the KL search at our
+  resolution (``tools.ENTROPY_EQUAL``).
+* NNCF (``nncf.quantize`` on the float ONNX file) and NVIDIA ModelOpt
+  (``modelopt.onnx.quantization.quantize``, CPU calibration): run out of process
+  (``peer_child``) by ``QB_BENCH_NNCF_PYTHON`` / ``QB_BENCH_MODELOPT_PYTHON`` (or
+  ``QB_BENCH_PEERS_PYTHON``; default: this interpreter), since their pins may not fit the bench's
+  environment (``peers_python``). A peer that is not installed is a failed row.
+* PyTorch FX PTQ (``x86`` default qconfig mapping, and ``minmax``) where FX captures the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import peer_child, tools
+from .workloads import ROOT
+
+PEERS_PYTHON_ENV = "QB_BENCH_PEERS_PYTHON"
+
+
+@dataclass(frozen=True)
+class Config:
+    tool: str  # quantbridge | onnxruntime | nncf | modelopt | pytorch_fx
+    name: str
+    default: bool = False
+    runner: str = "onnx"  # "onnx": writes an ONNX file; "torch": returns a torch module
+    settings: dict = field(default_factory=dict, hash=False, compare=False)
+    workloads: tuple[str, ...] | None = None  # None: every workload
+
+
+# -- quantbridge recipes by name ----------------------------------------------------------------
+# name -> recipe factory (None = the library default: qb.quantize without a recipe)
+OURS: dict[str, Callable[[], object] | None] = {
+    "default": None,
+    "minmax": lambda: tools.ours_recipe("minmax"),
+    "percentile": lambda: tools.ours_recipe("percentile"),
+    "entropy": lambda: tools.ours_recipe("entropy"),
+}
+
+
+def register_ours(name: str, factory: Callable[[], object]) -> None:
+    """One more quantbridge row: ``factory()`` returns the ``Recipe`` (or preset name)."""
+    OURS[name] = factory
+
+
+def ours_factory(name: str) -> Callable[[], object] | None:
+    if name in OURS:
+        return OURS[name]
+    return lambda: name  # a preset name: qb.quantize resolves (and rejects) it
+
+
+def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
+    """The rows of figure 1: ``quick`` keeps every tool's default and one best-setting row."""
+    # "native": the platform preset (7-bit weights where ONNX Runtime's and OpenVINO's u8s8
+    # kernels saturate, i.e. x86 without VNNI; quantbridge._platform) - the figure runs in them
+    ours = ["default", "native"] + ([] if quick else ["minmax", "percentile", "entropy"])
+    out = [Config("quantbridge", n, n == "default") for n in [*ours, *extra_ours]]
+    x86 = {"preprocess": True}  # u8/s8 per-channel: tools.quantize_ort's form
+    ort_default = {
+        "preprocess": True,
+        "activation_type": "QInt8",
+        "weight_type": "QInt8",
+        "per_channel": False,
+    }
+    out.append(Config("onnxruntime", "default", True, settings={**ort_default, "method": "minmax"}))
+    ort_methods = ("minmax",) if quick else ("minmax", "percentile", "entropy", tools.ENTROPY_EQUAL)
+    out += [
+        Config("onnxruntime", f"u8s8 per-channel {m}", settings={**x86, "method": m})
+        for m in ort_methods
+    ]
+    # transformers: only the weighted ops quantized (the attention-mask Add and the Softmax,
+    # which ORT's defaults quantize, stay float)
+    matmul_only = {**x86, "method": "minmax", "op_types_to_quantize": ["MatMul", "Gemm"]}
+    out.append(Config("onnxruntime", "u8s8 per-channel minmax, MatMul/Gemm only",
+                      settings=matmul_only, workloads=("minilm",)))  # fmt: skip
+    out.append(Config("nncf", "default", True))
+    out.append(Config("nncf", "mixed"))
+    if not quick:
+        out.append(Config("nncf", "transformer", workloads=("minilm",)))
+    out.append(Config("modelopt", "default", True))
+    out.append(Config("modelopt", "max fp32"))
+    if not quick:
+        out.append(Config("modelopt", "entropy fp32"))
+    out.append(Config("pytorch_fx", "x86", True, runner="torch"))
+    if not quick:
+        out.append(Config("pytorch_fx", "minmax", runner="torch"))
+    return out
+
+
+# -- quantizing ---------------------------------------------------------------------------------
+def quantize_onnx(c: Config, w, calib: list, calib_feeds: list, path: Path) -> dict:
+    """Write ``c``'s INT8 ONNX file of workload ``w`` at ``path``; returns seconds (and notes)."""
+    if c.tool == "quantbridge":
+        if w.model is None:
+            raise RuntimeError("no torch model or ONNX import for this workload")
+        return tools.quantize_ours(w.model, calib, None, path, w.example, recipe=_recipe(c.name))
+    if c.tool == "onnxruntime":
+        s = dict(c.settings)
+        return tools.quantize_ort(w.float_onnx, calib_feeds, s.pop("method"), path, settings=s)
+    if c.tool in peer_child.QUANTIZERS:
+        return run_peer_child(c, w.float_onnx, calib_feeds, path)
+    raise ValueError(f"configuration {c}: no ONNX quantizer for tool {c.tool!r}")
+
+
+def _recipe(name: str):
+    factory = ours_factory(name)
+    return None if factory is None else factory()
+
+
+def peers_python(tool: str) -> str:
+    """The interpreter of an out-of-process peer: ``QB_BENCH_<TOOL>_PYTHON``, else
+    ``QB_BENCH_PEERS_PYTHON``, else this one. ModelOpt's ONNX extra pins onnxruntime-gpu 1.24 and
+    onnx 1.21, which cannot share an environment with the bench's onnxruntime: it gets its own."""
+    return (
+        os.environ.get(f"QB_BENCH_{tool.upper()}_PYTHON")
+        or os.environ.get(PEERS_PYTHON_ENV)
+        or sys.executable
+    )
+
+
+def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -> dict:
+    """``peer_child`` in ``peers_python()``; its last stderr line is the error of a failure."""
+    npz = path.with_suffix(".calib.npz")
+    peer_child.save_batches(npz, calib_feeds)
+    spec = {"tool": c.tool, "config": c.name, "float_onnx": str(float_onnx)}
+    spec |= {"calib": str(npz), "out": str(path)}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # bench only: no quantbridge in the child
+    proc = subprocess.run(
+        [peers_python(c.tool), "-m", "bench.suite.peer_child", json.dumps(spec)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    npz.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise RuntimeError(f"{c.tool} {c.name}: {lines[-1][:300] if lines else proc.returncode}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "total_s": report["seconds"],
+        "version": report["version"],
+        "settings": report["settings"],
+    }

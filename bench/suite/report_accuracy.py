@@ -1,0 +1,119 @@
+"""Figure 1's section of ``BENCHMARKS.md``: every configuration's result, then per peer the signed
+differences default-vs-default and best-vs-best (``verdicts.compare``). Nothing is measured here."""
+
+from __future__ import annotations
+
+from . import verdicts
+
+METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float"}
+TOOL_NAMES = {
+    "quantbridge": "quantbridge (`qb.quantize` + `qb.export`, run in ORT)",
+    "onnxruntime": "ONNX Runtime `quantize_static` (QDQ)",
+    "nncf": "NNCF `nncf.quantize` on the float ONNX file, run in ORT",
+    "modelopt": "NVIDIA ModelOpt `modelopt.onnx.quantization.quantize` (int8, CPU calibration), run in ORT",
+    "pytorch_fx": "PyTorch FX PTQ (`prepare_fx`/`convert_fx`, torch x86 kernels)",
+}
+INTRO = (
+    "Same calibration batches for every tool. Each tool's **default** is its documented default "
+    "call (quantbridge: `qb.quantize(model, calib)`; ONNX Runtime: `quant_pre_process` + "
+    "`quantize_static` with its own defaults, int8 per-tensor activations and weights; NNCF: "
+    "`nncf.quantize(model, dataset)`; ModelOpt: `quantize(..., quantize_mode='int8')`; PyTorch: "
+    "`get_default_qconfig_mapping('x86')`); its **best** is its best row over every configuration "
+    "run. ONNX Runtime's `entropy (2048 bins, 256 levels)` is its KL search at our resolution. "
+    "Rows with several calibration repeats (each leaving one calibration batch out) show the "
+    "median [min-max]; differences are ours - peer per repeat, signed, higher is better, with no "
+    "tie margin. A failed peer is a failed row, never a win. The last column counts the "
+    "file's QuantizeLinear nodes on activations (and on float weights quantized at run time): "
+    "rows that quantize less of the graph are not the same INT8 model."
+)
+
+
+def _value(key: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if key == "top1":
+        return f"{100 * v:.2f} %"
+    if key == "cosine":
+        return f"{v:.4f}"
+    return f"{v:.2f}"
+
+
+def cell(row: dict, key: str) -> str:
+    if "error" in row:
+        return f"failed: `{row['error'][:160]}`"
+    if "not_applicable" in row:
+        return row["not_applicable"]
+    values = row.get("values") or [row.get(key)]
+    text = _value(key, verdicts.row_value(row, key))
+    if len(values) > 1:
+        text += f" [{_value(key, min(values))}-{_value(key, max(values))}]"
+    return text
+
+
+def section(results: dict) -> list[str]:
+    out = ["## 1. Accuracy of the INT8 result", "", INTRO, ""]
+    for name, entry in results["workloads"].items():
+        if "error" in entry:
+            out += [f"### {name}", "", f"Not run: {entry['error']}", ""]
+            continue
+        acc = entry.get("accuracy")
+        if not acc:
+            continue
+        key = verdicts.primary(acc["metric"])
+        out += [f"### {entry['title']}", ""]
+        out += [f"{n}." for n in entry.get("notes", [])]
+        if acc.get("float"):
+            out.append(f"Float model in ONNX Runtime: top-1 {100 * acc['float']['top1']:.2f} %.")
+        out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
+        extra = " | text-mask IoU" if name == "ocr_det" else ""
+        out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | quantize s | activation Q (+ float weights Q'd at run time) |",
+                "|---|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
+        for r in acc["rows"]:
+            config = r.get("config", r["method"])
+            config += " (default)" if r.get("default") and config != "default" else ""
+            config += f", {r['variant']}" if r.get("variant") else ""
+            iou = r.get("mask_iou")
+            iou = f" | {iou:.3f}" if extra and iou is not None else (" | -" if extra else "")
+            secs = (r.get("seconds") or {}).get("total_s")
+            secs = "-" if secs is None else f"{secs:.1f}"
+            out.append(
+                f"| {TOOL_NAMES.get(r['tool'], r['tool'])} | {config} | {cell(r, key)}{iou} "
+                f"| {secs} | {_coverage(r.get('graph'))} |"
+            )
+        out.append("")
+        if "config" in (acc["rows"] or [{}])[0]:
+            out += comparison(acc, key)
+    return out
+
+
+def _coverage(graph: dict | None) -> str:
+    if not graph:
+        return "-"
+    extra = f" (+ {graph['float_weights_q']})" if graph["float_weights_q"] else ""
+    return f"{graph['activation_q']}{extra}"
+
+
+def comparison(acc: dict, key: str) -> list[str]:
+    comps = verdicts.compare(acc, key)
+    if not comps:
+        return []
+    out = ["| peer | default vs default (ours - peer) | best vs best (ours - peer) |",
+           "|---|---|---|"]  # fmt: skip
+    by_peer: dict[str, dict[str, dict]] = {}
+    for c in comps:
+        by_peer.setdefault(c["peer"], {})[c["kind"]] = c
+    for peer, kinds in by_peer.items():
+        cells = []
+        for kind in ("default", "best"):
+            c = kinds.get(kind)
+            if c is None:
+                cells.append("-")
+            elif "delta" in c:
+                cells.append(
+                    f"{verdicts.signed(key, c['delta'])} ({c['status']}; ours {c['ours']} vs "
+                    f"{c['theirs']})"
+                )
+            else:
+                cells.append(c["status"][:160])
+        out.append(f"| {peer} | {cells[0]} | {cells[1]} |")
+    return [*out, ""]
