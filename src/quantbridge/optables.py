@@ -72,6 +72,17 @@ DATA_MOVEMENT_OPS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
+# Layout ops ONNX Runtime moves a DequantizeLinear across (its QDQ propagation, and the transpose
+# optimizer on a DequantizeLinear of a constant weight): ``DQ -> Transpose -> MatMul`` runs as a
+# MatMul reading a DequantizeLinear.
+DEQUANTIZE_TRANSPARENT_OPS: frozenset[str] = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze"}
+)
+
+# Ops ONNX Runtime runs with int8 operands and a float output when every data input comes from a
+# DequantizeLinear but no QuantizeLinear follows (MatMul -> MatMulIntegerToFloat).
+INT8_FLOAT_OUTPUT_OPS: frozenset[str] = frozenset({"MatMul"})
+
 def is_quantized_op(op_type: str) -> bool:
     """A QDQ node or a QOperator (any ``QLinear*`` op counts, known here or not)."""
     return op_type in QDQ_OPS or op_type in QOPERATOR_OPS or op_type.startswith("QLinear")
