@@ -87,6 +87,17 @@ NONNEGATIVE_PRESERVING_OPS: frozenset[str] = frozenset(
 )  # fmt: skip
 NONNEGATIVE_ALL_INPUTS_OPS: frozenset[str] = frozenset({"Concat", "Add", "Mul", "Max", "Sum"})
 
+# Layout ops ONNX Runtime moves a DequantizeLinear across (its QDQ propagation, and the transpose
+# optimizer on a DequantizeLinear of a constant weight): ``DQ -> Transpose -> MatMul`` runs as a
+# MatMul reading a DequantizeLinear.
+DEQUANTIZE_TRANSPARENT_OPS: frozenset[str] = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze"}
+)
+
+# Ops ONNX Runtime runs with int8 operands and a float output when every data input comes from a
+# DequantizeLinear but no QuantizeLinear follows (MatMul -> MatMulIntegerToFloat).
+INT8_FLOAT_OUTPUT_OPS: frozenset[str] = frozenset({"MatMul"})
+
 
 def is_quantized_op(op_type: str) -> bool:
     """A QDQ node or a QOperator (any ``QLinear*`` op counts, known here or not)."""

@@ -116,6 +116,13 @@ CASES = {
     "reduce_sum_opset13_axes_input": ("ReduceSum", {"x": X4}, {"a": i64(2)}, {}, 13),
     "reduce_max_all": ("ReduceMax", {"x": X4}, {}, dict(keepdims=1), 13),
     "reduce_l2": ("ReduceL2", {"x": X4}, {}, dict(axes=[3]), 13),
+    # ScatterND (Swin's shifted-window mask) and CumSum (EdgeNeXt's positional encoding)
+    "scatter_nd_slices": ("ScatterND", {"x": X4}, {"i": i64(0, 1, 1, 2).reshape(2, 2), "u": _rand(2, 7, 9, seed=1)}, {}, 13),
+    "scatter_nd_elements_negative": ("ScatterND", {"x": X4}, {"i": i64(1, -1, 0, 0, -2, 1, 2, 3).reshape(2, 4), "u": f32(5, -7)}, {}, 18),
+    "scatter_nd_add": ("ScatterND", {"x": X4}, {"i": i64(1, 0).reshape(2, 1), "u": _rand(2, 3, 7, 9, seed=2)}, dict(reduction="add"), 16),
+    "cumsum_axis1": ("CumSum", {"x": X4}, {"a": np.array(1, np.int64)}, {}, 14),
+    "cumsum_exclusive_reverse": ("CumSum", {"x": X4}, {"a": np.array(-1, np.int64)}, dict(exclusive=1, reverse=1), 14),
+    "cumsum_int64_exclusive": ("CumSum", {"x": i64(3, 1, 4, 1, 5, 9).reshape(2, 3)}, {"a": np.array(0, np.int64)}, dict(exclusive=1), 14, (TensorProto.INT64,)),
     "split_opset11_attribute": ("Split", {"x": X4}, {}, dict(axis=3, split=[2, 3, 4]), 11, (F32,) * 3, 3),
     "split_opset13_input": ("Split", {"x": X4}, {"s": i64(4, 3)}, dict(axis=2), 13, (F32,) * 2, 2),
     "split_equal": ("Split", {"x": X4}, {}, dict(axis=1), 13, (F32,) * 3, 3),

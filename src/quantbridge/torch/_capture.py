@@ -14,7 +14,8 @@ We capture with ``torch.export.export(model, args, kwargs, strict=False).module(
 Dynamic dimensions (``dynamic=``): ``"batch"`` (default) marks dimension 0 of every input
 ``Dim.AUTO`` (dynamic unless the model pins it), so the captured model accepts other batch sizes;
 ``"all"`` marks every dimension (other image sizes and sequence lengths too; capture takes about
-2.5x longer on a MobileNetV2); ``"none"`` keeps the example's shapes. A size-1 dimension would be
+2.5x longer on a MobileNetV2; a capture past its time limit, ``_deadline``, is redone with
+``"batch"`` and a warning); ``"none"`` keeps the example's shapes. A size-1 dimension would be
 specialised to 1 by export, so example batches of size 1 are repeated to 2 first.
 """
 
@@ -34,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
+
+from ._deadline import CaptureTimeout, capture_budget, deadline
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
@@ -101,19 +104,51 @@ def widen_batch(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def capture(
-    model: nn.Module, args: tuple, kwargs: dict, dynamic: str = "batch"
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    dynamic: str = "batch",
+    budget_s: float | None = None,
 ) -> torch.fx.GraphModule:
-    """Export ``model(*args, **kwargs)`` to a GraphModule with dynamic dimensions."""
+    """Export ``model(*args, **kwargs)`` to a GraphModule with dynamic dimensions.
+
+    ``dynamic="all"`` gets ``budget_s`` seconds (default ``capture_budget()``, see ``_deadline``);
+    past it the capture is redone with ``dynamic="batch"`` and a warning names the dimensions
+    that became static.
+    """
     args, kwargs = tree_map(_contiguous, tuple(args)), tree_map(_contiguous, dict(kwargs))
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
     spec = dynamic_shapes(model.forward, args, kwargs, dynamic)
+    limit = (capture_budget() if budget_s is None else budget_s) if dynamic == "all" else None
     try:
-        with torch.no_grad(), quiet_torch():
+        with torch.no_grad(), quiet_torch(), deadline(limit):
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
+    except CaptureTimeout:
+        warnings.warn(_fallback_message(spec, limit), stacklevel=user_stacklevel())
+        return capture(model, args, kwargs, "batch")
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
         raise CaptureError(_explain(model, e)) from e
-    return ep.module()
+    gm = ep.module()
+    gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
+    return gm
+
+
+def _fallback_message(spec: Any, limit: float) -> str:
+    static = []
+    for name, dims in (spec or {}).items():
+        if isinstance(dims, dict) and all(isinstance(k, int) for k in dims):
+            if len(dims) > 1:
+                static.append(f"{name}[{', '.join(str(d) for d in sorted(dims) if d)}]")
+        elif dims is not None:
+            static.append(f"{name} (all but dimension 0 of each tensor)")
+    return (
+        f"quantbridge: capture with dynamic='all' took longer than {limit:g} s (torch.export's "
+        "symbolic shape reasoning), so the model was captured with dynamic='batch': dimensions "
+        f"{', '.join(static) or '(none)'} are static, fixed to the example's sizes. Pass "
+        "dynamic='batch' to skip the attempt, or set QB_CAPTURE_BUDGET_S (seconds, or 'none') "
+        "to allow a longer capture"
+    )
 
 
 def dynamic_shapes(forward, args: tuple, kwargs: dict, dynamic: str) -> Any:

@@ -153,7 +153,24 @@ def feeds_float_input_only(node: torch.fx.Node) -> bool:
     return True
 
 
+# Ops whose output is their input's values (in eval): a softmax passed through them stays float.
+_PASSES_ON_FLOAT: frozenset = (
+    IDENTITY_IN_EVAL_OPS | DATA_MOVEMENT_OPS | frozenset({aten.to.dtype, aten._to_copy.default})
+)
+
+
 def keeps_float_output(node) -> bool:
+    """A KEEP_FLOAT_OUTPUT_OPS output, also as a dropout (the identity in eval), a data-movement
+    op or a float cast passes it on: BERT's ``softmax -> dropout -> matmul`` and Llama's
+    ``softmax -> to(float32) -> dropout -> matmul`` keep the softmax float as ``softmax ->
+    matmul`` does (the dropout used to give the probabilities a quantizer)."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target in _PASSES_ON_FLOAT
+        and node.args
+    ):
+        node = node.args[0]
     return (
         isinstance(node, torch.fx.Node)
         and node.op == "call_function"

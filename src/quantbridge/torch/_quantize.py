@@ -78,7 +78,7 @@ def prepare(
     qmodel.register_forward_pre_hook(check_call_hook, with_kwargs=True)  # one-line shape errors
     qmodel.qb_capture = {
         "inputs": input_spec(example_args, example_kwargs),
-        "dynamic": dynamic,
+        "dynamic": getattr(gm, "qb_dynamic", dynamic),  # "batch" after a capture fallback
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
     }

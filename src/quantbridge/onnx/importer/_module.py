@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ._registry import OnnxNode, OpHandler, as_tensor
+from ._symbolic import SymbolicWatch, declared_dynamic
 
 
 def _identifier(name: str, taken: set[str]) -> str:
@@ -62,6 +63,7 @@ class OnnxModule(nn.Module):
         self.input_names = list(graph.inputs)
         self.output_names = list(graph.outputs)
         self.arg_names = _identifiers(graph.inputs)
+        self.dynamic_dims = declared_dynamic(graph.proto.graph, graph.inputs)
         self._taken = set(dir(self))
         self._buffer_of: dict[str, str] = {}  # constant name -> buffer attribute
         self._steps: list[_Step] = []
@@ -132,6 +134,7 @@ class OnnxModule(nn.Module):
     def run(self, values: dict[str, Any]):
         """Evaluate the graph on ``{onnx input name: tensor}``."""
         env = dict(values)
+        watch = SymbolicWatch(values, self.dynamic_dims)
         for step in self._steps:
             args = [self._fetch(env, s) for s in step.sources]
             try:
@@ -140,9 +143,11 @@ class OnnxModule(nn.Module):
                 if type(e) not in _NAMED_ERRORS:  # torch's own subclasses steer tracing: as is
                     raise
                 raise type(e)(f"ONNX node {step.node.name!r} ({step.node.op_type}): {e}") from e
+            if watch.active:
+                watch.check(step.node)
             outs = out if isinstance(out, tuple) else (out,)
             if step.mode == "host":  # numpy returns scalars for 0-d results; keep arrays
-                outs = tuple(o if isinstance(o, np.ndarray) else _array(o) for o in outs)
+                outs = tuple(o if isinstance(o, _HOST_TYPES) else _array(o) for o in outs)
             for name, value in zip(step.outputs, outs, strict=False):  # optional outputs
                 if name:
                     env[name] = value
@@ -155,8 +160,13 @@ class OnnxModule(nn.Module):
         if step.mode == "layer":
             return step.handler.layer.call(step.node, getattr(self, step.layer), *args)
         if step.mode == "host":
-            fn = step.handler.fn if step.handler.always_host else step.handler.host
-            return fn(step.node, *args)
+            if step.handler.always_host:
+                return step.handler.fn(step.node, *args)
+            if any(isinstance(a, torch.Tensor) for a in args):
+                # a host step upstream kept a symbolic size by running in torch (``Expand`` of a
+                # constant to ``[batch, 1, D]``): this one follows it into torch
+                return step.handler.fn(step.node, *args)
+            return step.handler.host(step.node, *args)
         return step.handler.fn(step.node, *args)
 
     def extra_repr(self) -> str:
@@ -166,6 +176,7 @@ class OnnxModule(nn.Module):
 # errors of a node's computation (a shape mismatch at run time) get the node's name, as ONNX
 # Runtime's messages do ("Add node. Name:'p2o.Add.248'")
 _NAMED_ERRORS = (RuntimeError, ValueError, IndexError)
+_HOST_TYPES = (np.ndarray, torch.Tensor)
 
 
 def _array(value) -> np.ndarray:

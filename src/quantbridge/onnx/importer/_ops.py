@@ -94,7 +94,12 @@ for _op, (_torch_fn, _np_fn) in _BINARY.items():
 register("Div", host=_host_div, elementwise=True)(_div)
 
 
-@register("Mod", elementwise=True)
+def _host_mod(node, a, b):
+    """Sizes modulo a window (Swin/EfficientViT padding arithmetic) stay python sizes."""
+    return np.asarray(np.fmod(a, b) if node.attr("fmod", 0) else np.remainder(a, b))
+
+
+@register("Mod", host=_host_mod, elementwise=True)
 def _mod(node, a, b):
     a, b = as_tensor(a), operand(b)
     return torch.fmod(a, b) if node.attr("fmod", 0) else torch.remainder(a, b)

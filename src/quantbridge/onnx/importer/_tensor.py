@@ -54,9 +54,19 @@ def _reshape_dims(node, shape, input_shape) -> list:
     return dims
 
 
-@register(
-    "Reshape", since=5, static=(1,), host=lambda n, x, s: x.reshape(_reshape_dims(n, s, x.shape))
-)
+def symbolic(sizes) -> bool:
+    """Whether a list of sizes holds a ``SymInt`` (a dynamic dimension under ``torch.export``)."""
+    return any(isinstance(v, torch.SymInt) for v in sizes)
+
+
+def _host_reshape(node, x, shape):
+    dims = _reshape_dims(node, shape, x.shape)
+    if symbolic(dims):  # numpy would pin the symbolic size to the example's: stay in torch
+        return _reshape(node, as_tensor(x), shape)
+    return x.reshape(dims)
+
+
+@register("Reshape", since=5, static=(1,), host=_host_reshape)
 def _reshape(node, x, shape):
     return x.reshape(_reshape_dims(node, shape, x.shape))
 
@@ -204,12 +214,14 @@ def _broadcast_to(input_shape, shape) -> list:
     return [x if isinstance(y, int) and y == 1 else y for x, y in zip(a, b, strict=True)]
 
 
-@register(
-    "Expand",
-    since=8,
-    static=(1,),
-    host=lambda n, x, s: np.broadcast_to(x, _broadcast_to(x.shape, ints(s))),
-)
+def _host_expand(node, x, shape):
+    dims = _broadcast_to(x.shape, ints(shape))
+    if symbolic(dims):  # a constant expanded to [batch, 1, D] (class token): a torch expand
+        return _expand(node, x, shape)
+    return np.broadcast_to(x, dims)
+
+
+@register("Expand", since=8, static=(1,), host=_host_expand)
 def _expand(node, x, shape):
     return as_tensor(x).expand(_broadcast_to(x.shape, ints(shape)))
 
@@ -219,11 +231,28 @@ def _tile(node, x, repeats):
     return x.repeat(ints(repeats))
 
 
-@register("ConstantOfShape", since=9, static=(0,))
-def _constant_of_shape(node, shape):
+def _fill_value(node) -> np.ndarray:
     value = node.attr("value")
-    value = np.zeros(1, np.float32) if value is None else value
-    return torch.full(ints(shape), value.reshape(-1)[0].item(), dtype=as_tensor(value).dtype)
+    return np.zeros(1, np.float32) if value is None else value.reshape(-1)
+
+
+def _host_constant_of_shape(node, shape):
+    """Small concrete shapes (the ``[1, 1, 1]`` of legacy ``expand(B, -1, -1)``) in numpy, so
+    the ``Equal``/``Where`` shape arithmetic after them stays on python sizes."""
+    dims = ints(shape)
+    if symbolic(dims) or int(np.prod(dims)) > _HOST_ELEMENTS:
+        return _constant_of_shape(node, shape)
+    value = _fill_value(node)
+    return np.full(dims, value[0], dtype=value.dtype)
+
+
+_HOST_ELEMENTS = 64  # size arrays are this small; a larger fill is a tensor op
+
+
+@register("ConstantOfShape", since=9, static=(0,), host=_host_constant_of_shape)
+def _constant_of_shape(node, shape):
+    value = _fill_value(node)
+    return torch.full(ints(shape), value[0].item(), dtype=as_tensor(value).dtype)
 
 
 @register("Range", since=11, static=(0, 1, 2))

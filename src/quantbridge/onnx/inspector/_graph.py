@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ...optables import DATA_MOVEMENT_OPS, QUANTIZED_OUTPUT_OPS
+from ...optables import DATA_MOVEMENT_OPS, DEQUANTIZE_TRANSPARENT_OPS, QUANTIZED_OUTPUT_OPS
 
 FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
@@ -106,6 +106,31 @@ class Graph:
     def produced_by(self, tensor: str, op_type: str) -> bool:
         n = self.producer.get(tensor)
         return n is not None and n.op_type == op_type
+
+    def _through_layout(self, tensor: str) -> str:
+        """``tensor`` traced back through layout ops (``DEQUANTIZE_TRANSPARENT_OPS``)."""
+        for _ in range(16):
+            n = self.producer.get(tensor)
+            if n is None or n.op_type not in DEQUANTIZE_TRANSPARENT_OPS:
+                break
+            tensor = n.input[0]
+        return tensor
+
+    def dequantized(self, tensor: str) -> bool:
+        """Comes from a DequantizeLinear, directly or through layout ops ONNX Runtime moves the
+        DequantizeLinear across (``DQ(int8 W) -> Transpose -> MatMul``)."""
+        return self.produced_by(self._through_layout(tensor), "DequantizeLinear")
+
+    def constant_layout(self, node: onnx.NodeProto) -> bool:
+        """A layout op on a constant or a DequantizeLinear of one (a weight's Transpose): folded
+        by the engine, no run-time work."""
+        if node.op_type not in DEQUANTIZE_TRANSPARENT_OPS or not node.input:
+            return False
+        source = self._through_layout(node.input[0])
+        producer = self.producer.get(source)
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            source = producer.input[0]
+        return source in self.constants
 
 
 def value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

@@ -24,8 +24,13 @@ When is a node "int8"? In order (the first that applies wins):
    absorbs. A Relu is absorbed when the QuantizeLinear's zero point is the type's qmin (its clamp
    at qmin *is* the Relu); a Clip when the QuantizeLinear's range lies inside the Clip's. These are
    ONNX Runtime's ReluQuantFusion / ClipQuantFusion conditions; the absorbed Relu/Clip itself
-   counts as int8.
-5. Everything else is float.
+   counts as int8. An input still "comes from a DequantizeLinear" through layout ops that ONNX
+   Runtime moves it across (``DEQUANTIZE_TRANSPARENT_OPS``): ``nn.Linear`` on 3-D input exports as
+   ``DQ(int8 W) -> Transpose -> MatMul``; the weight's Transpose is constant work (folded), not
+   counted at all.
+5. A MatMul whose inputs are all dequantized but whose output is float (``INT8_FLOAT_OUTPUT_OPS``)
+   is int8: ONNX Runtime runs it as MatMulIntegerToFloat (int8 product, float result).
+6. Everything else is float.
 
 Bit widths: from the Clip between QuantizeLinear and DequantizeLinear when there is one (narrow
 range, sub-8-bit), else from the integer type; for weights, the bits their stored integers need.
@@ -43,6 +48,7 @@ from onnx import TensorProto
 
 from ...optables import (
     DATA_MOVEMENT_OPS,
+    INT8_FLOAT_OUTPUT_OPS,
     QDQ_OPS,
     QOPERATOR_OPS,
     WEIGHTED_OPS,
@@ -154,21 +160,26 @@ def _absorbed_after(g: Graph, act: onnx.NodeProto) -> bool:
     )
 
 
-def _qdq_int8(g: Graph, node: onnx.NodeProto) -> bool:
+def _qdq_int8(g: Graph, node: onnx.NodeProto) -> str | None:
+    """Rules 4 and 5: ``"qdq"`` (dequantized inputs, quantized outputs), ``"int8-float-output"``
+    (a MatMul on dequantized inputs with a float output: MatMulIntegerToFloat), or None."""
     data = [t for t in node.input if t and g.is_float_data(t)]
-    if not data or not all(g.produced_by(t, "DequantizeLinear") for t in data):
-        return False
+    if not data or not all(g.dequantized(t) for t in data):
+        return None
     outs = [t for t in node.output if t and (t in g.consumers or t in g.outputs)]
-    return bool(outs) and all(_feeds_quantize(g, t) for t in outs)
+    if outs and all(_feeds_quantize(g, t) for t in outs):
+        return "qdq"
+    return "int8-float-output" if node.op_type in INT8_FLOAT_OUTPUT_OPS else None
 
 
 def _classify(g: Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | None:
     """The rule that decides ``node`` (module docstring), or None for nodes that are not compute.
 
-    "qoperator", "integer-data", "qdq", "absorbed" mean int8; "float" means float.
+    "qoperator", "integer-data", "qdq", "int8-float-output", "absorbed" mean int8; "float" means
+    float.
     """
     op = node.op_type
-    if op in QDQ_OPS or op in _NOT_COMPUTE:
+    if op in QDQ_OPS or op in _NOT_COMPUTE or g.constant_layout(node):
         return None
     if op == "Clip" and g.produced_by(node.input[0], "QuantizeLinear"):
         return None  # the integer clamp of a Q -> Clip -> DQ grid (narrow range, uint8 post-ReLU)
@@ -177,8 +188,9 @@ def _classify(g: Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | N
     data = [t for t in node.input if t] if op == "Concat" else node.input[:1]
     if op in DATA_MOVEMENT_OPS and data and all(g.is_quantized(t) for t in data):
         return "integer-data"
-    if _qdq_int8(g, node):
-        return "qdq"
+    qdq = _qdq_int8(g, node)
+    if qdq is not None:
+        return qdq
     if op in _ABSORBED_BY_QUANTIZE and node.input[0] in int8_tensors and _absorbed_after(g, node):
         return "absorbed"
     return "float"
@@ -368,7 +380,9 @@ def _qdq_ops(g: Graph) -> list[str]:
 def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str]) -> str:
     if rules["qoperator"]:
         return "QDQ+QOperator" if rules["qdq"] or qdq_ops else "QOperator"
-    if rules["qdq"] or op_counts["QuantizeLinear"] or op_counts["DequantizeLinear"]:
+    if rules["qdq"] or rules["int8-float-output"]:
+        return "QDQ"
+    if op_counts["QuantizeLinear"] or op_counts["DequantizeLinear"]:
         return "QDQ"
     return "float"
 

@@ -1,0 +1,85 @@
+"""Dynamic dimensions of an imported float model: which input dimensions the ONNX file declares
+dynamic, and the watch that names the node that specialises one of them.
+
+A file declares a dimension dynamic with a ``dim_param`` (``"batch"``) or with no ``dim_value``.
+``OnnxModule`` computes shapes on python sizes (``SymInt`` under ``torch.export``), so shape
+arithmetic normally stays symbolic. Where an op cannot (numpy asked for a concrete size, a guard
+on the size), torch's ``ShapeEnv`` replaces the dimension's symbol by the example's size and the
+captured model silently runs at that size only. ``SymbolicWatch`` checks the shape environment
+after every step of the first trace and warns, naming the ONNX node, its op, the input and the
+dimension, so a specialisation is never silent.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import onnx
+import torch
+
+
+class DynamicDimensionWarning(UserWarning):
+    """A dimension the ONNX file declares dynamic was specialised while tracing the model."""
+
+
+def declared_dynamic(graph: onnx.GraphProto, names: list[str]) -> dict[str, dict[int, str]]:
+    """``{input name: {dimension: label}}`` for the dimensions of ``names`` that the file leaves
+    free (label: the ``dim_param``, or ``"?"`` for an unnamed dimension)."""
+    out: dict[str, dict[int, str]] = {}
+    for value in graph.input:
+        if value.name not in names or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = {
+            i: d.dim_param or "?"
+            for i, d in enumerate(value.type.tensor_type.shape.dim)
+            if not d.HasField("dim_value")
+        }
+        if dims:
+            out[value.name] = dims
+    return out
+
+
+class SymbolicWatch:
+    """Symbols of the declared-dynamic input dimensions of one trace; ``check(node)`` warns once
+    per dimension that the steps so far have pinned to a number."""
+
+    def __init__(self, values: dict[str, Any], declared: dict[str, dict[int, str]]):
+        self.symbols: dict[Any, tuple[str, int, str]] = {}
+        self.env = None
+        for name, dims in declared.items():
+            x = values.get(name)
+            if not isinstance(x, torch.Tensor):
+                continue
+            for dim, label in dims.items():
+                size = x.shape[dim] if dim < x.ndim else None
+                if isinstance(size, torch.SymInt) and size.node.expr.is_symbol:
+                    self.env = size.node.shape_env
+                    self.symbols[size.node.expr] = (name, dim, label)
+        self.seen = self._count()
+
+    def _count(self) -> int:
+        return len(getattr(self.env, "replacements", ())) if self.env is not None else 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.symbols)
+
+    def check(self, node) -> None:
+        count = self._count()
+        if count == self.seen:
+            return
+        self.seen = count
+        for symbol, (name, dim, label) in list(self.symbols.items()):
+            value = self.env.replacements.get(symbol)
+            if value is None or not value.is_number:
+                continue
+            del self.symbols[symbol]
+            warnings.warn(
+                f"import_onnx: {node.where()} specialises dimension {dim} of input {name!r}, "
+                f"which the ONNX file declares dynamic ({label!r}), to {value}: the captured "
+                "model runs at that size only. Quantize with dynamic='none' to accept the fixed "
+                "size, or report the node's op so its import keeps the size symbolic",
+                DynamicDimensionWarning,
+                stacklevel=4,
+            )

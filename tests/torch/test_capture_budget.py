@@ -1,0 +1,81 @@
+"""Capture never hangs (issue 12, part 6): ``dynamic="all"`` runs under a time limit and falls back
+to ``dynamic="batch"`` with a warning naming the dimensions that became static.
+
+MobileViT-XXS got stuck in sympy for 15+ minutes with ``dynamic="all"``; no model small enough
+for CI reproduces that, so these tests force the limit with a tiny budget on a real capture
+(``torch.export`` is interrupted for real, then the fallback capture runs for real).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quantbridge as qb
+from quantbridge.torch._capture import capture
+from quantbridge.torch._deadline import capture_budget
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.conv(x).relu()
+        # a reshape on the spatial sizes: symbolic work for dynamic="all"
+        y = y.reshape(y.shape[0], y.shape[1], -1).mean(-1)
+        return self.fc(y)
+
+
+def test_all_dims_past_the_budget_fall_back_to_batch():
+    torch.manual_seed(0)
+    model = _Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.warns(UserWarning, match=r"dynamic='all' took longer than 0\.001 s.*x\[1, 2, 3\]"):
+        gm = capture(model, (x,), {}, "all", budget_s=0.001)
+    assert gm.qb_dynamic == "batch"
+    other = torch.randn(3, 3, 8, 8)  # another batch still runs, and computes the model
+    torch.testing.assert_close(gm(other), model(other), rtol=0, atol=0)
+    with pytest.raises(Exception, match=r"(?i)expected|shape|size"):  # the image size is static
+        gm(torch.randn(2, 3, 16, 16))
+
+
+def test_within_the_budget_all_dims_stay_dynamic():
+    torch.manual_seed(0)
+    model = _Net().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        gm = capture(model, (torch.randn(2, 3, 8, 8),), {}, "all", budget_s=600)
+    assert gm.qb_dynamic == "all"
+    bigger = torch.randn(3, 3, 16, 12)
+    torch.testing.assert_close(gm(bigger), model(bigger), rtol=0, atol=0)
+
+
+def test_quantize_records_the_fallback(monkeypatch):
+    monkeypatch.setenv("QB_CAPTURE_BUDGET_S", "0.001")
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    with pytest.warns(UserWarning, match="captured with dynamic='batch'"):
+        qmodel = qb.quantize(_Net().eval(), batches, dynamic="all", progress=False)
+    # export, engines and checkpoints read this: the graph holds a dynamic batch only
+    assert qmodel.qb_capture["dynamic"] == "batch"
+    assert qmodel(torch.randn(5, 3, 8, 8)).shape == (5, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("", 120.0), ("30", 30.0), ("none", None), ("0", None)]
+)
+def test_budget_from_environment(monkeypatch, text, seconds):
+    monkeypatch.setenv("QB_CAPTURE_BUDGET_S", text)
+    assert capture_budget() == seconds
+
+
+def test_bad_budget_names_the_variable(monkeypatch):
+    monkeypatch.setenv("QB_CAPTURE_BUDGET_S", "soon")
+    with pytest.raises(ValueError, match="QB_CAPTURE_BUDGET_S='soon'"):
+        capture_budget()
