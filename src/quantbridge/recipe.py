@@ -158,6 +158,13 @@ class Recipe:
     # the constant operand (scalar, buffer) of a quantized add / mul gets its own integer grid, as
     # in ONNX Runtime's quantizer: the export then fuses into QLinearAdd / QLinearMul
     quantize_constants: bool = True
+    # post-training accuracy methods (``quantbridge.torch.ptq``), all off by default (see there
+    # for the measurements behind the defaults): cross-layer equalization of conv/linear pairs
+    # through ReLU; SmoothQuant outlier migration into linears fed by a LayerNorm / linear, with
+    # alpha a number in [0, 1] or "auto" (searched per layer); empirical bias correction
+    equalize: bool = False
+    smoothquant: float | str | None = None
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
         for what, tr in (("weights", self.weights), ("activations", self.activations)):
@@ -171,6 +178,14 @@ class Recipe:
         if self.opset is not None and self.opset < 13:
             raise ValueError(f"Recipe.opset={self.opset}: QDQ export needs opset >= 13")
         object.__setattr__(self, "rules", tuple(self.rules))
+        sq = self.smoothquant
+        if sq is not None and sq != "auto":
+            if isinstance(sq, bool) or not isinstance(sq, (int, float)) or not 0.0 <= sq <= 1.0:
+                raise ValueError(
+                    f"Recipe.smoothquant={sq!r}: use an alpha in [0, 1], 'auto' (searched per"
+                    " layer) or None (off)"
+                )
+            object.__setattr__(self, "smoothquant", float(sq))
 
     # -- resolution ---------------------------------------------------------------------------
     def for_module(
@@ -199,6 +214,9 @@ class Recipe:
             "align_add_inputs": self.align_add_inputs,
             "opset": self.opset,
             "quantize_constants": self.quantize_constants,
+            "equalize": self.equalize,
+            "smoothquant": self.smoothquant,
+            "bias_correction": self.bias_correction,
         }
 
     @classmethod
@@ -213,6 +231,9 @@ class Recipe:
                 "align_add_inputs",
                 "opset",
                 "quantize_constants",
+                "equalize",
+                "smoothquant",
+                "bias_correction",
             },
             "recipe",
         )
@@ -231,6 +252,9 @@ class Recipe:
             align_add_inputs=bool(d.get("align_add_inputs", False)),
             opset=d.get("opset"),
             quantize_constants=bool(d.get("quantize_constants", True)),
+            equalize=bool(d.get("equalize", False)),
+            smoothquant=d.get("smoothquant"),
+            bias_correction=bool(d.get("bias_correction", False)),
         )
 
     def to_json(self) -> str:

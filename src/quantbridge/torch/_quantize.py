@@ -19,6 +19,7 @@ from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
+from .ptq._equalize import equalize
 
 
 class _FirstCall(Exception):
@@ -71,6 +72,8 @@ def prepare(
     own_parameters(gm)
     if fold_bn:
         fold_batchnorm(gm)
+    if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
+        equalize(gm, [(example_args, example_kwargs)])
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
