@@ -135,7 +135,10 @@ def absorb_high_bias(gm, pairs, batches) -> int:
         stats[n] = (
             new
             if old is None
-            else [*(a + b for a, b in zip(old[:3], new[:3])), torch.minimum(old[3], new[3])]
+            else [
+                *(a + b for a, b in zip(old[:3], new[:3], strict=True)),
+                torch.minimum(old[3], new[3]),
+            ]
         )
 
     record(gm, batches, {l1 for l1, _ in eligible}, on_value)
