@@ -67,9 +67,11 @@ def record(
     watched: set[torch.fx.Node],
     on_value: Callable[[torch.fx.Node, torch.Tensor], None],
     on_args: Callable[[torch.fx.Node, tuple], None] | None = None,
+    stop_after: torch.fx.Node | None = None,
 ) -> None:
     """Run every batch through ``gm``; ``on_value(node, value)`` for each watched node's output,
-    ``on_args(node, args)`` with its evaluated arguments."""
+    ``on_args(node, args)`` with its evaluated arguments. ``stop_after``: skip the rest of the
+    graph once that node ran."""
 
     class _Recorder(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node):
@@ -79,8 +81,17 @@ def record(
             out = super().run_node(n)
             if n in watched:
                 on_value(n, out)
+            if n is stop_after:
+                raise _Stop
             return out
 
     with torch.no_grad():
         for args, kwargs in batches:
-            _Recorder(gm).run(*tree_flatten((args, kwargs))[0])
+            try:
+                _Recorder(gm).run(*tree_flatten((args, kwargs))[0])
+            except _Stop:
+                pass
+
+
+class _Stop(Exception):
+    pass
