@@ -338,7 +338,14 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         with warnings.catch_warnings():  # a different model is reported below, by name
             warnings.simplefilter("ignore")
             qmodel = prepare(
-                model, args, kwargs, recipe, dynamic, fold_bn, separate_concats=separate
+                model,
+                args,
+                kwargs,
+                recipe,
+                dynamic,
+                fold_bn,
+                separate_concats=separate,
+                smoothed=capture.get("smoothed"),  # SmoothQuant's divisions (torch.ptq)
             )
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

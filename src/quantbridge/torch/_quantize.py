@@ -22,6 +22,7 @@ from ._signature import bind_first_batch, cast_float64, check_call_hook, float_d
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
+from .ptq._smoothquant import replay, smooth
 
 
 class _FirstCall(Exception):
@@ -57,13 +58,15 @@ def prepare(
     separate_concats: list[str] | None = None,
     progress: bool | None = None,
     ptq_batches: list | None = None,
+    smoothed: list[str] | None = None,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
     Concats whose inputs' ranges on the example call are too far apart for one scale stay float
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
-    calls; default: the example) feed the recipe's float methods (``torch.ptq``)."""
+    calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
+    names the tensors an earlier SmoothQuant divided (``load`` replays them)."""
     was_training = model.training
     model.eval()
     try:
@@ -79,6 +82,11 @@ def prepare(
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)
+    alphas = None
+    if recipe.smoothquant is not None and smoothed is None:
+        smoothed, alphas = smooth(gm, recipe, batches)
+    elif recipe.smoothquant is not None:
+        replay(gm, recipe, smoothed)
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
@@ -90,6 +98,10 @@ def prepare(
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
     }
+    if recipe.smoothquant is not None:
+        qmodel.qb_capture["smoothed"] = list(smoothed)
+        if alphas is not None:
+            qmodel.qb_capture["smoothquant_alphas"] = alphas
     return qmodel.eval()
 
 
