@@ -64,9 +64,14 @@ def _sqnr_db(ref, out) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum()))
 
 
-def test_cases_and_float_function_unchanged():
+@pytest.fixture(scope="module")
+def block():
     model = OutlierBlock().eval()
-    q = _quantize(model, _data(4, 1), "auto")
+    return model, _quantize(model, _data(4, 1), "auto")
+
+
+def test_cases_and_float_function_unchanged(block):
+    model, q = block
     alphas = q.qb_capture["smoothquant_alphas"]
     assert all(alphas[name] is not None for name in alphas), alphas  # every group smoothed
     assert len(alphas) == 3  # the inputs of attn + gate, up, down
@@ -115,9 +120,8 @@ def test_quantized_error_falls(model, min_gain_db):
     assert after >= before + min_gain_db, (before, after)
 
 
-def test_save_load_and_export(tmp_path):
-    model = OutlierBlock().eval()
-    q = _quantize(model, _data(4, 1), "auto")
+def test_save_load_and_export(block, tmp_path):
+    model, q = block
     qb.save(q, tmp_path / "m.qb")
     loaded = qb.load(tmp_path / "m.qb", model)
     x = _data(1, 3)[0]
