@@ -8,11 +8,30 @@ from collections.abc import Callable
 from torch import nn
 
 from ...recipe import Recipe
+from .._collective import is_distributed
 
 
 def needs_batches(recipe: Recipe) -> bool:
-    """Whether the recipe's methods run the calibration data more than once (so it is kept)."""
-    return recipe.equalize or recipe.smoothquant is not None or recipe.bias_correction
+    """Whether the recipe's methods run the calibration data more than once (so it is kept).
+    Under ``torch.distributed`` they would see only this rank's shard and give every rank other
+    weights: refused with the fix (combining their statistics across ranks is not done yet)."""
+    wanted = [
+        name
+        for name, on in (
+            ("equalize", recipe.equalize),  # its high-bias absorption reads the data
+            ("smoothquant", recipe.smoothquant is not None),
+            ("bias_correction", recipe.bias_correction),
+        )
+        if on
+    ]
+    if wanted and is_distributed():
+        raise ValueError(
+            f"Recipe {', '.join(wanted)}: these methods measure the calibration data on one "
+            "process; under torch.distributed every rank would compute other weights. Quantize "
+            "on one rank (inside quantbridge.torch._distributed.local_statistics()) and "
+            "broadcast the model, or switch them off"
+        )
+    return bool(wanted)
 
 
 class _Collector(nn.Module):
