@@ -26,6 +26,12 @@ Presets (``Recipe.preset(name)``, or pass the name to ``quantize``):
 * ``"w4a8"``: 4-bit symmetric per-channel weights, uint8 activations.
 * ``"pow2"``: int8 symmetric weights and activations with power-of-two scales (shift-only rescale).
 
+Post-training methods (``quantbridge.torch.ptq``; off in every preset, switched on per recipe,
+e.g. ``dataclasses.replace(Recipe.preset("native"), equalize=True, bias_correction=True)``):
+``equalize`` (cross-layer equalization through ReLU, with high-bias absorption), ``smoothquant``
+(an alpha in [0, 1] or ``"auto"``: outlier migration from linear inputs into their weights),
+``bias_correction`` (empirical, layer by layer, from the calibration data).
+
 Every preset also puts the constant operand of a quantized add / mul (``x * 0.1666``, ``x + 3.0``,
 ``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
 does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
