@@ -36,3 +36,11 @@ def test_integer_alpha_is_a_float():
 def test_bad_smoothquant_names_the_fix(bad):
     with pytest.raises(ValueError, match="smoothquant.*alpha in \\[0, 1\\], 'auto'"):
         qb.Recipe(smoothquant=bad)
+
+
+def test_bias_correction_variants():
+    for value in (False, True, "sequential"):
+        r = qb.Recipe(bias_correction=value)
+        assert qb.Recipe.from_yaml(r.to_yaml()) == r
+    with pytest.raises(ValueError, match="bias_correction='fast'.*'sequential'"):
+        qb.Recipe(bias_correction="fast")

@@ -167,10 +167,11 @@ class Recipe:
     # post-training accuracy methods (``quantbridge.torch.ptq``), all off by default (see there
     # for the measurements behind the defaults): cross-layer equalization of conv/linear pairs
     # through ReLU; SmoothQuant outlier migration into linears fed by a LayerNorm / linear, with
-    # alpha a number in [0, 1] or "auto" (searched per layer); empirical bias correction
+    # alpha a number in [0, 1] or "auto" (searched per layer); empirical bias correction, True
+    # (one float pass, each layer's own error) or "sequential" (layer by layer, upstream drift too)
     equalize: bool = False
     smoothquant: float | str | None = None
-    bias_correction: bool = False
+    bias_correction: bool | str = False
 
     def __post_init__(self) -> None:
         for what, tr in (("weights", self.weights), ("activations", self.activations)):
@@ -192,6 +193,11 @@ class Recipe:
                     " layer) or None (off)"
                 )
             object.__setattr__(self, "smoothquant", float(sq))
+        if self.bias_correction not in (False, True, "sequential"):
+            raise ValueError(
+                f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"
+                " 'sequential' (layer by layer)"
+            )
 
     # -- resolution ---------------------------------------------------------------------------
     def for_module(
@@ -260,7 +266,7 @@ class Recipe:
             quantize_constants=bool(d.get("quantize_constants", True)),
             equalize=bool(d.get("equalize", False)),
             smoothquant=d.get("smoothquant"),
-            bias_correction=bool(d.get("bias_correction", False)),
+            bias_correction=d.get("bias_correction", False),
         )
 
     def to_json(self) -> str:

@@ -197,7 +197,7 @@ def calibrate_and_freeze(
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
-        correct_bias(qmodel, batches)
+        correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
     return qmodel
 
 
