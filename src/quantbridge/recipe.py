@@ -164,11 +164,16 @@ class Recipe:
     # the constant operand (scalar, buffer) of a quantized add / mul gets its own integer grid, as
     # in ONNX Runtime's quantizer: the export then fuses into QLinearAdd / QLinearMul
     quantize_constants: bool = True
-    # post-training accuracy methods (``quantbridge.torch.ptq``), all off by default (see there
-    # for the measurements behind the defaults): cross-layer equalization of conv/linear pairs
-    # through ReLU; SmoothQuant outlier migration into linears fed by a LayerNorm / linear, with
-    # alpha a number in [0, 1] or "auto" (searched per layer); empirical bias correction, True
-    # (one float pass, each layer's own error) or "sequential" (layer by layer, upstream drift too)
+    # post-training accuracy methods (``quantbridge.torch.ptq``): cross-layer equalization of
+    # conv/linear pairs through ReLU; SmoothQuant outlier migration into linears, alpha a number
+    # in [0, 1] or "auto" (searched per layer); empirical bias correction, True (one float pass,
+    # each layer's own error) or "sequential" (layer by layer, upstream drift too).
+    # Off by default, by measurement (bench workloads, quick sizes, int8 preset, ORT; 2026-12-01):
+    # equalize: MobileNetV2-style 25.4 -> 29.2 dB, digits 0.98 -> 0.98, no pairs in MiniLM - a
+    # candidate default once the full bench (ResNet, OCR) confirms it never loses; smoothquant
+    # "auto": MiniLM 0.9889 -> 0.9931 cosine (residual adds float) but MobileNetV2-style
+    # 25.40 -> 25.24 dB and 2-3x the quantize time; bias_correction "sequential":
+    # MobileNetV2-style 25.40 -> 25.45 dB for 10x the quantize time (O(layers) passes).
     equalize: bool = False
     smoothquant: float | str | None = None
     bias_correction: bool | str = False
