@@ -171,8 +171,8 @@ class Recipe:
     # Off by default, by measurement (bench workloads, quick sizes, int8 preset, ORT; 2026-12-01):
     # equalize: MobileNetV2-style 25.4 -> 29.2 dB, digits 0.98 -> 0.98, no pairs in MiniLM - a
     # candidate default once the full bench (ResNet, OCR) confirms it never loses; smoothquant
-    # "auto": MiniLM 0.9889 -> 0.9931 cosine (residual adds float) but MobileNetV2-style
-    # 25.40 -> 25.24 dB and 2-3x the quantize time; bias_correction "sequential":
+    # "auto": MiniLM 0.9889 -> 0.9931 cosine (torch, native, residual adds float) but MobileNetV2
+    # -style 25.40 -> 25.24 dB and 2-3x the quantize time; bias_correction "sequential":
     # MobileNetV2-style 25.40 -> 25.45 dB for 10x the quantize time (O(layers) passes).
     equalize: bool = False
     smoothquant: float | str | None = None
