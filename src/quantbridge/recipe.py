@@ -168,12 +168,14 @@ class Recipe:
     # conv/linear pairs through ReLU; SmoothQuant outlier migration into linears, alpha a number
     # in [0, 1] or "auto" (searched per layer); empirical bias correction, True (one float pass,
     # each layer's own error) or "sequential" (layer by layer, upstream drift too).
-    # Off by default, by measurement (bench workloads, quick sizes, int8 preset, ORT; 2026-12-01):
-    # equalize: MobileNetV2-style 25.4 -> 29.2 dB, digits 0.98 -> 0.98, no pairs in MiniLM - a
-    # candidate default once the full bench (ResNet, OCR) confirms it never loses; smoothquant
-    # "auto": MiniLM 0.9889 -> 0.9931 cosine (torch, native, residual adds float) but MobileNetV2
-    # -style 25.40 -> 25.24 dB and 2-3x the quantize time; bias_correction "sequential":
-    # MobileNetV2-style 25.40 -> 25.45 dB for 10x the quantize time (O(layers) passes).
+    # Off by default, by measurement (bench workloads at quick sizes, evaluated in ORT;
+    # 2026-12-01, /tmp script over bench.suite, numbers in the i14-methods report):
+    # equalize: MobileNetV2-style 25.40 -> 29.20 dB (int8), digits 0.98 -> 0.98, no pairs in
+    # MiniLM - a candidate default once the full bench (ResNet, OCR) confirms it never loses;
+    # smoothquant "auto": MiniLM 0.9890 -> 0.9932 cosine (native, residual adds float, every
+    # Linear int8) but MobileNetV2-style 25.40 -> 25.24 dB and 2-3x the quantize time;
+    # bias_correction True: MobileNetV2-style 25.40 -> 25.48 dB (with equalize 29.20 -> 29.08)
+    # for ~1.8x the quantize time; "sequential": 25.45 dB for ~10x (O(layers) passes).
     equalize: bool = False
     smoothquant: float | str | None = None
     bias_correction: bool | str = False
