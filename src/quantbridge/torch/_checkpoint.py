@@ -331,6 +331,7 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         args, kwargs = inputs_from_spec(capture["inputs"])
         dynamic, fold_bn = capture["dynamic"], capture["fold_bn"]
         separate = capture.get("separate_concats", [])  # older checkpoints: none
+        smooth = {"smoothed": capture.get("smoothed")}  # SmoothQuant's divisions (torch.ptq)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
     saved_class, this_class = header.get("model_class", "?"), _class_name(model)
@@ -338,7 +339,7 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         with warnings.catch_warnings():  # a different model is reported below, by name
             warnings.simplefilter("ignore")
             qmodel = prepare(
-                model, args, kwargs, recipe, dynamic, fold_bn, separate_concats=separate
+                model, args, kwargs, recipe, dynamic, fold_bn, separate_concats=separate, **smooth
             )
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -19,6 +19,10 @@ from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
+from .ptq._bias_correction import correct_bias
+from .ptq._data import collect_calls, needs_batches
+from .ptq._equalize import equalize
+from .ptq._smoothquant import replay, smooth
 
 
 class _FirstCall(Exception):
@@ -53,12 +57,16 @@ def prepare(
     *,
     separate_concats: list[str] | None = None,
     progress: bool | None = None,
+    ptq_batches: list | None = None,
+    smoothed: list[str] | None = None,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
     Concats whose inputs' ranges on the example call are too far apart for one scale stay float
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
-    instead of measuring (``load`` replays the saved decision)."""
+    instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
+    calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
+    names the tensors an earlier SmoothQuant divided (``load`` replays them)."""
     was_training = model.training
     model.eval()
     try:
@@ -71,6 +79,14 @@ def prepare(
     own_parameters(gm)
     if fold_bn:
         fold_batchnorm(gm)
+    batches = ptq_batches or [(example_args, example_kwargs)]
+    if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
+        equalize(gm, batches)
+    alphas = None
+    if recipe.smoothquant is not None and smoothed is None:
+        smoothed, alphas = smooth(gm, recipe, batches)
+    elif recipe.smoothquant is not None:
+        replay(gm, recipe, smoothed)
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
@@ -82,6 +98,10 @@ def prepare(
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
     }
+    if recipe.smoothquant is not None:
+        qmodel.qb_capture["smoothed"] = list(smoothed)
+        if alphas is not None:
+            qmodel.qb_capture["smoothquant_alphas"] = alphas
     return qmodel.eval()
 
 
@@ -149,7 +169,10 @@ def calibrate_and_freeze(
             example = (first.args_, first.kwargs_)
         else:
             raise ValueError("forward_loop never called the model: no calibration data")
-        qmodel = prepare(model, *example, recipe, dynamic, fold_bn, progress=progress)
+        batches = collect_calls(forward_loop, model) if needs_batches(recipe) else None
+        qmodel = prepare(
+            model, *example, recipe, dynamic, fold_bn, progress=progress, ptq_batches=batches
+        )
         with torch.no_grad():
             forward_loop(qmodel)
     else:
@@ -159,13 +182,22 @@ def calibrate_and_freeze(
             raise ValueError("calibration data is empty: quantize needs at least one batch")
         _, args0, kwargs0 = first
         bind_first_batch(model, args0, kwargs0)
-        qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn, progress=progress)
+        batches = None
+        if needs_batches(recipe):  # the methods run the data more than once: keep it
+            rest = list(calls)
+            batches = [(args0, kwargs0), *((a, k) for _, a, k in rest)]
+            calls = iter(rest)
+        qmodel = prepare(
+            model, args0, kwargs0, recipe, dynamic, fold_bn, progress=progress, ptq_batches=batches
+        )
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
         if total is not None and max_batches is not None:
             total = min(total, max_batches)
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
+        correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
     return qmodel
 
 

@@ -1,0 +1,132 @@
+"""Empirical bias correction (Nagel et al. 2019, section 4.2; NNCF's "fast bias correction").
+
+Quantization shifts the mean of a layer's output: the rounding errors ``W - W_hat`` of an
+output channel need not cancel against the mean input (per-tensor weights on depthwise convs are
+the known case: few weights per channel, large steps), and the quantized input's mean drifts from
+the float one as errors pass through ReLUs. The shift moves every later layer. Two corrections,
+after ``freeze``, both adding a per-output-channel shift to the float bias (the int32 bias
+quantizer then rounds the corrected bias; its scale does not depend on the bias):
+
+* ``Recipe.bias_correction=True`` (one float pass, as NNCF's fast bias correction): each layer's
+  own error, on the float model's input ``x`` to it,
+
+  .. math:: \\Delta b_c = \\operatorname{mean}_{n,\\,\\text{spatial}}
+            \\big(W * x - \\hat W * Q(x)\\big)_c
+
+* ``"sequential"`` (Nagel et al. 2019's empirical correction, layer by layer in graph order, each
+  layer seeing the corrections before it): the float model's mean output minus the quantized
+  model's, ``mean(y^float_c - y^quant_c)``, which also removes the drift that arrives from
+  upstream. Cost: one float pass, then per layer a quantized pass up to that layer (about half a
+  model pass each): measured 552 s against 53 s without on MobileNetV2-style with 16 images on a
+  loaded two-core machine, for +0.05 dB there; on the depthwise net of the tests it is what
+  removes the mean error (held-out mean error 1.13 -> 0.012 sequential, 0.25 one pass).
+
+Layers without a bias are left alone (a new bias would be a new input of the op).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+from .._model import float_mode
+from ._graph import CONV_OPS, PLAIN_WEIGHTED, attr_node, get_tensor, record
+
+
+def _corrected_layers(qmodel: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Conv / linear nodes whose weight and bias go through active quantizers."""
+    found = []
+    for node in qmodel.graph.nodes:
+        if node.op != "call_function" or node.target not in PLAIN_WEIGHTED or len(node.args) < 3:
+            continue
+        w, b = node.args[1], node.args[2]
+        if not all(isinstance(a, torch.fx.Node) and a.op == "call_module" for a in (w, b)):
+            continue
+        wq, bq = qmodel.get_submodule(w.target), qmodel.get_submodule(b.target)
+        if not (isinstance(wq, WeightQuantizer) and isinstance(bq, BiasQuantizer)):
+            continue
+        if wq.enabled and attr_node(w) is not None and attr_node(b) is not None:
+            found.append(node)
+    return found
+
+
+def _channel_means(node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dict) -> None:
+    axis = 1 if node.target in CONV_OPS else y.ndim - 1
+    y = y.double().movedim(axis, -1).reshape(-1, y.shape[axis])
+    sums[node] = sums.get(node, 0) + y.sum(0)
+    counts[node] = counts.get(node, 0) + y.shape[0]
+
+
+def _quantized(qmodel, arg, value: torch.Tensor) -> torch.Tensor:
+    """``value`` through the quantizer that reads it in the graph (enabled for this call)."""
+    if not (isinstance(arg, torch.fx.Node) and arg.op == "call_module"):
+        return value
+    quantizer = qmodel.get_submodule(arg.target)
+    if not isinstance(quantizer, Quantizer):
+        return value
+    enabled, quantizer.enabled = quantizer.enabled, True
+    try:
+        return quantizer(value)
+    finally:
+        quantizer.enabled = enabled
+
+
+def _local_shifts(qmodel, layers, batches) -> dict:
+    """One float pass: per layer, mean of ``op(x, W) - op(Q(x), Q(W))`` on the float input."""
+    sums: dict = {}
+    counts: dict = {}
+
+    def on_args(node, args):
+        x, w = args[0], args[1]
+        xq, wq = _quantized(qmodel, node.args[0], x), _quantized(qmodel, node.args[1], w)
+        diff = node.target(x, w, None, *args[3:]) - node.target(xq, wq, None, *args[3:])
+        _channel_means(node, diff, sums, counts)
+
+    with float_mode(qmodel):
+        record(qmodel, batches, set(layers), lambda n, v: None, on_args)
+    return {node: sums[node] / counts[node] for node in sums}
+
+
+def _sequential_shifts(qmodel, layers, batches):
+    """Per layer in graph order (yields after each, so the caller applies it first): mean float
+    output minus mean quantized output with the corrections before it."""
+    float_sums: dict = {}
+    float_counts: dict = {}
+    with float_mode(qmodel):
+        record(
+            qmodel,
+            batches,
+            set(layers),
+            partial(_channel_means, sums=float_sums, counts=float_counts),
+        )
+    for node in layers:
+        sums: dict = {}
+        counts: dict = {}
+        record(
+            qmodel,
+            batches,
+            {node},
+            partial(_channel_means, sums=sums, counts=counts),
+            stop_after=node,
+        )
+        yield node, float_sums[node] / float_counts[node] - sums[node] / counts[node]
+
+
+def correct_bias(qmodel: torch.fx.GraphModule, batches, sequential: bool = False) -> int:
+    """Correct each quantized layer's float bias in place from ``batches`` ((args, kwargs)
+    calls); see the module docstring for the two variants. Returns the layers corrected."""
+    layers = _corrected_layers(qmodel)
+    if not layers:
+        return 0
+    shifts = (
+        _sequential_shifts(qmodel, layers, batches)
+        if sequential
+        else _local_shifts(qmodel, layers, batches).items()
+    )
+    for node, shift in shifts:
+        with torch.no_grad():
+            bias = get_tensor(qmodel, attr_node(node.args[2]))
+            bias += shift.to(bias.dtype)
+    return len(layers)
