@@ -137,6 +137,55 @@ class Rule:
         )
 
 
+@dataclass(frozen=True)
+class AdaRound:
+    """AdaRound (Nagel et al. 2020): learn each weight's rounding, floor or ceil, layer by layer
+    (``quantbridge.torch.ptq``). ``Recipe(adaround=AdaRound())``; in a dict ``"adaround": true``
+    or the fields below. Scales stay as calibrated; only the integer weights change.
+
+    ``iterations`` Adam steps per layer on batches of ``batch_rows`` sampled rows (a conv's
+    im2col patches, a linear's tokens) out of ``rows`` cached per layer from at most
+    ``calib_batches`` calibration batches; ``reg_weight`` weights the rounding regulariser,
+    whose ``beta`` anneals from ``beta_start`` to ``beta_end`` after the first ``warmup``
+    fraction of the steps (regulariser off before); ``lr`` is Adam's step size."""
+
+    iterations: int = 300
+    batch_rows: int = 256
+    rows: int = 4096
+    calib_batches: int = 16
+    reg_weight: float = 5.0
+    beta_start: float = 20.0
+    beta_end: float = 2.0
+    warmup: float = 0.2
+    lr: float = 5e-2
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "batch_rows", "rows", "calib_batches"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"AdaRound.{name} must be a positive integer, got {v!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ValueError(f"AdaRound.warmup must lie in [0, 1), got {self.warmup!r}")
+        for name in ("reg_weight", "beta_start", "beta_end", "lr"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"AdaRound.{name} must be positive, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> AdaRound | None:
+        """``True`` -> the defaults, ``False`` / ``None`` -> off, a mapping -> those fields."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        _check_keys(value, set(cls.__dataclass_fields__), where)
+        return cls(**value)
+
+
 def _default_weights() -> TensorRecipe:
     return TensorRecipe(QScheme(8, True, True, True, PerChannel(0)), "minmax")
 
@@ -158,8 +207,10 @@ class Recipe:
     # the constant operand (scalar, buffer) of a quantized add / mul gets its own integer grid, as
     # in ONNX Runtime's quantizer: the export then fuses into QLinearAdd / QLinearMul
     quantize_constants: bool = True
+    adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "adaround", AdaRound.from_value(self.adaround, "Recipe.adaround"))
         for what, tr in (("weights", self.weights), ("activations", self.activations)):
             if not isinstance(tr, TensorRecipe):
                 raise TypeError(f"Recipe.{what} must be a TensorRecipe, got {tr!r}")
@@ -199,7 +250,7 @@ class Recipe:
             "align_add_inputs": self.align_add_inputs,
             "opset": self.opset,
             "quantize_constants": self.quantize_constants,
-        }
+        } | ({"adaround": self.adaround.to_dict()} if self.adaround is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
@@ -213,6 +264,7 @@ class Recipe:
                 "align_add_inputs",
                 "opset",
                 "quantize_constants",
+                "adaround",
             },
             "recipe",
         )
@@ -231,6 +283,7 @@ class Recipe:
             align_add_inputs=bool(d.get("align_add_inputs", False)),
             opset=d.get("opset"),
             quantize_constants=bool(d.get("quantize_constants", True)),
+            adaround=AdaRound.from_value(d.get("adaround"), "recipe.adaround"),
         )
 
     def to_json(self) -> str:

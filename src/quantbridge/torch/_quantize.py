@@ -19,6 +19,7 @@ from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
+from .ptq._adaround import adaround, keep_calls, record_calls
 
 
 class _FirstCall(Exception):
@@ -137,7 +138,10 @@ def calibrate_and_freeze(
     fold_bn: bool = True,
     freeze_weights: bool = True,
 ) -> QuantModel:
-    """Capture, place, run the calibration data, freeze: the part PTQ and QAT share."""
+    """Capture, place, run the calibration data, freeze: the part PTQ and QAT share. With
+    ``recipe.adaround`` (PTQ only), AdaRound then sets the weights' rounding (``ptq``)."""
+    ada = recipe.adaround if freeze_weights else None
+    kept: list = []
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if forward_loop is not None:
@@ -157,7 +161,10 @@ def calibrate_and_freeze(
         first = next(calls, None)
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
+        if ada is not None:
+            calls = keep_calls(calls, kept, ada.calib_batches)
         _, args0, kwargs0 = first
+        kept.append((args0, kwargs0))
         bind_first_batch(model, args0, kwargs0)
         qmodel = prepare(model, args0, kwargs0, recipe, dynamic, fold_bn, progress=progress)
         total = len(calib_data) if hasattr(calib_data, "__len__") else None
@@ -166,6 +173,10 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    if ada is not None:
+        if forward_loop is not None:
+            kept = record_calls(forward_loop, qmodel, ada.calib_batches)
+        adaround(qmodel, kept, ada, progress)
     return qmodel
 
 
