@@ -12,7 +12,7 @@ from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
 from .onnx import export, fold, import_onnx, quantize_onnx
-from .recipe import Recipe, Rule, TensorRecipe
+from .recipe import AdaRound, Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
     CheckpointError,
@@ -42,6 +42,7 @@ __all__ = [
     "PerTensor",
     "QScheme",
     "QuantModel",
+    "AdaRound",
     "Recipe",
     "Rule",
     "TensorRecipe",

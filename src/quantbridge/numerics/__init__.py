@@ -5,6 +5,15 @@ saturation and dtypes. Array functions accept numpy arrays and torch tensors ali
 never imported by this package).
 """
 
+from ._adaround import (
+    adaround_quantize,
+    beta_schedule,
+    floor_codes,
+    hard_rounding,
+    rectified_sigmoid,
+    rectified_sigmoid_inverse,
+    rounding_regularizer,
+)
 from ._affine import dequantize, fake_quantize, quantize
 from ._bias import bias_scale, quantize_bias
 from ._fixed_point import (
@@ -39,6 +48,8 @@ __all__ = [
     "PerChannel",
     "PerTensor",
     "QScheme",
+    "adaround_quantize",
+    "beta_schedule",
     "bias_scale",
     "choose_qparams",
     "common_shift_multipliers",
@@ -46,6 +57,8 @@ __all__ = [
     "fake_quantize",
     "fixed_point_multiplier",
     "fixed_point_multipliers",
+    "floor_codes",
+    "hard_rounding",
     "granularity_from_dict",
     "is_power_of_two",
     "multiply_by_quantized_multiplier",
@@ -54,8 +67,11 @@ __all__ = [
     "quantize",
     "quantize_bias",
     "quantize_multiplier",
+    "rectified_sigmoid",
+    "rectified_sigmoid_inverse",
     "requantize",
     "rounding_divide_by_pot",
+    "rounding_regularizer",
     "rounding_shift_right",
     "saturating_rounding_doubling_high_mul",
     "storage_dtype",

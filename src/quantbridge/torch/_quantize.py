@@ -19,6 +19,7 @@ from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
+from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
@@ -157,7 +158,10 @@ def calibrate_and_freeze(
     fold_bn: bool = True,
     freeze_weights: bool = True,
 ) -> QuantModel:
-    """Capture, place, run the calibration data, freeze: the part PTQ and QAT share."""
+    """Capture, place, run the calibration data, freeze: the part PTQ and QAT share. With
+    ``recipe.adaround`` (PTQ only), AdaRound then sets the weights' rounding (``ptq``)."""
+    ada = recipe.adaround if freeze_weights else None
+    kept: list = []
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if forward_loop is not None:
@@ -180,7 +184,10 @@ def calibrate_and_freeze(
         first = next(calls, None)
         if first is None:
             raise ValueError("calibration data is empty: quantize needs at least one batch")
+        if ada is not None:
+            calls = keep_calls(calls, kept, ada.calib_batches)
         _, args0, kwargs0 = first
+        kept.append((args0, kwargs0))
         bind_first_batch(model, args0, kwargs0)
         batches = None
         if needs_batches(recipe):  # the methods run the data more than once: keep it
@@ -196,6 +203,10 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    if ada is not None:  # learned rounding first; bias correction then measures what is left
+        if forward_loop is not None:
+            kept = record_calls(forward_loop, qmodel, ada.calib_batches)
+        adaround(qmodel, kept, ada, progress)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
         correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
     return qmodel
