@@ -16,6 +16,8 @@ Dynamic dimensions (``dynamic=``): ``"batch"`` (default) marks dimension 0 of ev
 ``"all"`` marks every dimension (other image sizes and sequence lengths too; capture takes about
 2.5x longer on a MobileNetV2); ``"none"`` keeps the example's shapes. A size-1 dimension would be
 specialised to 1 by export, so example batches of size 1 are repeated to 2 first.
+
+The captured graph's in-place ops become functional (``_passes.out_of_place``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
+
+from ._passes import out_of_place
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
@@ -113,7 +117,9 @@ def capture(
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
         raise CaptureError(_explain(model, e)) from e
-    return ep.module()
+    gm = ep.module()
+    out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
+    return gm
 
 
 def dynamic_shapes(forward, args: tuple, kwargs: dict, dynamic: str) -> Any:

@@ -224,12 +224,22 @@ class _Planner:
         self._read(node, w, self.weight_spec[w])
         b = node.args[i_b] if len(node.args) > i_b else None
         x_spec = self.grid_of(node, node.args[i_x])
-        if isinstance(b, torch.fx.Node) and b.op == "get_attr" and x_spec is not None:
+        if self._is_bias_vector(b) and x_spec is not None:
             point = parameter_point(b, "bias", {"bits": 32, "signed": True}, "derived")
             spec = QuantizerSpec(point, "bias", None, source=b.target)
             spec.bias_of = (x_spec, self.weight_spec[w])
             self._read(node, b, self._spec(spec))
         self.quantize_output(node, ar)
+
+    def _is_bias_vector(self, node) -> bool:
+        """A 1-D float parameter: a bias the int32 quantizer can take (addmm's may be a matrix)."""
+        if not (isinstance(node, torch.fx.Node) and node.op == "get_attr"):
+            return False
+        value = node.meta.get("val")
+        if value is None:  # made by a pass (a bias BN folding created)
+            value = getattr(self.gm.get_submodule(node.target.rpartition(".")[0]),
+                            node.target.rpartition(".")[2], None)  # fmt: skip
+        return isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim == 1
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
         floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]

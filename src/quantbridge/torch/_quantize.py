@@ -10,6 +10,7 @@ from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
+from ._bn_affine import batchnorm_as_conv
 from ._capture import capture
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
@@ -71,6 +72,7 @@ def prepare(
     own_parameters(gm)
     if fold_bn:
         fold_batchnorm(gm)
+        batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
