@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._passes import _owner, _param, _NotFoldable
+from ._passes import _NotFoldable, _owner, _param
 
 aten = torch.ops.aten
 

@@ -56,6 +56,7 @@ from ._capture import user_stacklevel
 from ._ops import (
     ARITHMETIC_OPS,
     CONSTANT_OPERAND_OPS,
+    FOLDABLE_ACTIVATIONS,
     WEIGHTED_OPS,
     Role,
     is_epilogue,
@@ -111,6 +112,17 @@ def _is_random(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
 
 
+def _clamps_negatives(node: torch.fx.Node, last: torch.fx.Node) -> bool:
+    """Some activation of the epilogue chain ``node -> ... -> last`` clamps at a bound >= 0."""
+    while last is not node:
+        if last.target in FOLDABLE_ACTIVATIONS:
+            lo = FOLDABLE_ACTIVATIONS[last.target](last)[0]
+            if isinstance(lo, (int, float)) and lo >= 0:
+                return True
+        last = last.args[0]
+    return False
+
+
 def _is_float_tensor(node) -> bool:
     if not isinstance(node, torch.fx.Node):
         return False
@@ -136,6 +148,10 @@ class _Planner:
         self.seen_modules: set[tuple[str, str]] = set()
         self.scaled_in_training: set[torch.fx.Node] = set()  # see identity_in_eval
         self.constant = constant_values(self.graph)
+        # asymmetric output quantizers after a ReLU-like clamp (lower bound >= 0): their zero
+        # point is qmin, so engines absorb the clamp - a concat must not merge them (see
+        # ``_aligned_inputs``)
+        self.nonnegative: set[int] = set()
 
     # -- the plan -------------------------------------------------------------------------------
     def _spec(self, spec: QuantizerSpec) -> int:
@@ -205,6 +221,8 @@ class _Planner:
             return None
         spec = self._activation(last, recipe, module_of(node)[0], node)
         self._everywhere(last, spec)
+        if last is not node and not recipe.scheme.symmetric and _clamps_negatives(node, last):
+            self.nonnegative.add(spec)
         return spec
 
     # -- per role -------------------------------------------------------------------------------
@@ -305,17 +323,27 @@ class _Planner:
         (None when no input is on a grid)."""
         for v in inputs:
             self.quantize_input(node, v, ar)
-        specs = [self.grid_of(node, v) for v in node.all_input_nodes]
-        specs = [s for s in specs if s is not None]
-        if not specs:
+        on_grid = [(v, self.grid_of(node, v)) for v in node.all_input_nodes]
+        on_grid = [(v, s) for v, s in on_grid if s is not None]
+        if not on_grid:
             return None
-        keep = specs[0]
-        for other in specs[1:]:
-            other = self.resolve(other)
+        free = [s for _, s in on_grid if s not in self.nonnegative]
+        keep = free[0] if free else on_grid[0][1]
+        for v, other in on_grid:
+            if other == keep:
+                continue
+            if other in self.nonnegative and free:
+                self._requantize(node, v, keep)  # the ReLU-ended producer keeps its grid
+                continue
             same = self.plan.specs[other].recipe.scheme == self.plan.specs[keep].recipe.scheme
-            if other != keep and same:
+            if same:
                 self._merge(other, keep)
         return keep
+
+    def _requantize(self, consumer: torch.fx.Node, value: torch.fx.Node, spec: int) -> None:
+        """``consumer`` reads ``value`` (already on its own grid) re-quantized by ``spec``."""
+        self.plan.edits.append(Edit("requantize", spec, value, consumer))
+        self.plan.reads[(consumer, value)] = spec
 
     def _merge(self, old: int, new: int) -> None:
         """``old`` shares ``new``'s quantizer from now on: its calls and bias scales use ``new``,
