@@ -43,7 +43,9 @@ def _quantize_export(model, batches, tmp_path):
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    kernels = collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node)
+    kernels = collections.Counter(
+        n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node
+    )
     return qm, inspect_model(path), kernels, sess
 
 
@@ -149,7 +151,9 @@ def test_gpt2_conv1d_projections_are_int8(tmp_path):
     qm, report, kernels, sess = _quantize_export(LastHidden().eval(), batches, tmp_path)
     # weight (in, out): one scale per output channel, along the last axis
     weights = {q.weight_name: q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)}
-    projections = [n for n in weights if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
+    projections = [
+        n for n in weights if n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+    ]
     assert len(projections) == 8
     for name in projections:
         out_features = qm.get_parameter(name).shape[1]
@@ -208,7 +212,9 @@ def test_preactivation_dense_block_is_int8(tmp_path):
     model = _randomize_bn(DenseBlockNet()).eval()
     batches = _images()
     qm, report, kernels, sess = _quantize_export(model, batches, tmp_path)
-    assert collections.Counter(str(n.target) for n in qm.graph.nodes)["aten.batch_norm.default"] == 0
+    assert (
+        collections.Counter(str(n.target) for n in qm.graph.nodes)["aten.batch_norm.default"] == 0
+    )
     # conv0 + 3 x (pre-activation BN, conv1, norm2 folded, conv2) + norm5 = 1 + 3 * 3 + 1
     assert report.int8_ops.get("Conv") == 11 and "Conv" not in report.float_ops
     assert report.int8_ops.get("Concat") == 3  # the first layer's cat of one tensor is no Concat
