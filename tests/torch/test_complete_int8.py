@@ -27,7 +27,13 @@ from torch import nn
 import quantbridge as qb
 from quantbridge.onnx.inspector import inspect_model
 from quantbridge.torch._fakequant import WeightQuantizer
-from quantbridge.zoo import _randomize_bn
+from quantbridge.zoo import (
+    DenseBlockNet,
+    InplaceBasicBlock,
+    LinearBN1d,
+    RepVGGBlock,
+    _randomize_bn,
+)
 
 # ONNX Runtime ops that compute in float (the pattern's layers must not be among them)
 _FLOAT_COMPUTE = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul", "Add",
@@ -72,33 +78,6 @@ def _images(c=3, size=16, n=4, k=3):
 
 
 # -- part 1: in-place ops -------------------------------------------------------------------------
-class InplaceBasicBlock(nn.Module):
-    """torchvision's BasicBlock as written there: ReLU(inplace=True), ``out += identity``."""
-
-    def __init__(self, cin: int, cout: int, stride: int = 1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x):
-        identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        out = self.relu(out)
-        return out
-
-
 class InplaceResNet(nn.Module):
     def __init__(self, w: int = 8):
         super().__init__()
@@ -168,41 +147,7 @@ def test_gpt2_conv1d_projections_are_int8(tmp_path):
     np.testing.assert_allclose(_run(sess, batches[-1]), expected, rtol=0, atol=1e-4)
 
 
-# -- part 3: batch norms that follow no conv / linear ----------------------------------------------
-class DenseLayer(nn.Module):
-    """torchvision's _DenseLayer: pre-activation BN -> ReLU -> 1x1 conv -> BN -> ReLU -> 3x3 conv
-    on the concat of all earlier features."""
-
-    def __init__(self, cin: int, growth: int = 8):
-        super().__init__()
-        self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
-        self.conv1 = nn.Conv2d(cin, 2 * growth, 1, bias=False)
-        self.norm2, self.relu2 = nn.BatchNorm2d(2 * growth), nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False)
-
-    def forward(self, features):
-        x = self.relu1(self.norm1(torch.cat(features, 1)))
-        return self.conv2(self.relu2(self.norm2(self.conv1(x))))
-
-
-class DenseBlockNet(nn.Module):
-    """conv0 -> norm0 -> relu0 -> pool0, then a dense block whose concats mix the ReLU-ended
-    pool0 output with conv outputs that hold negative values."""
-
-    def __init__(self, c0: int = 8, growth: int = 8, layers: int = 3):
-        super().__init__()
-        self.conv0, self.norm0 = nn.Conv2d(3, c0, 3, padding=1, bias=False), nn.BatchNorm2d(c0)
-        self.relu0, self.pool0 = nn.ReLU(inplace=True), nn.MaxPool2d(2)
-        self.layers = nn.ModuleList(DenseLayer(c0 + i * growth, growth) for i in range(layers))
-        self.norm5 = nn.BatchNorm2d(c0 + layers * growth)
-
-    def forward(self, x):
-        features = [self.pool0(self.relu0(self.norm0(self.conv0(x))))]
-        for layer in self.layers:
-            features.append(layer(features))
-        return self.norm5(torch.cat(features, 1))
-
-
+# -- parts 3 and 4: batch norms that follow no conv / linear; concats after ReLU convs -------------
 def test_preactivation_dense_block_is_int8(tmp_path):
     """Before: 4 BatchNormalization and conv0 (FusedConv, its Relu not absorbed: the concat's
     shared quantizer gave it zero point 125) float in ORT. After: the standalone BNs run as
@@ -226,20 +171,6 @@ def test_preactivation_dense_block_is_int8(tmp_path):
     _assert_agrees(qm, sess, batches[-1])
 
 
-class LinearBN1d(nn.Module):
-    """LeViT's Linear_BN: Linear on (B, N, C), BatchNorm1d over ``flatten(0, 1)``, reshape back;
-    a head BatchNorm1d on pooled (B, C) features before the classifier."""
-
-    def __init__(self, c: int = 16):
-        super().__init__()
-        self.linear, self.bn = nn.Linear(c, c), nn.BatchNorm1d(c)
-        self.head_bn, self.head = nn.BatchNorm1d(c), nn.Linear(c, 10)
-
-    def forward(self, x):
-        y = self.bn(self.linear(x).flatten(0, 1)).reshape_as(x)
-        return self.head(self.head_bn(y.mean(1)))
-
-
 def test_batchnorm1d_after_flatten_is_int8(tmp_path):
     """Before: 2 BatchNormalization float in inspect and ORT."""
     torch.manual_seed(0)
@@ -252,19 +183,6 @@ def test_batchnorm1d_after_flatten_is_int8(tmp_path):
     _assert_agrees(qm, sess, batches[-1])
 
 
-class RepVGGBlock(nn.Module):
-    """RepVGG's training-time block: 3x3 conv-BN + 1x1 conv-BN + an identity BN, summed, ReLU."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.dense = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
-        self.one = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
-        self.identity = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return torch.relu(self.dense(x) + self.one(x) + self.identity(x))
-
-
 def test_repvgg_identity_batchnorm_is_int8(tmp_path):
     """Before: the identity BN (1) float in inspect and ORT."""
     torch.manual_seed(0)
@@ -274,5 +192,34 @@ def test_repvgg_identity_batchnorm_is_int8(tmp_path):
     assert report.int8_ops.get("Conv") == 4 and report.int8_ops.get("Add") == 2
     assert report.float_ops == {}
     assert kernels["QLinearConv"] == 4 and kernels["QLinearAdd"] == 2
+    assert not _FLOAT_COMPUTE & set(kernels), kernels
+    _assert_agrees(qm, sess, batches[-1])
+
+
+class ConcatAfterReluConvs(nn.Module):
+    """Two ReLU-ended convs and one plain conv (negative values), concatenated, then a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.c, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(12, 4, 1)
+
+    def forward(self, x):
+        cat = torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x)), self.c(x)], 1)
+        return self.head(cat)
+
+
+def test_concat_keeps_relu_ended_producers_on_their_own_grid(tmp_path):
+    """Before: the concat's one shared quantizer gave the ReLU convs zero point ~ 128, so ORT ran
+    both as float FusedConv (Relu not absorbed). After: each keeps its uint8 grid with zero point
+    0 and is requantized onto the concat's grid (a DequantizeLinear -> QuantizeLinear pair)."""
+    torch.manual_seed(0)
+    batches = _images()
+    qm, report, kernels, sess = _quantize_export(ConcatAfterReluConvs().eval(), batches, tmp_path)
+    zero_points = {q.name.split("/")[0]: int(q.zero_point.item()) for q in qm.quantizers().values()
+                   if q.name.split("/")[0] in ("a", "b", "c")}  # fmt: skip
+    assert zero_points["a"] == zero_points["b"] == 0 and zero_points["c"] > 0
+    assert report.int8_ops.get("Conv") == 4 and report.int8_ops.get("Concat") == 1
+    assert kernels["QLinearConv"] == 4 and kernels["QLinearConcat"] == 1
     assert not _FLOAT_COMPUTE & set(kernels), kernels
     _assert_agrees(qm, sess, batches[-1])
