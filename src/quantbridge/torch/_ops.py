@@ -178,6 +178,18 @@ def is_epilogue(node: torch.fx.Node, producer: torch.fx.Node) -> bool:
     return node.target in FOLDABLE_ACTIVATIONS or node.target in EPILOGUE_OPS
 
 
+def clamps_negatives(producer: torch.fx.Node, last: torch.fx.Node) -> bool:
+    """Some activation of the epilogue chain ``producer -> ... -> last`` clamps at a lower bound
+    >= 0 (relu, relu6, clamp(0, ...)): the output holds no negative value."""
+    while last is not producer:
+        if last.target in FOLDABLE_ACTIVATIONS:
+            lo = FOLDABLE_ACTIVATIONS[last.target](last)[0]
+            if isinstance(lo, (int, float)) and lo >= 0:
+                return True
+        last = last.args[0]
+    return False
+
+
 def _arg(node: torch.fx.Node, i: int, default):
     return node.args[i] if len(node.args) > i else default
 

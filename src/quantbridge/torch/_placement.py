@@ -56,9 +56,9 @@ from ._capture import user_stacklevel
 from ._ops import (
     ARITHMETIC_OPS,
     CONSTANT_OPERAND_OPS,
-    FOLDABLE_ACTIVATIONS,
     WEIGHTED_OPS,
     Role,
+    clamps_negatives,
     is_epilogue,
     keeps_float_output,
     op_role,
@@ -110,17 +110,6 @@ def constant_values(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 def _is_random(node: torch.fx.Node) -> bool:
     tags = getattr(node.target, "tags", ())
     return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
-
-
-def _clamps_negatives(node: torch.fx.Node, last: torch.fx.Node) -> bool:
-    """Some activation of the epilogue chain ``node -> ... -> last`` clamps at a bound >= 0."""
-    while last is not node:
-        if last.target in FOLDABLE_ACTIVATIONS:
-            lo = FOLDABLE_ACTIVATIONS[last.target](last)[0]
-            if isinstance(lo, (int, float)) and lo >= 0:
-                return True
-        last = last.args[0]
-    return False
 
 
 def _is_float_tensor(node) -> bool:
@@ -221,7 +210,7 @@ class _Planner:
             return None
         spec = self._activation(last, recipe, module_of(node)[0], node)
         self._everywhere(last, spec)
-        if last is not node and not recipe.scheme.symmetric and _clamps_negatives(node, last):
+        if last is not node and not recipe.scheme.symmetric and clamps_negatives(node, last):
             self.nonnegative.add(spec)
         return spec
 
