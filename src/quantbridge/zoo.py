@@ -5,6 +5,10 @@
 * ``TinyTransformer`` - encoder blocks with Linear, explicit ``q @ k^T``, softmax, LayerNorm, GELU;
 * ``TwoInputConcat`` - two positional inputs and a keyword input, concatenated;
 * ``DigitsCNN`` - the demo's CNN for scikit-learn's 8x8 ``load_digits`` images.
+* patterns real architectures write that once stayed float (issue 12): ``InplaceBasicBlock``
+  (torchvision's ``out += identity``, ``resnet18_inplace``), ``DenseBlockNet`` (DenseNet's
+  pre-activation BN and concats after a ReLU-ended stem), ``LinearBN1d`` (LeViT's BatchNorm1d
+  after Linear + flatten), ``RepVGGBlock`` (an identity-branch BN).
 
 No weights are downloaded; these exist so that every path has a real, non-trivial model.
 """
@@ -216,10 +220,109 @@ def _randomize_bn(model: nn.Module) -> nn.Module:
     """Give BatchNorms non-trivial statistics so random-weight models have realistic ranges."""
     g = torch.Generator().manual_seed(1)
     for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
             n = m.num_features
             m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
             m.running_var.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
             m.weight.data.copy_(torch.rand(n, generator=g) * 0.5 + 0.5)
             m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
     return model
+
+
+class InplaceBasicBlock(nn.Module):
+    """torchvision's BasicBlock as written there: ``ReLU(inplace=True)``, ``out += identity``."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        out = self.relu(out)
+        return out
+
+
+def resnet18_inplace(num_classes: int = 1000, width: int = 64, seed: int = 0) -> ResNet18Style:
+    """``resnet18_style`` with torchvision's in-place BasicBlocks."""
+    torch.manual_seed(seed)
+    model, cin = ResNet18Style(num_classes, width), width
+    for i, c in enumerate([width, 2 * width, 4 * width, 8 * width]):
+        blocks = [InplaceBasicBlock(cin, c, 1 if i == 0 else 2), InplaceBasicBlock(c, c)]
+        setattr(model, f"layer{i + 1}", nn.Sequential(*blocks))
+        cin = c
+    return _randomize_bn(model).eval()
+
+
+class DenseLayer(nn.Module):
+    """torchvision's _DenseLayer: pre-activation BN -> ReLU -> 1x1 conv -> BN -> ReLU -> 3x3 conv
+    on the concat of all earlier features."""
+
+    def __init__(self, cin: int, growth: int = 8, bn_size: int = 2):
+        super().__init__()
+        self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2, self.relu2 = nn.BatchNorm2d(bn_size * growth), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.relu1(self.norm1(torch.cat(features, 1)))
+        return self.conv2(self.relu2(self.norm2(self.conv1(x))))
+
+
+class DenseBlockNet(nn.Module):
+    """DenseNet's stem and one dense block: conv0 -> norm0 -> relu0 -> pool0, then layers whose
+    concats mix the ReLU-ended stem output with conv outputs holding negative values; norm5."""
+
+    def __init__(self, c0: int = 8, growth: int = 8, layers: int = 3):
+        super().__init__()
+        self.conv0, self.norm0 = nn.Conv2d(3, c0, 3, padding=1, bias=False), nn.BatchNorm2d(c0)
+        self.relu0, self.pool0 = nn.ReLU(inplace=True), nn.MaxPool2d(2)
+        self.layers = nn.ModuleList(DenseLayer(c0 + i * growth, growth) for i in range(layers))
+        self.norm5 = nn.BatchNorm2d(c0 + layers * growth)
+
+    def forward(self, x):
+        features = [self.pool0(self.relu0(self.norm0(self.conv0(x))))]
+        for layer in self.layers:
+            features.append(layer(features))
+        return self.norm5(torch.cat(features, 1))
+
+
+class LinearBN1d(nn.Module):
+    """LeViT's Linear_BN: Linear on (B, N, C), BatchNorm1d over ``flatten(0, 1)``, reshaped back;
+    a head BatchNorm1d on pooled (B, C) features before the classifier."""
+
+    def __init__(self, c: int = 16, num_classes: int = 10):
+        super().__init__()
+        self.linear, self.bn = nn.Linear(c, c), nn.BatchNorm1d(c)
+        self.head_bn, self.head = nn.BatchNorm1d(c), nn.Linear(c, num_classes)
+
+    def forward(self, x):
+        y = self.bn(self.linear(x).flatten(0, 1)).reshape_as(x)
+        return self.head(self.head_bn(y.mean(1)))
+
+
+class RepVGGBlock(nn.Module):
+    """RepVGG's training-time block: 3x3 conv-BN + 1x1 conv-BN + an identity BN, summed, ReLU."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.dense = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+        self.one = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.identity = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.dense(x) + self.one(x) + self.identity(x))

@@ -17,6 +17,8 @@ Dynamic dimensions (``dynamic=``): ``"batch"`` (default) marks dimension 0 of ev
 2.5x longer on a MobileNetV2; a capture past its time limit, ``_deadline``, is redone with
 ``"batch"`` and a warning); ``"none"`` keeps the example's shapes. A size-1 dimension would be
 specialised to 1 by export, so example batches of size 1 are repeated to 2 first.
+
+The captured graph's in-place ops become functional (``_passes.out_of_place``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ._deadline import CaptureTimeout, capture_budget, deadline
+from ._passes import out_of_place
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
@@ -131,6 +134,7 @@ def capture(
         raise CaptureError(_explain(model, e)) from e
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
+    out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
     return gm
 
 

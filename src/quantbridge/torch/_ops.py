@@ -3,7 +3,7 @@
 Rules are data (named property sets), not if/elif chains. Placement asks one question per node:
 ``op_role(node) -> Role``. The roles:
 
-* ``WEIGHTED`` - ops with a weight and an optional bias (conv, linear). Activation input, weight
+* ``WEIGHTED`` - ops with a weight and an optional bias (conv, linear, addmm). Activation input, weight
   (per-channel along ``WEIGHT_AXIS``), int32 bias (scale = input scale x weight scale) and output.
 * ``ARITHMETIC`` - functional ops between activations (add, mul, matmul, bmm, cat): every
   tensor input quantized, output quantized.
@@ -52,7 +52,13 @@ WEIGHTED_OPS: dict[object, tuple[int, int, int, int]] = {
     aten.conv_transpose1d.default: (0, 1, 2, 1),
     aten.conv_transpose2d.input: (0, 1, 2, 1),
     aten.conv_transpose3d.input: (0, 1, 2, 1),
+    # ``bias + x @ w`` with w (in, out): GPT-2's Conv1D (``torch.addmm``), output channels along
+    # the weight's last axis; baddbmm the same per batch, w (batch, in, out). Only with the
+    # default ``beta = alpha = 1`` (see ``op_role``)
+    aten.addmm.default: (1, 2, 0, 1),
+    aten.baddbmm.default: (1, 2, 0, 2),
 }
+SCALED_SUM_OPS = {aten.addmm.default, aten.baddbmm.default}
 TRANSPOSED_CONV_OPS = {
     aten.conv_transpose1d.default,
     aten.conv_transpose2d.input,
@@ -108,10 +114,9 @@ IDENTITY_IN_EVAL_OPS: frozenset = frozenset({aten.dropout.default})
 
 # Clamps a following quantizer absorbs: op -> function(node) giving the (lo, hi) it clamps to.
 FOLDABLE_ACTIVATIONS: dict[object, object] = {
+    # (in-place forms such as relu_ are made functional at capture: ``_passes.out_of_place``)
     aten.relu.default: lambda n: (0.0, None),
-    aten.relu_.default: lambda n: (0.0, None),
     aten.hardtanh.default: lambda n: (_arg(n, 1, -1.0), _arg(n, 2, 1.0)),
-    aten.hardtanh_.default: lambda n: (_arg(n, 1, -1.0), _arg(n, 2, 1.0)),
     aten.clamp.default: lambda n: (_arg(n, 1, None), _arg(n, 2, None)),
 }
 
@@ -190,6 +195,18 @@ def is_epilogue(node: torch.fx.Node, producer: torch.fx.Node) -> bool:
     return node.target in FOLDABLE_ACTIVATIONS or node.target in EPILOGUE_OPS
 
 
+def clamps_negatives(producer: torch.fx.Node, last: torch.fx.Node) -> bool:
+    """Some activation of the epilogue chain ``producer -> ... -> last`` clamps at a lower bound
+    >= 0 (relu, relu6, clamp(0, ...)): the output holds no negative value."""
+    while last is not producer:
+        if last.target in FOLDABLE_ACTIVATIONS:
+            lo = FOLDABLE_ACTIVATIONS[last.target](last)[0]
+            if isinstance(lo, (int, float)) and lo >= 0:
+                return True
+        last = last.args[0]
+    return False
+
+
 def _arg(node: torch.fx.Node, i: int, default):
     return node.args[i] if len(node.args) > i else default
 
@@ -201,6 +218,8 @@ def op_role(node: torch.fx.Node) -> Role:
     if target in WEIGHTED_OPS:
         if target in TRANSPOSED_CONV_OPS and _arg(node, 6, 1) != 1:
             return Role.FLOAT  # grouped transposed conv: stays float (see WEIGHTED_OPS)
+        if target in SCALED_SUM_OPS and any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")):
+            return Role.FLOAT  # beta * bias + alpha * x @ w: not a plain weighted op
         return Role.WEIGHTED
     if target in ARITHMETIC_OPS:
         return Role.FLOAT if feeds_float_input_only(node) else Role.ARITHMETIC

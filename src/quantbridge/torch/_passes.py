@@ -1,5 +1,16 @@
 """Graph passes on the captured GraphModule that prepare it for quantizer placement.
 
+* ``out_of_place`` - replace in-place aten ops (``out += identity`` is ``aten.add_``, an
+  ``nn.ReLU(inplace=True)`` is ``aten.relu_``) by their functional twins, so the op tables, keyed by
+  functional ops, see every op. Found from the op's schema (the first argument is written, a
+  functional overload of the same name without ``_`` takes the same arguments), not from a list.
+  Cases (numbered as in the code):
+
+  1. the mutated value is a fresh result (not a graph input, parameter, buffer or view) of the
+     same dtype as the other tensor arguments: the op becomes its twin, and readers of the
+     mutated value after the op read the twin's result (what functionalization does);
+  2. otherwise (a view or an input is mutated, a view of the value is read later, dtypes differ):
+     the op is left as captured (it then runs in float, as any op outside the tables).
 * ``own_parameters`` - give the captured module its own copies of parameters and buffers, so
   passes that rewrite weights (BN folding) never touch the user's float model.
 * ``fold_batchnorm`` - fold an inference-mode ``batch_norm`` into the conv/linear before it:
@@ -24,6 +35,73 @@ from torch import nn
 from ._ops import TRANSPOSED_CONV_OPS, WEIGHTED_OPS
 
 aten = torch.ops.aten
+
+# weighted ops whose output channels are the output's last dimension (BN normalises dim 1)
+_CHANNELS_LAST_OPS = frozenset({aten.linear.default, aten.addmm.default, aten.baddbmm.default})
+
+
+def functional_twin(target) -> object | None:
+    """The functional overload of in-place aten op ``target`` (``add_.Tensor`` -> ``add.Tensor``),
+    or None when ``target`` is not an in-place aten op whose only written argument is the first
+    and whose twin takes the same arguments."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::") or not schema.name.endswith("_"):
+        return None
+    args = schema.arguments
+    written = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
+    if not args or len(written) != 1 or written[0] is not args[0]:
+        return None
+    packet = getattr(aten, schema.name[len("aten::") : -1], None)
+    twin = getattr(packet, schema.overload_name or "default", None)
+    twin_schema = getattr(twin, "_schema", None)
+    if twin_schema is None or twin_schema.is_mutable:
+        return None
+    if [a.name for a in twin_schema.arguments] != [a.name for a in args]:
+        return None
+    return twin
+
+
+def _aliases(node: torch.fx.Node) -> bool:
+    """``node``'s result may share storage with an input (a view, an in-place op, getitem)."""
+    if node.op != "call_function":
+        return True  # a graph input, parameter or buffer: not a fresh value
+    schema = getattr(node.target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _same_dtype(node: torch.fx.Node) -> bool:
+    dtypes = {
+        a.meta["val"].dtype
+        for a in node.all_input_nodes
+        if isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].ndim > 0
+    }
+    return len(dtypes) <= 1
+
+
+def out_of_place(gm: torch.fx.GraphModule) -> int:
+    """Replace in-place aten ops by their functional twins where that keeps the program's
+    meaning (see the module docstring). Returns how many were replaced."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        twin = functional_twin(node.target) if node.op == "call_function" else None
+        if twin is None:
+            continue
+        mutated = node.args[0] if node.args else None
+        if not isinstance(mutated, torch.fx.Node) or _aliases(mutated) or not _same_dtype(node):
+            continue  # Case 2: an input, a parameter or a view is written
+        others = [u for u in mutated.users if u is not node]
+        if any(_aliases(u) and u.op == "call_function" for u in others):
+            continue  # Case 2: a view of the value may be read after the write
+        node.target = twin  # Case 1
+        for user in others:
+            if order[user] > order[node]:  # readers after the write saw the written value
+                user.replace_input_with(mutated, node)
+        replaced += 1
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
 
 
 def own_parameters(gm: torch.fx.GraphModule) -> None:
@@ -100,17 +178,21 @@ def fold_batchnorm(gm: torch.fx.GraphModule, on_fold=None) -> int:
 def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
     gamma, beta, mean, var = (_param(gm, a) for a in bn.args[1:5])
     eps = float(bn.args[7])
-    w_node = _unwrap(conv.args[1])
+    _, i_w, i_b, axis = WEIGHTED_OPS[conv.target]  # axis: the weight's output-channel axis
+    if conv.target in _CHANNELS_LAST_OPS and _out_ndim(conv) != 2:
+        raise _NotFoldable  # linear / addmm on 3-D: BN's dim 1 is not their output channel
+    w_node = _unwrap(conv.args[i_w])
     w = _param(gm, w_node)
     if w is None or mean is None or var is None:
         raise _NotFoldable
-    b_node = _unwrap(conv.args[2]) if len(conv.args) > 2 else None
+    b_node = _unwrap(conv.args[i_b]) if len(conv.args) > i_b else None
+    if b_node is None and i_b != 2:
+        raise _NotFoldable  # a bias slot that is not the third argument is never empty
     b = _param(gm, b_node)
     with torch.no_grad():
         k = torch.rsqrt(var.double() + eps)
         if gamma is not None:
             k = k * gamma.double()
-        axis = WEIGHTED_OPS[conv.target][3]  # the weight's output-channel axis
         if conv.target in TRANSPOSED_CONV_OPS and len(conv.args) > 6 and conv.args[6] != 1:
             raise _NotFoldable  # grouped transposed conv: out channels are not one weight axis
         shape = [1] * w.ndim
@@ -134,6 +216,11 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
     bn.replace_all_uses_with(conv)
     gm.graph.erase_node(bn)
     return k
+
+
+def _out_ndim(node: torch.fx.Node) -> int:
+    val = node.meta.get("val")
+    return val.ndim if isinstance(val, torch.Tensor) else -1
 
 
 def set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:

@@ -58,6 +58,7 @@ from ._ops import (
     CONSTANT_OPERAND_OPS,
     WEIGHTED_OPS,
     Role,
+    clamps_negatives,
     is_epilogue,
     keeps_float_output,
     op_role,
@@ -136,6 +137,10 @@ class _Planner:
         self.seen_modules: set[tuple[str, str]] = set()
         self.scaled_in_training: set[torch.fx.Node] = set()  # see identity_in_eval
         self.constant = constant_values(self.graph)
+        # asymmetric output quantizers after a ReLU-like clamp (lower bound >= 0): their zero
+        # point is qmin, so engines absorb the clamp - a concat must not merge them (see
+        # ``_aligned_inputs``)
+        self.nonnegative: set[int] = set()
 
     # -- the plan -------------------------------------------------------------------------------
     def _spec(self, spec: QuantizerSpec) -> int:
@@ -205,6 +210,8 @@ class _Planner:
             return None
         spec = self._activation(last, recipe, module_of(node)[0], node)
         self._everywhere(last, spec)
+        if last is not node and not recipe.scheme.symmetric and clamps_negatives(node, last):
+            self.nonnegative.add(spec)
         return spec
 
     # -- per role -------------------------------------------------------------------------------
@@ -224,7 +231,7 @@ class _Planner:
         self._read(node, w, self.weight_spec[w])
         b = node.args[i_b] if len(node.args) > i_b else None
         x_spec = self.grid_of(node, node.args[i_x])
-        if isinstance(b, torch.fx.Node) and b.op == "get_attr" and x_spec is not None:
+        if self._is_bias_vector(b) and x_spec is not None:
             point = parameter_point(b, "bias", {"bits": 32, "signed": True}, "derived")
             spec = QuantizerSpec(point, "bias", None, source=b.target)
             spec.bias_of = (x_spec, self.weight_spec[w])
@@ -247,6 +254,16 @@ class _Planner:
         # a dropout / reshape between (BERT: dense -> dropout -> residual add) passes it on
         passes_on = op_role(user) in (Role.IDENTITY_IN_EVAL, Role.DATA_MOVEMENT)
         return passes_on and user.args[0] is value and self._read_by_skipped_only(user)
+
+    def _is_bias_vector(self, node) -> bool:
+        """A 1-D float parameter: a bias the int32 quantizer can take (addmm's may be a matrix)."""
+        if not (isinstance(node, torch.fx.Node) and node.op == "get_attr"):
+            return False
+        value = node.meta.get("val")
+        if value is None:  # made by a pass (a bias BN folding created)
+            value = getattr(self.gm.get_submodule(node.target.rpartition(".")[0]),
+                            node.target.rpartition(".")[2], None)  # fmt: skip
+        return isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim == 1
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
         floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
@@ -312,17 +329,27 @@ class _Planner:
         (None when no input is on a grid)."""
         for v in inputs:
             self.quantize_input(node, v, ar)
-        specs = [self.grid_of(node, v) for v in node.all_input_nodes]
-        specs = [s for s in specs if s is not None]
-        if not specs:
+        on_grid = [(v, self.grid_of(node, v)) for v in node.all_input_nodes]
+        on_grid = [(v, s) for v, s in on_grid if s is not None]
+        if not on_grid:
             return None
-        keep = specs[0]
-        for other in specs[1:]:
-            other = self.resolve(other)
+        free = [s for _, s in on_grid if s not in self.nonnegative]
+        keep = free[0] if free else on_grid[0][1]
+        for v, other in on_grid:
+            if other == keep:
+                continue
+            if other in self.nonnegative and free:
+                self._requantize(node, v, keep)  # the ReLU-ended producer keeps its grid
+                continue
             same = self.plan.specs[other].recipe.scheme == self.plan.specs[keep].recipe.scheme
-            if other != keep and same:
+            if same:
                 self._merge(other, keep)
         return keep
+
+    def _requantize(self, consumer: torch.fx.Node, value: torch.fx.Node, spec: int) -> None:
+        """``consumer`` reads ``value`` (already on its own grid) re-quantized by ``spec``."""
+        self.plan.edits.append(Edit("requantize", spec, value, consumer))
+        self.plan.reads[(consumer, value)] = spec
 
     def _merge(self, old: int, new: int) -> None:
         """``old`` shares ``new``'s quantizer from now on: its calls and bias scales use ``new``,

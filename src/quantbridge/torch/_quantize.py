@@ -10,6 +10,7 @@ from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
+from ._bn_affine import batchnorm_as_conv
 from ._capture import capture
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
@@ -80,6 +81,7 @@ def prepare(
     own_parameters(gm)
     if fold_bn:
         fold_batchnorm(gm)
+        batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)

@@ -70,6 +70,8 @@ class Edit:
     * ``all``: every use reads (with ``observe=False`` for a value sharing another's grid);
     * ``arg``: replaces argument ``index`` of ``consumer`` (a buffer constant);
     * ``scalar``: replaces the scalar argument ``index`` of ``consumer`` (``value`` is None);
+    * ``requantize``: ``consumer`` reads ``value``, already quantized on its own grid, through
+      quantizer ``spec`` too (a concat input kept off the concat's shared grid);
     * ``create``: creates quantizer ``spec``; ``merge``: ``spec`` shares quantizer ``index``.
     """
 
@@ -110,6 +112,7 @@ def apply_plan(gm: torch.fx.GraphModule, plan: PlacementPlan) -> list[QuantPoint
     gm.add_submodule(CONTAINER, container)
     modules: dict[int, nn.Module] = {}
     calls: dict[tuple[int, torch.fx.Node], torch.fx.Node] = {}
+    quantized: dict[torch.fx.Node, torch.fx.Node] = {}  # value -> its "all" quantizer call
     for e in plan.edits:
         if e.kind == "create":
             modules[e.spec] = _build(gm, plan, e.spec, modules)
@@ -119,10 +122,14 @@ def apply_plan(gm: torch.fx.GraphModule, plan: PlacementPlan) -> list[QuantPoint
             _merge(gm, container, modules, e.spec, e.index)
             continue
         target = _target_of(container, modules[e.spec])
+        if e.kind == "requantize":
+            src = quantized.get(e.value, e.value)
+            e.consumer.replace_input_with(src, insert_call(gm.graph, target, src))
+            continue
         if e.kind == "scalar":
             fq = _scalar_call(gm.graph, target, modules[e.spec], e.consumer)
         elif e.kind == "all":
-            fq = insert_call(gm.graph, target, e.value, e.observe)
+            fq = quantized[e.value] = insert_call(gm.graph, target, e.value, e.observe)
             e.value.replace_all_uses_with(fq, delete_user_cb=lambda u, fq=fq: u is not fq)
         else:
             fq = calls.get((e.spec, e.value))
