@@ -6,6 +6,7 @@
     quantbridge lower MODEL.onnx -o OUT --emit onnx|npz|c [--c-dir DIR] [--input-shape N=D,D..]
     quantbridge quantize MODEL.onnx --calib CALIB.npz|DIR -o OUT.onnx [--recipe NAME|FILE.yaml]
                          [--method M] [--opset N] [--batch-size N] [--int8-head] [--quiet]
+    quantbridge sensitivity MODEL.onnx --calib C.npz --eval E.npz [--metric M] [--budget X] -o R.yaml
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .debug import _sens_cli
 from .torch._capture import quiet_torch
 from .torch._progress import progress_enabled, set_progress
 
@@ -229,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)
+    _sens_cli.add_parser(sub)
     return parser
 
 

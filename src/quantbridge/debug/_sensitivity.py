@@ -224,7 +224,9 @@ def consumer_layers(qmodel: QuantModel, layer: str) -> list[str]:
     todo = [
         n
         for n in qmodel.graph.nodes
-        if n.op == "call_module" and n.target.startswith(prefix) and n.target[len(prefix) :] in attrs
+        if n.op == "call_module"
+        and n.target.startswith(prefix)
+        and n.target[len(prefix) :] in attrs
     ]
     seen = set(todo)
     while todo:
@@ -296,7 +298,7 @@ def _finite(value: float | None) -> float | None:
 
 
 def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
+    return "n/a" if value is None else f"{value:.6g}"
 
 
 __all__ = ["LayerSensitivity", "SensitivityResult", "layer_groups", "rank", "sensitivity"]
