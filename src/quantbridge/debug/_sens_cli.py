@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"quantbridge sensitivity: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # -o recipe.yaml without PyYAML
+        print(f"quantbridge sensitivity: error: {e} (pip install pyyaml)", file=sys.stderr)
+        return 2
     if not args.quiet:
         print_sensitivity(data, args.top)
         if args.output:
