@@ -7,6 +7,7 @@ fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in
 """
 
 from ._version import __version__
+from .debug import sensitivity
 from .engine import EngineModel, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
@@ -57,6 +58,7 @@ __all__ = [
     "quantize",
     "quantize_onnx",
     "save",
+    "sensitivity",
     "set_progress",
     "sync_observers",
     "to_engine",

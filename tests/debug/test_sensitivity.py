@@ -200,3 +200,15 @@ def test_cli_onnx_round_trip(setup, tmp_path, capsys):
     assert main(["sensitivity", str(src), "--calib", str(bad), "--eval", str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "'x'" in err and len(err.strip().splitlines()) == 1  # names the expected input
+
+
+def test_a_quantmodel_is_ranked_as_it_is(setup, result):
+    model, calib, x_eval = setup
+    qmodel = qb.quantize(model, calib, "native", progress=False)
+    res = qb.sensitivity(qmodel, None, [x_eval[:16], x_eval[16:]], progress=False)
+    assert res.worst(1)[0].name == "fc2"
+    # same calibration, same scales: the same numbers as from the float model
+    assert res.baseline["quantized"] == pytest.approx(result.baseline["quantized"], abs=1e-9)
+    assert qmodel.quantization_enabled  # the switches are put back
+    with pytest.raises(ValueError, match="pass the float model"):
+        qb.sensitivity(qmodel, None, [x_eval], budget=0.9, progress=False)

@@ -3,6 +3,8 @@ calibration and evaluation batches, the base recipe, and the evaluation of a mod
 
 * A torch model takes batches as ``qb.quantize`` does (a tensor, a tuple of positional inputs, a
   dict of keyword inputs); ``labels`` (one per evaluation sample) are optional, for ``top1``.
+  A ``QuantModel`` is ranked as it is (its recipe, its scales; no calibration data needed) and
+  cannot be repaired: the repair quantizes the float model again.
 * An ONNX file (path or ``ModelProto``) is imported (``qb.import_onnx``) and quantized exactly as
   ``quantbridge quantize`` does it (``quantize_onnx``: the same checked ``CalibrationSet``, the
   same dynamic dimensions, the float output head kept by recipe rules unless ``float_head=False``),
@@ -63,6 +65,8 @@ class Subject:
     name: str
 
     def quantize(self, recipe: Recipe, progress: bool | None = None) -> QuantModel:
+        if isinstance(self.module, QuantModel):  # given quantized: ranked as it is
+            return self.module
         return quantize(self.module, self.calib, recipe, progress=progress, dynamic=self.dynamic)
 
     def op_of(self, layer: str) -> str:
@@ -97,18 +101,20 @@ class Subject:
 def from_torch(
     model: nn.Module, calib: Iterable, eval_data: Iterable, labels, recipe, dynamic: str
 ) -> Subject:
-    if calib is None or eval_data is None:
+    prequantized = isinstance(model, QuantModel)
+    if (calib is None and not prequantized) or eval_data is None:
         raise ValueError("sensitivity needs calibration data and evaluation data (eval_data=...)")
-    ops = {name: type(m).__name__ for name, m in model.named_modules()}
+    source = model.__dict__.get("_qb_source") if prequantized else model
+    ops = {name: type(m).__name__ for name, m in (source or model).named_modules()}
     eval_batches = list(eval_data)
     if not eval_batches:
         raise ValueError("sensitivity: the evaluation data holds no batch")
     return Subject(
         module=model.eval(),
-        calib=list(calib),
+        calib=[] if calib is None else list(calib),
         eval_batches=eval_batches,
         labels=None if labels is None else np.asarray(labels),
-        recipe=load_recipe(recipe),
+        recipe=model.qb_recipe if prequantized else load_recipe(recipe),
         dynamic=dynamic,
         ops=ops,
         name=type(model).__name__,

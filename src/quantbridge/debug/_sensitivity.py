@@ -37,7 +37,7 @@ from torch import nn
 from ..recipe import Recipe, Rule, TensorRecipe
 from ..torch import QuantModel, float_mode
 from ..torch._placement import module_of
-from ..torch._progress import progress_bar, stage
+from ..torch._progress import stage
 from ..torch._record import CONTAINER
 from ._sens_metrics import Outputs, metric_fn
 from ._sens_model import Subject, from_onnx, from_torch, is_onnx
@@ -137,6 +137,11 @@ def sensitivity(
         raise ValueError(f"wider={wider!r} is unknown; use None (keep float) or one of {WIDER}")
     if budget is not None and not isinstance(budget, (int, float)):
         raise TypeError(f"budget must be a number (a lower bound on {metric}), got {budget!r}")
+    if isinstance(model, QuantModel) and budget is not None:
+        raise ValueError(
+            "a QuantModel can be ranked but not repaired (the repair quantizes again); pass the "
+            "float model and its calibration data for a budget"
+        )
     if is_onnx(model):
         subject = from_onnx(model, calib_data, eval_data, recipe, batch_size, float_head)
     elif isinstance(model, nn.Module):
@@ -156,25 +161,27 @@ def sensitivity(
     def score(out: Outputs) -> float:
         return score_fn(ref, out, subject.labels)
 
+    enabled = {q: q.enabled for quantizers in groups.values() for q in quantizers}
+
     def measure(off: Iterable[str]) -> float:
         off = set(off)
         for layer, quantizers in groups.items():
             for q in quantizers:
-                q.enabled = layer not in off
+                q.enabled = enabled[q] and layer not in off
         try:
             return score(subject.run(qmodel, need_logits))
         finally:
-            for quantizers in groups.values():
-                for q in quantizers:
-                    q.enabled = True
+            for q, was in enabled.items():
+                q.enabled = was
 
     baseline = {"float": score(ref), "quantized": measure(())}
     layers = []
-    for layer in progress_bar(list(groups), progress, "sensitivity: per-layer runs", len(groups)):
-        others = [g for g in groups if g != layer]
-        layers.append(
-            LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
-        )
+    with stage(f"sensitivity: {2 * len(groups)} runs over {len(groups)} layers", progress):
+        for layer in groups:
+            others = [g for g in groups if g != layer]
+            layers.append(
+                LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
+            )
     ranked = rank(layers)
     result = SensitivityResult(
         metric, baseline, layers, budget, recipe=subject.recipe, model=subject.name
