@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,11 +34,12 @@ from typing import Any
 
 import numpy as np
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..recipe import Recipe, Rule, TensorRecipe
 from ..torch import QuantModel, float_mode
 from ..torch._placement import module_of
-from ..torch._progress import stage
+from ..torch._progress import progress_enabled, stage
 from ..torch._record import CONTAINER
 from ._sens_metrics import Outputs, metric_fn
 from ._sens_model import Subject, from_onnx, from_torch, is_onnx
@@ -177,7 +179,7 @@ def sensitivity(
     baseline = {"float": score(ref), "quantized": measure(())}
     layers = []
     with stage(f"sensitivity: {2 * len(groups)} runs over {len(groups)} layers", progress):
-        for layer in groups:
+        for layer in _bar(list(groups), progress):
             others = [g for g in groups if g != layer]
             layers.append(
                 LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
@@ -286,6 +288,13 @@ def _next_layer(qmodel, chosen, ranked, position, wider) -> str | None:
         if consumers:
             return min(consumers, key=position.__getitem__)
     return next((layer for layer in ranked if layer not in chosen), None)
+
+
+def _bar(layers: list[str], progress: bool | None):
+    """A tqdm bar over the layers on a terminal (a large model takes minutes), else as is."""
+    if progress_enabled(progress) and sys.stderr.isatty():
+        return tqdm(layers, desc="sensitivity", unit="layer", leave=False)
+    return layers
 
 
 def _glob_escape(name: str) -> str:
