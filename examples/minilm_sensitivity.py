@@ -8,6 +8,13 @@ residual add after it kept float).
 Both recipes start from the ``native`` preset with minmax calibration on the same calibration
 sentences, and both are measured the same way: mean cosine(int8 embedding, float embedding) over
 the evaluation sentences in torch fake-quant (``SensitivityResult.achieved`` for the found one).
+
+Measured (``--n-eval 40``, 48 calibration sentences, budget 0.99, a 2-core machine under heavy
+load: 75 minutes, 4185 s of it the 154 per-layer runs over 77 layers): all quantized 0.8553; the
+found recipe keeps 24 layers float and reaches 0.9931; the hand-written rules keep 12 (the six
+``layer.N.output`` + ``layer.N.output.dense``) and reach 0.9918. The ranking puts the
+hand-written layers at ranks 1-8 and 10, but greedy by single-layer rank over-counts: the
+per-layer estimates do not add up, so it keeps more layers than the hand rules need.
 """
 
 from __future__ import annotations
