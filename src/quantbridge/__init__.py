@@ -7,7 +7,7 @@ fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in
 """
 
 from ._version import __version__
-from .debug import CompareResult, compare
+from .debug import CompareResult, compare, sensitivity
 from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
@@ -62,6 +62,7 @@ __all__ = [
     "quantize",
     "quantize_onnx",
     "save",
+    "sensitivity",
     "set_progress",
     "sync_observers",
     "to_engine",

@@ -8,6 +8,7 @@
                          [--method M] [--opset N] [--batch-size N] [--int8-head]
                          [--format qdq|qoperator] [--quiet]
     quantbridge compare A.onnx [B.onnx] --inputs SAMPLES.npz [--engines E,..] [--json OUT]
+    quantbridge sensitivity MODEL.onnx --calib C.npz --eval E.npz [--metric M] [--budget X] -o R.yaml
     quantbridge --version
 
 Exit codes: 0 success; 1 the demo ran but one of its checks failed; 2 bad usage or input (missing
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .debug import _cli as compare_cli
+from .debug import _sens_cli
 from .torch._capture import quiet_torch
 from .torch._progress import progress_enabled, set_progress
 
@@ -267,6 +269,7 @@ def _parser() -> argparse.ArgumentParser:
     quant.set_defaults(run=_quantize)
 
     compare_cli.add_parser(sub)  # quantbridge compare (the debug layer)
+    _sens_cli.add_parser(sub)  # quantbridge sensitivity
     return parser
 
 

@@ -1,0 +1,320 @@
+"""``sensitivity``: which layers cost the most accuracy when quantized, and the smallest recipe
+change that meets a budget.
+
+A *layer* is a user module path (the innermost module a quantized op runs in, the unit recipe
+rules match on; ``""`` is the model's own top-level ops). The model is quantized once with the
+base recipe; each layer's quantizers (its weights, biases, and the activations its ops produce)
+are then switched off and on (``Quantizer.enabled``) to measure, on the evaluation set, against
+the float model (the same QuantModel with every quantizer off):
+
+* ``only_this_quantized``: the metric with this layer's quantizers on and every other layer's off;
+* ``all_but_this_quantized``: the metric with every layer quantized except this one.
+
+Quantizers of graph inputs belong to no layer and stay as the recipe places them. Layers are
+ranked by ``all_but_this_quantized`` (highest first: keeping that layer float recovers most),
+then by ``only_this_quantized`` (lowest first).
+
+Repair (with a ``budget``, a lower bound on the metric): layers are added in rank order to the
+set kept float until the switched-off estimate meets the budget; then the set is *verified* by
+quantizing the model again with the written recipe (``Rule(pattern=<layer>, skip=True)``, or
+int16 activations with ``wider="int16"``) and measuring it. While the verified metric misses the
+budget, the next ranked layer is added and verified again (at most ``max_verify`` times). The
+result reports the verified (``achieved``) metric; ``recipe`` is that recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..recipe import Recipe, Rule, TensorRecipe
+from ..torch import QuantModel, float_mode
+from ..torch._placement import module_of
+from ..torch._progress import progress_enabled, stage
+from ..torch._record import CONTAINER
+from ._sens_metrics import Outputs, metric_fn
+from ._sens_model import Subject, from_onnx, from_torch, is_onnx
+
+SCHEMA = "quantbridge.sensitivity/1"
+WIDER = ("int16",)
+INPUT_LAYER = "input"  # QuantPoint.module of graph-input quantizers
+
+
+@dataclass
+class LayerSensitivity:
+    name: str
+    op: str
+    only_this_quantized: float
+    all_but_this_quantized: float
+    rank: int = 0
+
+
+@dataclass
+class SensitivityResult:
+    """The ranked layers and the repair. ``to_json()`` gives the dict of the JSON contract."""
+
+    metric: str
+    baseline: dict[str, float]  # {"float": ..., "quantized": ...}
+    layers: list[LayerSensitivity]
+    budget: float | None = None
+    keep_float: list[str] = field(default_factory=list)
+    wider: dict[str, str] = field(default_factory=dict)
+    achieved: float | None = None
+    recipe: Recipe | None = None
+    model: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "metric": self.metric,
+            "baseline": {k: _finite(v) for k, v in self.baseline.items()},
+            "layers": [
+                {
+                    "name": s.name,
+                    "op": s.op,
+                    "only_this_quantized": _finite(s.only_this_quantized),
+                    "all_but_this_quantized": _finite(s.all_but_this_quantized),
+                    "rank": s.rank,
+                }
+                for s in self.layers
+            ],
+            "budget": self.budget,
+            "keep_float": list(self.keep_float),
+            "wider": dict(self.wider),
+            "achieved": _finite(self.achieved),
+            "recipe": self.recipe.to_dict() if self.recipe is not None else None,
+        }
+
+    def recipe_yaml(self) -> str:
+        """The recipe as YAML (``qb.quantize(..., recipe=Recipe.from_yaml(text))``,
+        ``quantbridge quantize --recipe FILE.yaml``), with a comment on what it achieved."""
+        if self.recipe is None:
+            raise ValueError("this sensitivity result has no recipe")
+        head = f"# quantbridge sensitivity: {self.metric}"
+        if self.budget is not None:
+            head += f" budget {self.budget}, achieved {_fmt(self.achieved)}"
+        head += f" (all quantized: {_fmt(self.baseline['quantized'])})\n"
+        return head + self.recipe.to_yaml()
+
+    def write_recipe(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(self.recipe_yaml())
+
+    def worst(self, n: int = 10) -> list[LayerSensitivity]:
+        return sorted(self.layers, key=lambda s: s.rank)[:n]
+
+
+def sensitivity(
+    model: nn.Module | str | os.PathLike,
+    calib_data: Iterable | str | os.PathLike | dict,
+    eval_data: Iterable | str | os.PathLike | dict,
+    *,
+    recipe: Recipe | str | dict | os.PathLike = "native",
+    metric: str = "cosine",
+    budget: float | None = None,
+    wider: str | None = None,
+    labels=None,
+    batch_size: int | None = None,
+    float_head: bool = True,
+    dynamic: str = "batch",
+    max_verify: int = 4,
+    progress: bool | None = None,
+) -> SensitivityResult:
+    """Per-layer sensitivity of ``model`` (a torch module, or an ONNX file / ``ModelProto``) to
+    quantization under ``recipe``, ranked, and with a ``budget`` the recipe that meets it (see
+    the module docstring). ``metric``: ``sqnr`` (dB), ``cosine`` or ``top1`` against the float
+    model (``top1`` against ``labels`` when given; for an ONNX file, an array ``labels`` in the
+    evaluation npz). ``wider="int16"`` repairs with int16 activations instead of float layers."""
+    score_fn = metric_fn(metric)
+    if wider is not None and wider not in WIDER:
+        raise ValueError(f"wider={wider!r} is unknown; use None (keep float) or one of {WIDER}")
+    if budget is not None and not isinstance(budget, (int, float)):
+        raise TypeError(f"budget must be a number (a lower bound on {metric}), got {budget!r}")
+    if isinstance(model, QuantModel) and budget is not None:
+        raise ValueError(
+            "a QuantModel can be ranked but not repaired (the repair quantizes again); pass the "
+            "float model and its calibration data for a budget"
+        )
+    if is_onnx(model):
+        subject = from_onnx(model, calib_data, eval_data, recipe, batch_size, float_head)
+    elif isinstance(model, nn.Module):
+        subject = from_torch(model, calib_data, eval_data, labels, recipe, dynamic)
+    else:
+        raise TypeError(
+            f"sensitivity takes a torch nn.Module or an .onnx file, got {type(model).__name__}"
+        )
+    need_logits = metric == "top1"
+    qmodel = subject.quantize(subject.recipe, progress)
+    groups = layer_groups(qmodel)
+    if not groups:
+        raise ValueError(f"{subject.name}: the recipe quantizes no layer; nothing to rank")
+    with float_mode(qmodel):
+        ref = subject.run(qmodel, need_logits)
+
+    def score(out: Outputs) -> float:
+        return score_fn(ref, out, subject.labels)
+
+    enabled = {q: q.enabled for quantizers in groups.values() for q in quantizers}
+
+    def measure(off: Iterable[str]) -> float:
+        off = set(off)
+        for layer, quantizers in groups.items():
+            for q in quantizers:
+                q.enabled = enabled[q] and layer not in off
+        try:
+            return score(subject.run(qmodel, need_logits))
+        finally:
+            for q, was in enabled.items():
+                q.enabled = was
+
+    baseline = {"float": score(ref), "quantized": measure(())}
+    layers = []
+    with stage(f"sensitivity: {2 * len(groups)} runs over {len(groups)} layers", progress):
+        for layer in _bar(list(groups), progress):
+            others = [g for g in groups if g != layer]
+            layers.append(
+                LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
+            )
+    ranked = rank(layers)
+    result = SensitivityResult(
+        metric, baseline, layers, budget, recipe=subject.recipe, model=subject.name
+    )
+    if budget is not None:
+        _repair(result, subject, qmodel, ranked, measure, score, wider, max_verify, progress)
+    return result
+
+
+def layer_groups(qmodel: QuantModel) -> dict[str, list[nn.Module]]:
+    """Layer (module path) -> its quantizer modules, in placement (topological) order."""
+    container = getattr(qmodel, CONTAINER)
+    groups: dict[str, list[nn.Module]] = {}
+    for point in qmodel.qb_points:
+        if point.module == INPUT_LAYER:
+            continue
+        groups.setdefault(point.module, []).append(getattr(container, point.attr))
+    return groups
+
+
+def rank(layers: list[LayerSensitivity]) -> list[str]:
+    """Set ``rank`` (1 = most sensitive) on each layer; the layer names in rank order."""
+    order = sorted(
+        layers, key=lambda s: (-_key(s.all_but_this_quantized), _key(s.only_this_quantized))
+    )
+    for i, s in enumerate(order, start=1):
+        s.rank = i
+    return [s.name for s in order]
+
+
+def repair_rules(layers: list[str], base: Recipe, wider: str | None) -> list[Rule]:
+    """The recipe rules for the repaired layers: skip, or int16 activations."""
+    if wider is None:
+        return [Rule(pattern=_glob_escape(layer), skip=True) for layer in layers]
+    acts = base.activations
+    wide = TensorRecipe(replace(acts.scheme, bits=16), acts.method, acts.options)
+    return [Rule(pattern=_glob_escape(layer), activations=wide) for layer in layers]
+
+
+def consumer_layers(qmodel: QuantModel, layer: str) -> list[str]:
+    """The layers that read an activation ``layer`` quantizes (through data movement re-using
+    its quantizer): a recipe that skips ``layer`` still quantizes that tensor where they read it,
+    so keeping the tensor float takes skipping them too."""
+    attrs = {p.attr for p in qmodel.qb_points if p.module == layer and p.kind == "activation"}
+    prefix = CONTAINER + "."
+    found: list[str] = []
+    todo = [
+        n
+        for n in qmodel.graph.nodes
+        if n.op == "call_module"
+        and n.target.startswith(prefix)
+        and n.target[len(prefix) :] in attrs
+    ]
+    seen = set(todo)
+    while todo:
+        for user in todo.pop().users:
+            if user.op == "call_module" and user.target.startswith(prefix):
+                if user not in seen:
+                    seen.add(user)
+                    todo.append(user)
+                continue
+            if user.op in ("call_function", "call_method", "call_module"):
+                name = module_of(user)[0]
+                if name != layer and name != INPUT_LAYER and name not in found:
+                    found.append(name)
+    return found
+
+
+def _repair(result, subject: Subject, qmodel, ranked, measure, score, wider, max_verify, progress):
+    """Greedy by rank on the switched-off estimate, then verified by re-quantizing; a miss adds
+    the chosen layers' consumers (skip repair), then the next ranked layer."""
+    budget = result.budget
+    chosen: list[str] = []
+    for layer in ranked:  # the switched-off estimate, cheap: no re-quantization
+        if measure(chosen) >= budget:
+            break
+        chosen.append(layer)
+    position = {name: i for i, name in enumerate(ranked)}
+    need_logits = result.metric == "top1"
+    recipe, achieved = subject.recipe, result.baseline["quantized"]
+    for attempt in range(max(1, max_verify)):
+        if not chosen and achieved >= budget:
+            break  # the base recipe meets the budget already (measured above)
+        recipe = subject.recipe.with_rules(*repair_rules(chosen, subject.recipe, wider))
+        with stage(f"sensitivity: verifying the recipe ({len(chosen)} layers)", progress):
+            achieved = score(subject.run(subject.quantize(recipe, False), need_logits))
+        nxt = _next_layer(qmodel, chosen, ranked, position, wider)
+        if achieved >= budget or nxt is None or attempt == max_verify - 1:
+            break
+        chosen.append(nxt)
+    result.recipe, result.achieved = recipe, achieved
+    if wider is None:
+        result.keep_float = list(chosen)
+    else:
+        result.wider = {layer: wider for layer in chosen}
+
+
+def _next_layer(qmodel, chosen, ranked, position, wider) -> str | None:
+    if wider is None:  # int16 keeps the consumers' reads on the wider grid; float does not
+        consumers = {c for layer in chosen for c in consumer_layers(qmodel, layer)}
+        consumers = [c for c in consumers if c in position and c not in chosen]
+        if consumers:
+            return min(consumers, key=position.__getitem__)
+    return next((layer for layer in ranked if layer not in chosen), None)
+
+
+def _bar(layers: list[str], progress: bool | None):
+    """A tqdm bar over the layers on a terminal (a large model takes minutes), else as is."""
+    if progress_enabled(progress) and sys.stderr.isatty():
+        return tqdm(layers, desc="sensitivity", unit="layer", leave=False)
+    return layers
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` as an fnmatch pattern matching only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _key(value: float) -> float:
+    return -math.inf if value is None or np.isnan(value) else value
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinity: an infinite SQNR (identical outputs) is written as null."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
+
+
+__all__ = ["LayerSensitivity", "SensitivityResult", "layer_groups", "rank", "sensitivity"]
