@@ -43,15 +43,20 @@ def test_cli_bad_inputs_fail_in_one_line(cnn, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_cli_report_without_the_renderer_says_so(cnn, tmp_path, capsys):
-    import pytest
-
-    import quantbridge.debug as debug
-
-    if hasattr(debug, "render_html"):
-        pytest.skip("the HTML report is installed; its own tests cover --report")
+def test_cli_report_writes_the_html_of_this_comparison(cnn, tmp_path, capsys):
+    """``--report`` renders this run's JSON: every engine pair and tensor appear, inline SVG only."""
     path, _, inputs = cnn
     samples = tmp_path / "samples.npz"
     np.savez(samples, **inputs)
-    code = main(["compare", str(path), "--inputs", str(samples), "--report", "r.html"])
-    assert code == 2 and "--report needs quantbridge.debug.render_html" in capsys.readouterr().err
+    out, report = tmp_path / "out.json", tmp_path / "r.html"
+    code = main([
+        "compare", str(path), "--inputs", str(samples), "--engines", "ort-ref,ort",
+        "--json", str(out), "--report", str(report),
+    ])  # fmt: skip
+    assert code == 0 and f"wrote {report}" in capsys.readouterr().out
+    html = report.read_text()
+    data = json.loads(out.read_text())
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "")
+    assert "src=" not in html  # self-contained: nothing loaded from anywhere
+    for t in data["tensors"]:
+        assert t["name"] in html

@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 
-from .. import debug as _debug
 from . import _engines
+from ._report_html import render_html
 from .compare import compare
 
 
@@ -44,21 +44,8 @@ def add_parser(sub) -> None:
     cmp.set_defaults(run=run)
 
 
-def _render_html():
-    """``quantbridge.debug.render_html`` where the report module exists, else None."""
-    return getattr(_debug, "render_html", None)
-
-
 def run(args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
-    render = _render_html() if args.report else None
-    if args.report and render is None:
-        print(
-            "quantbridge compare: error: --report needs quantbridge.debug.render_html, which this "
-            "installation does not have; use --json OUT.json instead",
-            file=sys.stderr,
-        )
-        return 2
     try:
         result = compare(
             args.model, args.other, inputs=args.inputs, engines=engines, reference=args.reference
@@ -75,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(result.to_json(), f, indent=1)
         print(f"wrote {args.json}")
-    if render is not None:
+    if args.report:
         with open(args.report, "w") as f:
-            f.write(render(result.to_json(), None))
+            f.write(render_html(result.to_json(), None))
         print(f"wrote {args.report}")
     return 0
