@@ -81,5 +81,22 @@ def test_an_engine_that_fails_to_load_is_reported_and_the_others_continue():
 
 def test_unknown_engine_lists_the_known_ones(cnn):
     path, _, inputs = cnn
-    with pytest.raises(ValueError, match="unknown engine 'tensorrt'; known engines: torch-float"):
-        qb.compare(path, inputs=inputs, engines=["ort-ref", "tensorrt"])
+    with pytest.raises(ValueError, match="unknown engine 'tensorrtx'; known engines: torch-float"):
+        qb.compare(path, inputs=inputs, engines=["ort-ref", "tensorrtx"])
+
+
+def test_tensorrt_without_a_gpu_is_skipped_with_the_reason(cnn):
+    """TensorRT is optional: asked for where ORT has no TensorRT provider (this CPU machine), its
+    row says why and what to install; by default it is not even tried."""
+    import onnxruntime as ort
+
+    path, _, inputs = cnn
+    if "TensorrtExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has TensorRT: the engine runs (covered by the compare tests)")
+    r = qb.compare(path, inputs=inputs, engines=["ort-ref", "tensorrt"])
+    assert list(r.errors) == ["tensorrt"]
+    assert "skipped: TensorRT needs an NVIDIA GPU" in r.errors["tensorrt"]
+    assert "onnxruntime-gpu" in r.errors["tensorrt"]
+    assert r.to_json()["engines"] == ["ort-ref"]
+    default = qb.compare(path, inputs=inputs)
+    assert "tensorrt" not in default.to_json()["engines"] and "tensorrt" not in default.errors

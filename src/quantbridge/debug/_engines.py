@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 
 from ..engine._backends import make_session
@@ -191,12 +192,32 @@ class EngineSpec:
     forms: tuple[str, ...]
     build: Callable[[Subject, list[Site], onnx.ModelProto, dict[str, np.ndarray]], object]
     float_for: tuple[str, ...] = ()  # subject forms on which its results are float
+    # optional engines (TensorRT) run by default only where present; asked for by name elsewhere,
+    # they fail in the table with the reason
+    available: Callable[[], bool] = lambda: True
 
 
 def _ort(level: str):
     return lambda subj, sites, ref, feeds: OnnxCapture(
         subj.onnx, sites, "onnxruntime", {"optimization": level, "device": "cpu"}
     )
+
+
+def _tensorrt_providers() -> list[str]:
+    return [p for p in ort.get_available_providers() if p == "TensorrtExecutionProvider"]
+
+
+def _tensorrt(subj: Subject, sites: list[Site], ref: onnx.ModelProto, feeds: dict):
+    if not _tensorrt_providers():
+        raise RuntimeError(
+            "skipped: TensorRT needs an NVIDIA GPU and an onnxruntime with the "
+            "TensorrtExecutionProvider (pip install onnxruntime-gpu, with TensorRT installed); "
+            f"this onnxruntime has {', '.join(ort.get_available_providers())}"
+        )
+    return OnnxCapture(
+        subj.onnx, sites, "onnxruntime",
+        {"providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]},
+    )  # fmt: skip
 
 
 def _torch(quant: bool):
@@ -231,6 +252,9 @@ ENGINES: dict[str, EngineSpec] = {
     "integer": EngineSpec(
         ("qdq", "qop"), lambda subj, sites, ref, feeds: IntegerCapture(subj.onnx, sites, feeds)
     ),
+    "tensorrt": EngineSpec(
+        ("qdq",), _tensorrt, available=lambda: bool(_tensorrt_providers())
+    ),  # ORT's TensorRT provider on the QDQ file (TensorRT reads explicit QDQ); GPU only
 }
 
 

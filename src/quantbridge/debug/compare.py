@@ -42,7 +42,7 @@ class _Run:
 
 def _default_engines(kind: str, pair: bool) -> list[str]:
     """Every engine that runs the form; with two models, the first of ``_PAIR_DEFAULTS``."""
-    usable = [e for e, s in ENGINES.items() if kind in s.forms]
+    usable = [e for e, s in ENGINES.items() if kind in s.forms and s.available()]
     if pair:
         usable = [e for e in _PAIR_DEFAULTS if e in usable][:1]
     return usable
