@@ -104,28 +104,32 @@ def measure(name: str, rounds: int, work: Path) -> dict:
         warnings.simplefilter("ignore")
         qm = qb.quantize(model, batches, recipe="native", progress=False)
         qb.export(qm, work / f"{name}.onnx", batches[0])
+    sess, kernels = optimized_session(work / f"{name}.onnx")
+    return census(kernels) | timed(sess, {sess.get_inputs()[0].name: batches[0].numpy()}, rounds)
+
+
+def optimized_session(path: Path) -> tuple[ort.InferenceSession, collections.Counter]:
+    """ORT (all optimizations, 1 thread) on ``path`` and the kernel counts of its optimized graph."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.optimized_model_filepath = str(work / f"{name}.ort.onnx")
+    so.optimized_model_filepath = str(path.with_suffix(".ort.onnx"))
+    so.log_severity_level = 3  # not the "hardware specific optimizations" notice on every save
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(work / f"{name}.onnx"), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     kernels = collections.Counter(
         n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node
     )
+    return sess, kernels
+
+
+def census(kernels: collections.Counter) -> dict:
+    """int8 / all kernels per family (``FAMILIES``) and the float kernels left."""
     counts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])  # family -> int8, all
     for op, n in kernels.items():
         if op in FAMILIES:
             family, int8 = FAMILIES[op]
             counts[family][0] += n * int8
             counts[family][1] += n
-    feeds = {sess.get_inputs()[0].name: batches[0].numpy()}
-    for _ in range(10):
-        sess.run(None, feeds)
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        times.append((time.perf_counter() - t) * 1e3)
     return {
         "families": dict(counts),
         "int8": sum(c[0] for c in counts.values()),
@@ -133,9 +137,19 @@ def measure(name: str, rounds: int, work: Path) -> dict:
         "float_kernels": {
             op: n for op, n in kernels.items() if op in FAMILIES and not FAMILIES[op][1]
         },
-        "ms_median": statistics.median(times),
-        "ms_min": min(times),
     }
+
+
+def timed(sess: ort.InferenceSession, feeds: dict, rounds: int) -> dict:
+    """Median and minimum ms per call over ``rounds`` calls after 10 warm-up calls."""
+    for _ in range(10):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"ms_median": statistics.median(times), "ms_min": min(times), "times": times}
 
 
 def report(results: dict) -> str:
