@@ -229,21 +229,9 @@ def _randomize_bn(model: nn.Module) -> nn.Module:
     return model
 
 
-class InplaceBasicBlock(nn.Module):
-    """torchvision's BasicBlock as written there: ``ReLU(inplace=True)``, ``out += identity``."""
-
-    def __init__(self, cin: int, cout: int, stride: int = 1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
+class InplaceBasicBlock(BasicBlock):
+    """torchvision's BasicBlock as written there: ``ReLU(inplace=True)``, ``out += identity``
+    (same layers as ``BasicBlock``, in-place forward)."""
 
     def forward(self, x):
         identity = x
