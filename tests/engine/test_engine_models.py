@@ -139,3 +139,21 @@ def test_openvino_errors(digits_q):
         fast(x)
     with pytest.raises(ValueError, match=r"input 'x' has shape \[16, 8, 8\]; expected"):
         qb.to_engine(fast.onnx_model, "openvino")(x[:, 0])  # checked before the engine runs
+
+
+def test_onnxruntime_device_choice(digits_q):
+    """ONNX Runtime's device (issue 15 part 3): 'auto' takes CUDA only where this onnxruntime has
+    the CUDA provider; asking for 'cuda' without it is one error naming the pip package. (No GPU
+    in CI: where the provider exists, 'auto' must pick it.)"""
+    _, qmodel, x = digits_q
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="auto")
+    y = fast(x)
+    assert fast._session().device == ("cuda" if cuda else "cpu")
+    raw = ort.InferenceSession(fast.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    if not cuda:  # same session kind: bit-identical
+        np.testing.assert_array_equal(y.numpy(), raw.run(None, {"x": x.numpy()})[0])
+        with pytest.raises(ValueError, match="no CUDAExecutionProvider .*pip install onnxruntime-gpu"):
+            qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="cuda")(x)
+    with pytest.raises(ValueError, match="device='tpu': use 'auto', 'cpu' or 'cuda'"):
+        qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="tpu")(x)
