@@ -184,6 +184,13 @@ CASES = {
     "avg_pool_ceil_mode": ("AveragePool", {"x": X4}, {}, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), 13),
     "global_average_pool": ("GlobalAveragePool", {"x": X4}, {}, {}, 13),
     "lrn": ("LRN", {"x": X4}, {}, dict(size=3, alpha=1e-2, beta=0.75, bias=2.0), 13),
+    # GatherND (a torch SDPA export's attention mask, MiniLM) and IsNaN / IsInf (its masked rows)
+    "gather_nd_slices": ("GatherND", {"x": X4}, {"i": i64(1, 2, 0, -1).reshape(2, 2)}, {}, 13),
+    "gather_nd_elements": ("GatherND", {"x": X4}, {"i": i64(1, 0, 6, 8, 0, 2, -3, 0).reshape(2, 4)}, {}, 13),
+    "gather_nd_batch_dims": ("GatherND", {"x": X4}, {"i": i64(2, 5, 0, 1, 1, 3, 0, 6, 2, 4, 1, -2).reshape(2, 3, 2)}, dict(batch_dims=1), 13),
+    "is_nan": ("IsNaN", {"x": f32(1.0, np.nan, -np.inf, 0.0, np.inf, np.nan)}, {}, {}, 13, (TensorProto.BOOL,)),
+    "is_inf": ("IsInf", {"x": f32(1.0, np.nan, -np.inf, 0.0, np.inf)}, {}, {}, 13, (TensorProto.BOOL,)),
+    "is_inf_negative_only": ("IsInf", {"x": f32(1.0, np.nan, -np.inf, 0.0, np.inf)}, {}, dict(detect_positive=0), 13, (TensorProto.BOOL,)),
 }  # fmt: skip
 
 
@@ -266,3 +273,26 @@ def test_duplicate_node_names_get_their_own_layers():
     np.testing.assert_allclose(y, x @ w1 @ w2, rtol=1e-5, atol=1e-6)
     layers = dict(module.named_children())
     assert len(layers) == 2 and all(isinstance(m, torch.nn.Linear) for m in layers.values())
+
+
+def test_embedding_table_constant_read_at_input_indices():
+    """Regression: Gather(constant table, input ids) - an embedding, as every transformer export
+    writes it - failed ('numpy.ndarray' object has no attribute 'index_select') in the module and
+    in capture (``quantbridge compare`` on MiniLM)."""
+    table = _rand(11, 6, seed=3)
+    node = helper.make_node("Gather", ["table", "ids"], ["y"], name="embed", axis=0)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 4])],
+        [helper.make_tensor_value_info("y", F32, None)],
+        initializer=[numpy_helper.from_array(table, "table")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    ids = np.array([[0, 3, 10, -1], [5, 5, 2, 1]], np.int64)
+    _compare(model, {"ids": ids})
+    module = qb.import_onnx(model)
+    # captures it; an embedding alone has nothing to quantize: said, and the result is float
+    with pytest.warns(UserWarning, match="nothing in OnnxModule is quantized"):
+        qmodel = qb.quantize(module, [torch.from_numpy(ids)], progress=False)
+    assert list(qmodel.quantizers()) == []
+    np.testing.assert_array_equal(qmodel(torch.from_numpy(ids)).numpy(), np.take(table, ids, 0))

@@ -42,6 +42,8 @@ class QuantModel(torch.fx.GraphModule):
         # (gm, graph) is GraphModule's own signature: deepcopy and pickling call it that way and
         # carry our attributes in gm.__dict__
         super().__init__(gm, graph if graph is not None else gm.graph, class_name="QuantModel")
+        if CONTAINER not in self._modules:  # nothing placed: GraphModule keeps only used modules
+            self.add_module(CONTAINER, nn.Module())
         extra = getattr(gm, "__dict__", {})
         self.qb_recipe = recipe if recipe is not None else extra.get("qb_recipe")
         self.qb_points = points if points is not None else extra.get("qb_points", [])

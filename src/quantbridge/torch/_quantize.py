@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,7 +12,7 @@ from torch import nn
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
 from ._bn_affine import batchnorm_as_conv
-from ._capture import capture
+from ._capture import capture, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
@@ -93,6 +94,13 @@ def prepare(
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
+    if not points:
+        warnings.warn(
+            f"nothing in {type(model).__name__} is quantized: none of its ops is one the recipe "
+            "quantizes (conv, linear, matmul, add, ...) or every one is skipped by a rule; the "
+            "result computes in float",
+            stacklevel=user_stacklevel(),
+        )
     qmodel = QuantModel(gm, recipe=recipe, points=points, source=model)
     qmodel.register_forward_pre_hook(check_call_hook, with_kwargs=True)  # one-line shape errors
     qmodel.qb_capture = {

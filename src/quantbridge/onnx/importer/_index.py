@@ -1,10 +1,14 @@
-"""Indexed-update and scan ops of ``import_onnx``: ScatterND (Swin's attention mask), CumSum
+"""Indexed ops of ``import_onnx``: ScatterND (Swin's attention mask), GatherND (the attention
+mask of a torch SDPA export), CumSum
 (EdgeNeXt's positional encoding).
 
 * ``ScatterND(data, indices, updates)``: ``indices[..., :k]`` address the first ``k`` dimensions
   of ``data``; the result is ``data`` with those slices replaced by ``updates`` (``index_put``),
   or added to them with ``reduction="add"`` (opset 16). Other reductions are refused at import.
   Negative indices count from the end, as in python (opset 18 documents them).
+* ``GatherND(data, indices, batch_dims=b)``: the first ``b`` dimensions of both are batch; each
+  row ``indices[..., :k]`` picks ``data[batch, i0, .., ik-1]`` (a slice when ``k`` is short of the
+  rank); negative indices count from the end (torch's advanced indexing, as ONNX specifies).
 * ``CumSum(x, axis)``: ``exclusive=1`` shifts the running sum by one (the first element is 0),
   ``reverse=1`` sums from the end; both are done by moving elements, never by subtracting, so
   the float results are ``torch.cumsum``'s.
@@ -36,6 +40,19 @@ def _scatter_nd(node, data, indices, updates):
     index = tuple(indices[..., i] for i in range(depth))
     accumulate = node.attr("reduction", "none") == "add"
     return torch.index_put(data, index, updates.to(data.dtype), accumulate=accumulate)
+
+
+@register("GatherND", since=11)
+def _gather_nd(node, data, indices):
+    data, indices = as_tensor(data), as_tensor(indices).long()
+    b = node.attr("batch_dims", 0)
+    k = indices.shape[-1]
+    batch = tuple(data.shape[:b])
+    flat = data.reshape(-1, *data.shape[b:])  # (B, ...)
+    idx = indices.reshape(flat.shape[0], *indices.shape[b:-1], k)
+    rows = torch.arange(flat.shape[0]).reshape(-1, *([1] * (idx.ndim - 2)))
+    picked = flat[(rows, *(idx[..., j] for j in range(k)))]
+    return picked.reshape(*batch, *indices.shape[b:-1], *data.shape[b + k :])
 
 
 @register("CumSum", since=11, static=(1,))

@@ -164,6 +164,24 @@ _UNARY = {
 for _op, _torch_fn in _UNARY.items():
     register(_op)(lambda node, x, _f=_torch_fn: _f(as_tensor(x)))
 register("Neg", host=lambda node, x: np.negative(x))(lambda node, x: -as_tensor(x))
+register("IsNaN", since=9, host=lambda node, x: np.isnan(x))(
+    lambda node, x: torch.isnan(as_tensor(x))
+)
+
+
+def _isinf_mask(node, x, isinf, positive, negative):
+    """IsInf's ``detect_positive`` / ``detect_negative`` (both on by default)."""
+    pos, neg = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+    if pos and neg:
+        return isinf(x)
+    if pos:
+        return positive(x)
+    return negative(x) if neg else positive(x) & negative(x)  # neither: all False
+
+
+register(
+    "IsInf", since=10, host=lambda node, x: _isinf_mask(node, x, np.isinf, np.isposinf, np.isneginf)
+)(lambda node, x: _isinf_mask(node, as_tensor(x), torch.isinf, torch.isposinf, torch.isneginf))
 
 
 @register("LeakyRelu")

@@ -192,6 +192,7 @@ def _gather(node, data, indices):
         picked = data.index_select(axis, torch.tensor(flat, dtype=torch.int64))
         shape = list(data.shape[:axis]) + list(indices.shape) + list(data.shape[axis + 1 :])
         return picked.reshape(shape)
+    data = as_tensor(data)  # an embedding table (a constant) read at input-dependent indices
     n = data.shape[axis]
     indices = torch.where(indices < 0, indices + n, indices)
     picked = data.index_select(axis, indices.reshape(-1))
