@@ -184,6 +184,8 @@ CASES = {
     "avg_pool_ceil_mode": ("AveragePool", {"x": X4}, {}, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), 13),
     "global_average_pool": ("GlobalAveragePool", {"x": X4}, {}, {}, 13),
     "lrn": ("LRN", {"x": X4}, {}, dict(size=3, alpha=1e-2, beta=0.75, bias=2.0), 13),
+    # regression: a mask Where with two scalar float32 branches gave float64 (MiniLM's SDPA mask)
+    "where_scalar_branches": ("Where", {"c": np.array([[True, False, True]])}, {"a": np.array(0.0, np.float32), "b": np.array(-3.4e38, np.float32)}, {}, 13),
     # GatherND (a torch SDPA export's attention mask, MiniLM) and IsNaN / IsInf (its masked rows)
     "gather_nd_slices": ("GatherND", {"x": X4}, {"i": i64(1, 2, 0, -1).reshape(2, 2)}, {}, 13),
     "gather_nd_elements": ("GatherND", {"x": X4}, {"i": i64(1, 0, 6, 8, 0, 2, -3, 0).reshape(2, 4)}, {}, 13),

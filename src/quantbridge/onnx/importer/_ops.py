@@ -134,9 +134,10 @@ def _mean(node, *xs):
 
 @register("Where", host=lambda node, c, a, b: np.where(c, a, b), elementwise=True)
 def _where(node, cond, a, b):
+    dtype = next((x.dtype for x in (a, b) if isinstance(x, np.ndarray)), None)
     a, b = operand(a), operand(b)
-    if not torch.is_tensor(a) and not torch.is_tensor(b):
-        a = as_tensor(np.asarray(a))
+    if not torch.is_tensor(a) and not torch.is_tensor(b):  # keep the constants' dtype (float32)
+        a = as_tensor(np.asarray(a, dtype=dtype))
     return torch.where(as_tensor(cond), a, b)
 
 
