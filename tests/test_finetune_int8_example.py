@@ -9,24 +9,13 @@ loop; ORT on the exported file 96.9%) and 97.3% (Lightning; ORT 97.8%).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "finetune_int8_onnx.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("finetune_int8_onnx", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from example_modules import load_example
 
 
 def test_finetune_int8_onnx_example(tmp_path, capsys):
-    example = _load_example()
+    example = load_example("finetune_int8_onnx")
     out = tmp_path / "report.json"
     assert example.main(["--float-epochs", "3", "--epochs", "2", "--json", str(out)]) == 0
     assert "new task (digits 5-9)" in capsys.readouterr().out

