@@ -79,3 +79,25 @@ def test_bad_budget_names_the_variable(monkeypatch):
     monkeypatch.setenv("QB_CAPTURE_BUDGET_S", "soon")
     with pytest.raises(ValueError, match="QB_CAPTURE_BUDGET_S='soon'"):
         capture_budget()
+
+
+def test_the_interruption_lands_only_in_sympy_frames():
+    """Regression (CI segfault after a 1 ms budget): an exception raised at an arbitrary bytecode
+    can skip a ``finally`` that restores torch's global state. The deadline raises only inside
+    sympy; elsewhere it waits for the next sympy step."""
+    import time
+
+    import sympy
+
+    from quantbridge.torch._deadline import CaptureTimeout, can_interrupt, deadline
+
+    if not can_interrupt():
+        pytest.skip("SIGALRM needs the main thread of a POSIX process")
+    end = time.monotonic() + 0.2
+    with deadline(0.01):  # plain Python past the budget: not interrupted
+        while time.monotonic() < end:
+            pass
+    x = sympy.Symbol("x")
+    with pytest.raises(CaptureTimeout), deadline(0.01):
+        for k in range(10**6):  # sympy work past the budget: interrupted
+            sympy.expand((x + k) ** 3)

@@ -7,6 +7,13 @@ the time is up (``SIGALRM``, so only on the main thread of a POSIX process; else
 runs unbounded). ``CaptureTimeout`` derives from ``BaseException`` so that no ``except Exception``
 inside torch or sympy swallows it and carries on.
 
+The interruption is raised only while sympy (or torch's pure sympy helpers) is running: an
+exception raised at an arbitrary bytecode can land inside a ``finally`` or ``__exit__`` that
+restores torch's global state (dispatch modes, the eval-frame hook), leave that state broken and
+crash a later capture (seen as a segfault in CI, a few tests after a 1 ms budget fired). When the
+timer fires elsewhere, it is re-armed for ``RETRY_S`` and tried again, so the block ends at the
+first sympy step after the budget. The explosion this guards against is sympy's.
+
 The limit is ``CAPTURE_BUDGET_S`` seconds, or the ``QB_CAPTURE_BUDGET_S`` environment variable
 (``0`` or ``none`` turns it off).
 """
@@ -20,6 +27,9 @@ import threading
 from collections.abc import Iterator
 
 CAPTURE_BUDGET_S = 120.0
+RETRY_S = 0.002
+# modules whose frames hold no torch global state: safe places to raise an interruption
+_SAFE_MODULES = ("sympy", "torch.utils._sympy")
 
 
 class CaptureTimeout(BaseException):  # noqa: N818 - an interruption, like KeyboardInterrupt
@@ -54,7 +64,9 @@ def deadline(seconds: float | None) -> Iterator[None]:
         return
 
     def expired(signum, frame):
-        raise CaptureTimeout(f"capture took longer than {seconds:g} s")
+        if _is_safe(frame):
+            raise CaptureTimeout(f"capture took longer than {seconds:g} s")
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -63,3 +75,11 @@ def deadline(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _is_safe(frame) -> bool:
+    """The interrupted frame is sympy's own code (not a cleanup handler of torch's)."""
+    if frame is None:
+        return False
+    name = frame.f_globals.get("__name__", "")
+    return any(name == m or name.startswith(m + ".") for m in _SAFE_MODULES)
