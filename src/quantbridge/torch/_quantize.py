@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from ._capture import capture, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
+from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters
 from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
@@ -91,6 +93,9 @@ def prepare(
         smoothed, alphas = smooth(gm, recipe, batches)
     elif recipe.smoothquant is not None:
         replay(gm, recipe, smoothed)
+    if recipe.float_outlier_residuals:  # measured once, kept as rules (``load`` replays them)
+        found = outlier_residuals(gm, example_args, example_kwargs)
+        recipe = replace(recipe.with_rules(*outlier_rules(found)), float_outlier_residuals=False)
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
