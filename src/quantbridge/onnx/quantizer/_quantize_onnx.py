@@ -5,7 +5,8 @@ There is no second quantizer: the file goes through the same steps as a torch mo
 1. ``import_onnx`` (a float ``nn.Module``; a file below opset 13 whose ops the importer refuses at
    that opset is first upgraded with ``onnx.version_converter``);
 2. ``quantize`` (capture, placement, calibration on the checked ``CalibrationSet``, freeze),
-   with the output head in float (``_head``: ``-> Sigmoid`` / ``-> Softmax`` layers);
+   with the output head in float (``_head``: ``-> Sigmoid`` / ``-> Softmax`` layers; ``_outputs``:
+   a layer writing a graph output whose channels span ranges too far apart for one scale);
 3. ``to_onnx`` (QDQ export at the recipe's opset, >= 13), then ``onnx.checker`` (full check).
 
 The output keeps the source's interface: graph input and output names, static dimensions, and
@@ -29,6 +30,7 @@ from ..exporter import to_onnx
 from ..importer import import_onnx
 from ._calib_data import CalibrationSet, GraphInput, graph_inputs
 from ._head import head_rules
+from ._outputs import output_rules
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
 
@@ -53,7 +55,7 @@ def quantize_onnx(
     (>= 13; default the recipe's, else 18). ``batch_size``: samples per calibration forward pass
     (default 8, or the file's static batch size). ``float_head``: keep the weighted layers whose
     outputs reach a graph output through float ops only (``-> Sigmoid``, ``-> Softmax``) in
-    float (``_head``).
+    float (``_head``), and those writing a graph output of mixed channel ranges (``_outputs``).
     """
     model = load_model(src)
     inputs = graph_inputs(model)
@@ -64,6 +66,7 @@ def quantize_onnx(
     module = _import(model)
     if float_head:
         the_recipe = the_recipe.with_rules(*head_rules(model, module.onnx_names))
+        the_recipe = the_recipe.with_rules(*output_rules(model, module, data.first()))
     dynamic = dynamic_mode(inputs)
     try:
         qmodel = quantize(module, data, the_recipe, progress=progress, dynamic=dynamic)
