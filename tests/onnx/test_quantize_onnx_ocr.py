@@ -8,7 +8,7 @@ by ONNX Runtime node by node and fused (see ``_ort``) against the float file:
 * recognizer: lines read exactly (greedy CTC); target 91%, measured 98.4% / 96.9% fused with
   ``--method mse --recipe int8_avx2`` (met; 82.8% with the default minmax);
 * direction classifier: same label as float (half of the lines upside down); target 99%,
-  measured 99.2% node by node, 93.75% in the fused session of this AVX2 CPU.
+  measured 99.2% node by node and fused with ``--method mse --recipe int8_avx2`` (met).
 
 Model zoo (``onnx/backend/test/data/light``, opset 9): each file quantizes (opset 9 in, 18 out),
 passes the checker and runs in ONNX Runtime with the float file's output shape; a graph with an
@@ -113,12 +113,14 @@ def test_recognizer_reads_lines(tmp_path, _):
 def test_classifier_same_label(tmp_path, _):
     """16 calibration / 128 evaluation lines of 48 x 192, half of each upside down.
 
-    Same label as float: measured 99.2% node by node (target 99% met), 93.75% fused on this
-    AVX2-without-VNNI CPU (saturation, see ``_ort``; 7-bit weights avoid it: 97.7%). Bounds:
-    98% (one line of margin for float summation order on other CPUs) and 90%."""
+    Same label as float, with ``--method mse --recipe int8_avx2``: measured 99.2% node by node
+    and fused (target 99% met both ways). With the default (minmax, int8): 99.2% node by node,
+    93.75% fused on this AVX2-without-VNNI CPU (saturation, see ``_ort``). Bounds: 98% (one line
+    of margin for float summation order on other CPUs)."""
     upright, _t = ocr_data.lines(range(8), 192)
     flipped, _t = ocr_data.lines(range(8, 16), 192, flip=True)
-    out = _quantize(tmp_path, CLS, np.concatenate([upright, flipped]))
+    calib = np.concatenate([upright, flipped])
+    out = _quantize(tmp_path, CLS, calib, "--method", "mse", "--recipe", "int8_avx2")
     x = np.concatenate(
         [ocr_data.lines(range(2000, 2064), 192)[0], ocr_data.lines(range(3000, 3064), 192, True)[0]]
     )
@@ -127,7 +129,7 @@ def test_classifier_same_label(tmp_path, _):
     same = (_ort(out, {"x": x}, optimize=False).argmax(1) == expected).mean()
     assert same >= 0.98, f"node by node {same:.4f}"
     same = (_ort(out, {"x": x}).argmax(1) == expected).mean()
-    assert same >= 0.9, f"fused {same:.4f}"
+    assert same >= 0.98, f"fused {same:.4f}"
 
 
 # -- onnx model-zoo graphs -----------------------------------------------------------------------
