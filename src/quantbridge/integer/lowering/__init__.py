@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from .._program import Boundary, IntegerProgram
-from . import _eltwise, _linear, _movement, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401
 from ._core import (
     LOWERINGS,
     Builder,

@@ -10,6 +10,8 @@ range_b`` for a product of two activations). A layer whose bound exceeds the acc
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,7 +83,40 @@ def linear(
             qmin=qmin, qmax=qmax, dtype=out.dtype, bound=worst, **attrs,
         )  # fmt: skip
 
-    return Pending(name, realize)
+    if op != "matmul":
+        return Pending(name, realize)
+
+    def with_bias(add: onnx.NodeProto, codes: np.ndarray) -> Pending:
+        biased = {**attrs, "bias": np.asarray(attrs["bias"], np.int64) + codes}
+        return linear(b, add, op, inputs, acc_scale, bound + np.abs(codes), **biased)
+
+    return LinearPending(name, realize, acc_scale=acc_scale, with_bias=with_bias)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearPending(Pending):
+    """A MatMul's accumulator before its requantization, which a following ``Add`` of an int32
+    bias (torch's export of a 3-D ``Linear``: ``MatMul -> Add(DequantizeLinear(bias))``) can
+    still enter: ``with_bias(add_node, codes)`` is the layer with ``codes`` added."""
+
+    acc_scale: np.ndarray | None = None
+    with_bias: Callable[[onnx.NodeProto, np.ndarray], Pending] | None = None
+
+
+def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
+    """``MatMul -> Add(bias)`` with an integer bias along the last axis (``DequantizeLinear``
+    of int32 codes): the bias joins the accumulator (rescaled offline, as ``_bias_codes``, when
+    its scale is not the accumulator's). None when ``ins`` is not that pattern."""
+    if node.op_type != "Add" or len(ins) != 2:
+        return None
+    for acc, bias in (ins, ins[::-1]):
+        if (isinstance(acc, LinearPending) and isinstance(bias, QConst) and bias.q.ndim <= 1
+                and acc.lo == -np.inf and acc.hi == np.inf
+                and np.issubdtype(bias.q.dtype, np.integer)
+                and np.asarray(bias.q).size in (1, acc.acc_scale.size)):  # fmt: skip
+            codes = _bias_codes(node, bias, acc.acc_scale)
+            return acc.with_bias(node, codes)
+    return None
 
 
 def _conv_geometry(node: onnx.NodeProto, weight: np.ndarray, transpose: bool) -> dict[str, Any]:

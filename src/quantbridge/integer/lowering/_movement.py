@@ -84,9 +84,10 @@ def _movement(op: str, make_attrs):
 
 
 def _reshape_attrs(node, ins, a) -> dict[str, Any]:
-    if a.get("allowzero", 0):
-        raise LoweringError(f"{describe_node(node)}: allowzero=1 is not lowered")
-    return {"shape": tuple(_ints(node, ins[1], "shape"))}
+    shape = tuple(_ints(node, ins[1], "shape"))
+    if a.get("allowzero", 0) and 0 in shape:  # allowzero only changes the meaning of a 0
+        raise LoweringError(f"{describe_node(node)}: allowzero=1 with a 0 in the shape")
+    return {"shape": shape}
 
 
 def _axes(node, ins, a) -> dict[str, Any]:
