@@ -2,7 +2,7 @@
 (integer softmax and layer norm, ``kernels._normalize``), the three emitters agree bit for bit,
 and the program stays close to ONNX Runtime running the QDQ model (float softmax / layer norm).
 
-The model: two ``zoo.EncoderBlock`` (attention with an explicit ``q @ k^T``, softmax, GELU MLP,
+The model: ``zoo.EncoderStack``, two ``zoo.EncoderBlock`` (attention with an explicit ``q @ k^T``, softmax, GELU MLP,
 LayerNorm after each residual) and a per-token Linear head, so that every LayerNormalization's
 output is quantized (a block's own last LayerNorm feeds only the graph output, which quantbridge
 leaves float: the lowering refuses float outputs, tested in ``test_integer_errors``).
@@ -19,30 +19,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 import quantbridge as qb
 from quantbridge.numerics import isqrt_newton, round_divide
-from quantbridge.zoo import EncoderBlock
+from quantbridge.zoo import EncoderStack
 
 SHAPE = (2, 8, 32)  # batch, tokens, width (4 heads of 8)
 
 
-class Encoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(EncoderBlock(32, 4, 64) for _ in range(2))
-        self.head = nn.Linear(32, 16)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def quantized_encoder():
     torch.manual_seed(0)
-    model = Encoder().eval()
+    model = EncoderStack().eval()
     data = [torch.randn(*SHAPE) for _ in range(4)]
     return qb.quantize(model, data, recipe="int8", progress=False)
 
