@@ -62,6 +62,9 @@ class QConst:
 class QValue:
     tensor: QTensor
     integer: bool = False
+    # a bound on sum |q - z| along the last axis when one is known (softmax probabilities:
+    # 2**15 + K/2), tighter than K * max|q - z| for the accumulator of a MatMul reading it
+    row_sum: int | None = None
 
 
 Realize = Callable[["Builder", QTensor, int, int], None]

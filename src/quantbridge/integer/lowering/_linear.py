@@ -197,16 +197,20 @@ def matmul_const(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias) -> Pe
                   b_zero=w_zero, bias=bias_codes)  # fmt: skip
 
 
-def matmul_act(b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float) -> Pending:
+def matmul_act(
+    b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float, row_sum=None
+) -> Pending:
     """``a @ b`` of two program tensors (attention scores, ...): scalar parameters; the bound
-    uses K from ONNX shape inference (``K * range_a * range_b``)."""
+    uses K from ONNX shape inference (``K * range_a * range_b``), or ``row_sum * range_b`` when
+    the rows of ``a`` have a known bound on ``sum |q - z|`` (softmax probabilities)."""
     k = b.dim(node.input[0], -1)
-    if k is None:
+    if k is None and row_sum is None:
         raise LoweringError(
             f"{describe_node(node)}: the reduction length of {node.input[0]!r} is unknown, so "
             "its accumulator cannot be bounded; export with static shapes"
         )
-    bound = np.array([k * code_range(a, az) * code_range(bt, bz)], dtype=np.float64)
+    rows = k * code_range(a, az) if row_sum is None else row_sum
+    bound = np.array([rows * code_range(bt, bz)], dtype=np.float64)
     return linear(b, node, "matmul", [a, bt], np.array([acc_scale]), bound, a_zero=az,
                   b_zero=np.int64(bz), bias=np.zeros(1, np.int64))  # fmt: skip
 
@@ -215,8 +219,8 @@ def matmul_act(b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: fl
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     a = as_activation(node, ins[0])
     if isinstance(ins[1], QValue):
-        t = ins[1].tensor
-        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, a.scale * t.scale)]
+        t, row_sum = ins[1].tensor, getattr(ins[0], "row_sum", None)
+        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, a.scale * t.scale, row_sum)]
     w = as_qconst(node, ins[1], "the second operand")
     return [matmul_const(b, node, a, a.scale, a.zero_point, w, None)]
 

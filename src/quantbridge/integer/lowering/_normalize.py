@@ -7,7 +7,8 @@ What the exporter writes, and what is lowered:
   probabilities float (``torch._ops.KEEP_FLOAT_OUTPUT_OPS``), so the Softmax output feeds the
   float ``MatMul`` with the values, whose QuantizeLinear comes after. The program holds the
   probabilities as int16 codes of scale ``2**-15`` (zero point 0); the MatMul then multiplies
-  int16 x 8-bit codes (int32 sums, bound ``K * 2**15 * 2**8``). A QuantizeLinear directly after
+  int16 x 8-bit codes (int32 sums: a row of probabilities sums to at most ``2**15 + K/2``, so
+  ``|acc| <= (2**15 + K/2) * 2**8`` for every length the softmax sum allows, K < 2**15). A QuantizeLinear directly after
   the Softmax (other exporters) requantizes those codes to its grid. The input must be an 8-bit
   tensor times an increasing affine function (the attention scale): softmax is shift-invariant,
   so only the slope per code, ``beta``, enters its exp table of code differences.
@@ -104,7 +105,8 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     table = np.rint(np.exp(-beta * d) * 2**SOFTMAX_EXP_BITS).astype(np.int64)
     out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
     b.step("softmax", name, [source], out, table=table)
-    return [QValue(out)]
+    # each p_j <= e_j 2**15 / S + 1/2: a row sums to at most 2**15 + K/2
+    return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2)]
 
 
 def _normalized_length(b: Builder, node: onnx.NodeProto, axis: int) -> tuple[int, tuple]:
