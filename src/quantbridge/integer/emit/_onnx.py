@@ -292,7 +292,7 @@ def _transpose(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Transpose", ins, out, perm=list(perm))
 
 
-@_register("slice", "resize_nearest")
+@_register("slice", "resize_nearest", "gather")
 def _gather(g: _Graph, step, ins: list[str], out: str) -> None:
     """A gather through the flat index map the numpy kernel computes on ``arange``."""
     shape = g.shapes[step.inputs[0]]

@@ -21,6 +21,7 @@ from ...numerics import fixed_point_multipliers
 from .._program import QTensor
 from ._core import (
     Builder,
+    Elementwise,
     LoweringError,
     Pending,
     QConst,
@@ -215,14 +216,30 @@ def matmul_act(
                   b_zero=np.int64(bz), bias=np.zeros(1, np.int64))  # fmt: skip
 
 
+def scaled_activation(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, float]:
+    """``(tensor, c)`` for an operand ``c * dequantize(tensor)`` with a constant ``c > 0``
+    (``scaled_dot_product_attention`` exports ``q * sqrt(scale)`` and ``k * sqrt(scale)``):
+    ``c`` joins the accumulator scale. A plain dequantized tensor has ``c = 1``."""
+    if isinstance(v, Elementwise):
+        t = v.source
+        r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
+        with np.errstate(all="ignore"):
+            f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
+        c = float(f[-1] / r[-1]) if r[-1] else 0.0
+        if c > 0 and np.allclose(f, c * r, rtol=1e-9, atol=1e-12 * np.abs(f).max()):
+            return t, c
+    return as_activation(node, v), 1.0
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    a = as_activation(node, ins[0])
-    if isinstance(ins[1], QValue):
-        t, row_sum = ins[1].tensor, getattr(ins[0], "row_sum", None)
-        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, a.scale * t.scale, row_sum)]
+    a, ca = scaled_activation(node, ins[0])
+    if isinstance(ins[1], QValue | Elementwise):
+        (t, cb), row_sum = scaled_activation(node, ins[1]), getattr(ins[0], "row_sum", None)
+        scale = a.scale * t.scale * ca * cb
+        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, scale, row_sum)]
     w = as_qconst(node, ins[1], "the second operand")
-    return [matmul_const(b, node, a, a.scale, a.zero_point, w, None)]
+    return [matmul_const(b, node, a, a.scale * ca, a.zero_point, w, None)]
 
 
 @register_lowering("Gemm")
