@@ -91,6 +91,11 @@ def test_refusals_name_the_node_and_the_fix(qdq_graph):
     first_axis = g.node("Softmax", [g.x], axis=1)
     with pytest.raises(qb.LoweringError, match=f"Softmax '{first_axis}'.*only the last axis"):
         qb.lower(g.model(g.quant(first_axis, 1 / 256, 0)))
+    g = qdq_graph((2, 4, 8))
+    old_default = g.model(g.quant(g.node("Softmax", [g.x]), 1 / 256, 0))
+    old_default.opset_import[0].version = 12  # default axis 1: softmax over the flattened 4 x 8
+    with pytest.raises(qb.LoweringError, match="axis 1 of a rank-3"):
+        qb.lower(old_default)
     g = qdq_graph((2, 8))
     curved = g.node("Softmax", [g.node("Sigmoid", [g.x])])
     with pytest.raises(qb.LoweringError, match="non-linear or decreasing"):

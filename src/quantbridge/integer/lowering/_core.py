@@ -126,6 +126,7 @@ class Builder:
         self.overflows: list[str] = []
         self.onnx_tensors: dict[str, str] = {}
         self.readers: dict[str, int] = {}  # ONNX tensor -> nodes reading it (+1: graph output)
+        self.opset = 21  # the model's default-domain opset (``lower`` sets it)
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""

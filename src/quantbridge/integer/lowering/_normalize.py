@@ -89,7 +89,9 @@ def _softmax_source(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, flo
 def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     source, beta = _softmax_source(node, ins[0])
     rank = len(b.shapes.get(node.input[0], ())) or None
-    axis = int(attrs_of(node).get("axis", -1))  # opset >= 13 semantics: one axis
+    # before opset 13 the default axis is 1 and the input is flattened to 2-D from it: the same
+    # as one softmax over the last axis exactly when that axis is the last one
+    axis = int(attrs_of(node).get("axis", -1 if b.opset >= 13 else 1))
     if not (axis == -1 or (rank is not None and axis % rank == rank - 1)):
         raise LoweringError(f"{describe_node(node)}: softmax over axis {axis} of a rank-{rank} "
                             "tensor; only the last axis is lowered")  # fmt: skip
