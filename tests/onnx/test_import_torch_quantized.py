@@ -117,5 +117,7 @@ def test_cast_to_another_integer_type_is_refused(tmp_path):
     model = onnx.load(path)
     cast = next(n for n in model.graph.node if n.op_type == "Cast" and n.attribute[0].i == 2)
     cast.attribute[0].i = onnx.TensorProto.INT8  # uint8 codes read as int8: another meaning
-    with pytest.raises(ValueError, match=r"'/conv/Cast' \(op Cast\) casts the UINT8 codes .* to INT8"):
+    with pytest.raises(
+        ValueError, match=r"'/conv/Cast' \(op Cast\) casts the UINT8 codes .* to INT8"
+    ):
         qb.import_onnx(model)

@@ -42,6 +42,7 @@ from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._progress import stage
 from ...torch._qat import folded_copy
+from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
 from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
@@ -140,6 +141,7 @@ def to_onnx(
         warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
     for message in saturation_warnings(qmodel):
         warnings.warn(message, SaturationWarning, stacklevel=user_stacklevel())
+    adopt_replaced_layers(qmodel)  # a layer replaced since the last call (transfer learning)
     with quiet_torch():
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
