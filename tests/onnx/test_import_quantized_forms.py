@@ -298,7 +298,17 @@ def test_qoperator_unary_ops_match_ort(op, attrs):
     assert (steps > 1e-3).mean() <= 0.01, (steps > 1e-3).mean()
 
 
-def test_export_of_a_dynamic_import_is_refused(tmp_path):
-    qmodel = qb.import_onnx(_contrib_matmul("DynamicQuantizeMatMul"))
-    with pytest.raises(ValueError, match="dynamically quantized.*quantbridge.quantize"):
-        qb.export(qmodel, tmp_path / "m.onnx", example_inputs=torch.randn(2, 8))
+def test_export_of_a_dynamic_import_writes_dynamic_quantize_linear(tmp_path):
+    """The dynamic quantizer survives export as DynamicQuantizeLinear -> DequantizeLinear (it was
+    refused before); ORT runs the file with the import's outputs up to float32 rounding (the
+    import sums dequantized values in float32, ORT too here: 1e-5 of the largest output)."""
+    model = _contrib_matmul("DynamicQuantizeMatMul")
+    qmodel = qb.import_onnx(model)
+    x = torch.randn(6, 8)
+    qb.export(qmodel, tmp_path / "m.onnx", example_inputs=x)
+    out = onnx.load(str(tmp_path / "m.onnx"))
+    assert [n.op_type for n in out.graph.node][:2] == ["DynamicQuantizeLinear", "DequantizeLinear"]
+    with torch.no_grad():
+        y = qmodel(x).numpy()
+    got = _ort(out, x.numpy())
+    assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max()

@@ -44,7 +44,6 @@ from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
-from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._relu_quant import relu_into_quantize
@@ -121,13 +120,6 @@ def to_onnx(
         raise TypeError(
             f"export expects the QuantModel returned by quantbridge.quantize, got "
             f"{type(qmodel).__name__}"
-        )
-    if any(n.target is DYNAMIC_SITE_TARGET for n in qmodel.graph.nodes):
-        raise ValueError(
-            "this QuantModel was imported from a dynamically quantized ONNX file "
-            "(DynamicQuantizeLinear): its activation scales are computed on every call, which a "
-            "QDQ file cannot hold, so it cannot be exported. Quantize the float model statically "
-            "(quantbridge.quantize) to export it"
         )
     opset = _choose_opset(qmodel, opset)
     messages = slow_form_warnings(qmodel)

@@ -31,6 +31,7 @@ from ...numerics import QScheme, bias_scale, dequantize
 from ...recipe import Recipe, TensorRecipe
 from ...torch._batches import as_call, input_spec
 from ...torch._capture import capture
+from ...torch._dynamic import DynamicQuantizer
 from ...torch._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from ...torch._model import QuantModel
 from ...torch._ops import WEIGHTED_OPS
@@ -38,7 +39,7 @@ from ...torch._passes import own_parameters
 from ...torch._placement import CONTAINER, QuantPoint, module_of
 from ._module import OnnxModule
 from ._quantized import QuantRecord
-from ._site import SITE_TARGET
+from ._site import DYNAMIC_SITE_TARGET, SITE_TARGET
 
 _WEIGHT_INPUT, _BIAS_INPUT = 1, 2  # of Conv, ConvTranspose, Gemm, MatMul
 
@@ -113,6 +114,9 @@ class _Builder:
     # -- activations ----------------------------------------------------------------------------
     def sites(self) -> None:
         for node in list(self.gm.graph.nodes):
+            if node.op == "call_function" and node.target is DYNAMIC_SITE_TARGET:
+                self._dynamic(node)
+                continue
             if node.op != "call_function" or node.target is not SITE_TARGET:
                 continue
             x, grid, observe = node.args
@@ -120,6 +124,17 @@ class _Builder:
             new = self._call(target, node, x, {} if observe else {"observe": False})
             node.replace_all_uses_with(new)
             self.gm.graph.erase_node(node)
+
+    def _dynamic(self, node: torch.fx.Node) -> None:
+        """A ``DynamicQuantizeLinear`` of the file: a ``DynamicQuantizer`` (kind ``dynamic``)."""
+        x = node.args[0]
+        name = getattr(x, "name", node.name)
+        q = DynamicQuantizer(name)
+        point = QuantPoint("", name, "dynamic", module_of(node)[0], node.name,
+                           q.scheme.to_dict(), "file")  # fmt: skip
+        new = self._call(self._add(q, point), node, x)
+        node.replace_all_uses_with(new)
+        self.gm.graph.erase_node(node)
 
     def _quantizer(self, grid: int, node: torch.fx.Node) -> tuple[Quantizer, str]:
         if grid not in self.by_grid:
