@@ -47,6 +47,10 @@ from ._site import DYNAMIC_SITE_TARGET, SITE_TARGET
 _WEIGHT_INPUT, _BIAS_INPUT = 1, 2  # of Conv, ConvTranspose, Gemm, MatMul
 _aten = torch.ops.aten
 _ELEMENTWISE = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor}
+# ops whose weight (and bias) the file may store as integers: (input, weight, bias, out axis)
+# positions. LayerNormalization too: ONNX Runtime's QDQ files hold its scale as int8 and its bias
+# as int32 with scale input x weight scale, as for a conv (placement never quantizes it itself)
+_WEIGHTED = {**WEIGHTED_OPS, _aten.layer_norm.default: (0, 2, 3, 0)}
 
 
 def example_inputs(proto: onnx.ModelProto, consts: set[str]) -> tuple[tuple, str]:
@@ -155,9 +159,9 @@ class _Builder:
     # -- weights and biases ---------------------------------------------------------------------
     def weighted(self) -> None:
         for node in list(self.gm.graph.nodes):
-            if node.op != "call_function" or node.target not in WEIGHTED_OPS:
+            if node.op != "call_function" or node.target not in _WEIGHTED:
                 continue
-            i_x, i_w, i_b, _ = WEIGHTED_OPS[node.target]
+            i_x, i_w, i_b, _ = _WEIGHTED[node.target]
             w = node.args[i_w]
             if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
                 continue
