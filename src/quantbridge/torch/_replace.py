@@ -57,7 +57,10 @@ def adopt_replaced_layers(qmodel: nn.Module) -> None:
 
 
 def adopt_hook(module: nn.Module, args) -> None:
-    """``register_forward_pre_hook(adopt_hook)``."""
+    """``register_forward_pre_hook(adopt_hook)``. Not while tracing (``torch.export``,
+    ``torch.compile``): the parameters are stand-ins then, and export adopts before tracing."""
+    if torch.compiler.is_compiling():
+        return
     adopt_replaced_layers(module)
 
 
