@@ -93,6 +93,12 @@ def test_new_head_of_another_size_trains_exports_and_matches_ort(case, tmp_path)
     ort_out = run_ort(str(out), x.numpy(), optimize=False)
     steps = np.abs(got - ort_out) / float(out_q.scale)
     assert steps.max() <= 1.0 + 1e-3, steps.max()
+    # qb.save / qb.load into a fresh import given the same new head: bit-identical
+    qb.save(qmodel, tmp_path / "m.qb")
+    fresh = _imported(tmp_path, case)
+    setattr(fresh, layer, new_head())
+    with torch.no_grad():
+        assert torch.equal(qb.load(tmp_path / "m.qb", fresh)(x), torch.from_numpy(got))
     weights = {i.name: i for i in onnx.load(str(out)).graph.initializer}
     head_w = [w for name, w in weights.items() if layer in name and len(w.dims) >= 2]
     assert head_w and head_w[0].dims[0] == 5, [(n, w.dims) for n, w in weights.items()]
