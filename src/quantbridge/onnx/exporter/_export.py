@@ -42,8 +42,8 @@ from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._progress import stage
 from ...torch._qat import folded_copy
+from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
-from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._relu_quant import relu_into_quantize
@@ -121,13 +121,6 @@ def to_onnx(
             f"export expects the QuantModel returned by quantbridge.quantize, got "
             f"{type(qmodel).__name__}"
         )
-    if any(n.target is DYNAMIC_SITE_TARGET for n in qmodel.graph.nodes):
-        raise ValueError(
-            "this QuantModel was imported from a dynamically quantized ONNX file "
-            "(DynamicQuantizeLinear): its activation scales are computed on every call, which a "
-            "QDQ file cannot hold, so it cannot be exported. Quantize the float model statically "
-            "(quantbridge.quantize) to export it"
-        )
     opset = _choose_opset(qmodel, opset)
     messages = slow_form_warnings(qmodel)
     if opset >= PACKED_4BIT_OPSET and _has_4bit_weights(qmodel):
@@ -140,6 +133,7 @@ def to_onnx(
         warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
     for message in saturation_warnings(qmodel):
         warnings.warn(message, SaturationWarning, stacklevel=user_stacklevel())
+    adopt_replaced_layers(qmodel)  # a layer replaced since the last call (transfer learning)
     with quiet_torch():
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes

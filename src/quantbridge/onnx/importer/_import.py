@@ -47,7 +47,7 @@ from torch import nn
 
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
-from . import _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
+from . import _cast, _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
 from ._module import OnnxModule, new_module
 from ._qmodel import quant_model
 from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
