@@ -77,6 +77,18 @@ def test_only_the_graph_output_quantizer_is_dropped(reshape_out):
     # the linear's input (after pooling) and every conv's input are still quantized
     assert [m for m in with_out if m != "fc"] == [m for m in without if m != "fc"]
     assert "fc.weight" in off.quantizers()
+    assert off.qb_outputs == [None] and on.qb_outputs[0] is not None
+
+
+def test_float_output_survives_save_and_load(tmp_path):
+    recipe = dataclasses.replace(qb.Recipe.preset("native"), quantize_outputs=False)
+    q = qb.quantize(SmallCNN().eval(), _images(1), recipe, progress=False)
+    qb.save(q, tmp_path / "q.pt")
+    loaded = qb.load(tmp_path / "q.pt", SmallCNN().eval())
+    assert loaded.qb_outputs == [None]
+    (x,) = _images(3, 1)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), q(x))  # the same placement replayed: bit-identical
 
 
 def test_output_read_by_another_layer_stays_quantized():
