@@ -402,7 +402,7 @@ PRESETS: dict[str, Recipe] = {
     # ResNet-18 run did not finish in 20 min on this overloaded machine) against seconds of
     # calibration; at 4-bit weights it wins clearly (0.35-0.73x). ResNet-18-style (bench quick,
     # 1 thread, 100 steps/layer, on top of 7-bit + equalize + bias correction + float logits):
-    # 40.05 dB vs 44.68 without, 1453 s vs ~60 s at load ~17: not in the bench's best row.
+    # 40.05 dB vs 44.68 without, 1453 s vs 214 s at load 15-20: not in the bench's best row.
     "int8_adaround": Recipe(adaround=AdaRound()),
     "pow2": Recipe(
         weights=TensorRecipe(QScheme(8, True, True, True, PerChannel(0), "pow2"), "minmax"),
