@@ -2,13 +2,17 @@
 with every intermediate quantized tensor captured, against running the same engines once on the
 same inputs without capture.
 
-    python -m bench.debug_compare [--model resnet18|FILE.onnx] [--batch 8] [--size 224]
+    python -m bench.debug_compare [--model resnet18|minilm|FILE.onnx] [--batch 8] [--size 224]
            [--engines ort-ref,ort,ort-qop,integer] [--inputs SAMPLES.npz]
+    python -m bench.debug_compare --model minilm --batch 4 --engines ort-ref,ort,ort-qop,openvino
 
 Each measurement runs in a fresh process (peak RSS is per process), after the libraries are
 imported and the model file is written, so both clocks see the same work: load + run (plain),
 load + capture + compare (compare). The quantized file is made once (ResNet-18-style from
-``quantbridge.zoo``, random weights, 'native' recipe, N(0,1) inputs), or given.
+``quantbridge.zoo``, random weights, 'native' recipe, N(0,1) inputs; or MiniLM-L6 with the
+recipe of ``examples/minilm.py``, 32 calibration sentences, ``--batch`` held-out sentences padded
+to 64 tokens), or given. MiniLM needs its local model folder (``examples/minilm.py``); the
+integer engine cannot lower it (Softmax, LayerNorm), so leave it out of ``--engines``.
 """
 
 from __future__ import annotations
@@ -86,6 +90,21 @@ def _make_resnet(path: Path, batch: int, size: int) -> dict:
     return {"x": np.random.default_rng(1).standard_normal((batch, 3, size, size), np.float32)}
 
 
+def _make_minilm(path: Path, batch: int) -> dict:
+    root = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(root))
+    import minilm
+    from sentences import split
+
+    embedder, tokenizer = minilm.load_embedder()
+    calib_s, eval_s = split(32, batch)
+    batches = minilm.batched(tokenizer, calib_s, 8, 64, "max_length")
+    qmodel = minilm.quantize_embedder(embedder, batches, minilm.make_recipe(), "max_length")
+    minilm.export_int8(qmodel, path, batches[0], "max_length")
+    feeds = minilm.tokenize(tokenizer, eval_s, 64, "max_length")
+    return {k: np.asarray(v) for k, v in feeds.items() if k in minilm.INPUT_NAMES}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18")
@@ -100,9 +119,12 @@ def main(argv=None) -> None:
         print(json.dumps(_child(mode, model_path, inputs_path, engines.split(","))))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "resnet18":
-            model_path = Path(tmp) / "resnet18.int8.onnx"
-            inputs = _make_resnet(model_path, args.batch, args.size)
+        if args.model in ("resnet18", "minilm"):
+            model_path = Path(tmp) / f"{args.model}.int8.onnx"
+            if args.model == "resnet18":
+                inputs = _make_resnet(model_path, args.batch, args.size)
+            else:
+                inputs = _make_minilm(model_path, args.batch)
             inputs_path = Path(tmp) / "inputs.npz"
             np.savez(inputs_path, **inputs)
         else:
