@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -58,10 +57,11 @@ def _plain(model_path: str, inputs: dict, engines: list[str]) -> None:
 
 def _child(mode: str, model_path: str, inputs_path: str, engines: list[str]) -> dict:
     import quantbridge as qb  # noqa: F401  (imported before the clock)
+    from bench.suite.cost_child import peak_rss_kib  # VmHWM: ru_maxrss holds the parent's peak
 
     with np.load(inputs_path) as f:
         inputs = {k: f[k] for k in f.files}
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_kib()
     start = time.perf_counter()
     if mode == "plain":
         _plain(model_path, inputs, engines)
@@ -71,7 +71,7 @@ def _child(mode: str, model_path: str, inputs_path: str, engines: list[str]) -> 
         extra = {"tensors": len(r.tensors), "errors": r.errors,
                  "first_divergence": r.first_divergence}  # fmt: skip
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     return {"mode": mode, "wall_s": wall, "peak_rss_mb": peak / 1024,
             "rss_growth_mb": (peak - base) / 1024, **extra}  # fmt: skip
 
