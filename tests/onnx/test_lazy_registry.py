@@ -10,8 +10,11 @@ import pytest
 import torch
 from torch.onnx._internal.exporter import _registration
 
+import quantbridge as qb
+from quantbridge.onnx.exporter import _torch_onnx
 from quantbridge.onnx.exporter._lazy_registry import lazy_registry
 from quantbridge.onnx.exporter._translate import translation_table
+from quantbridge.zoo import resnet18_style
 
 
 def _entries(decomps):
@@ -37,3 +40,24 @@ def test_same_entries_as_from_torchlib(opset):
     missing = torch.ops.aten.native_channel_shuffle.default
     assert missing.name() not in full.functions and lazy.get_decomps(missing) == []
     assert lazy.is_registered(operator.getitem) and full.is_registered(operator.getitem)
+
+
+def test_export_is_byte_identical_to_the_from_torchlib_registry(monkeypatch, tmp_path):
+    """The whole fast-path export with torch's own registry in place of the lazy one: the same
+    file, byte for byte (ResNet-18-style: conv, BN folded, add, relu, mean, linear, Q/DQ)."""
+    torch.manual_seed(0)
+    model = resnet18_style().eval()
+    x = torch.randn(2, 3, 32, 32)
+    qmodel = qb.quantize(model, [x], "native", progress=False)
+    qb.export(qmodel, tmp_path / "lazy.onnx", example_inputs=x[:1])
+
+    def from_torchlib(opset):
+        registry = _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18))
+        for op, fn in translation_table(opset).items():
+            registry.register_op(op, fn, is_complex=False)
+        return registry
+
+    monkeypatch.setattr(_torch_onnx, "_registry", from_torchlib)
+    qb.export(qmodel, tmp_path / "full.onnx", example_inputs=x[:1])
+    lazy, full = (tmp_path / "lazy.onnx").read_bytes(), (tmp_path / "full.onnx").read_bytes()
+    assert len(lazy) > 10_000 and lazy == full
