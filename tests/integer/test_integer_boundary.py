@@ -88,3 +88,13 @@ def test_input_shapes_lower_a_mean_over_dynamic_sizes(qdq_graph):
 def test_bad_input_shapes(qdq_graph, shapes, message):
     with pytest.raises(ValueError, match=message):
         qb.lower(_mean_model(qdq_graph), input_shapes=shapes)
+
+
+def test_float_weight_names_the_head_option(qdq_graph):
+    """Regression: quantize_onnx's float head left the detector's ConvTranspose weight float,
+    and the error did not say how to quantize it."""
+    g = qdq_graph((1, 2, 4, 4))
+    w = g.const(np.ones((2, 3, 2, 2), np.float32), "w")
+    out = g.quant(g.node("ConvTranspose", [g.x, w]), 0.1, 0)
+    with pytest.raises(qb.LoweringError, match="ConvTranspose .* left in float.*--int8-head"):
+        qb.lower(g.model(out))
