@@ -26,7 +26,6 @@ import onnxruntime as ort
 import quantbridge as qb
 
 ROOT = Path(__file__).resolve().parents[1]
-DET = ROOT / ".." / "shared" / "models" / "ppocr" / "ch_PP-OCRv4_det_infer.onnx"
 
 
 def _ort(path: Path, x: np.ndarray, optimize: bool) -> np.ndarray:
@@ -45,15 +44,20 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--work", help="keep the ONNX files here")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "onnx"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "onnx")]
     import ocr_data
+    from ppocr_models import ppocr_dir, skip_reason
+
+    if ppocr_dir() is None:
+        raise SystemExit(skip_reason())
+    det = ppocr_dir() / "ch_PP-OCRv4_det_infer.onnx"
 
     warnings.simplefilter("ignore")
     work = Path(args.work or tempfile.mkdtemp(prefix="qb_lower_ocr_"))
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"det.{args.recipe}.onnx"
     calib = {"x": ocr_data.pages(range(8), args.size, args.size)}
-    qb.quantize_onnx(DET, calib, path, recipe=args.recipe, progress=False, float_head=False)
+    qb.quantize_onnx(det, calib, path, recipe=args.recipe, progress=False, float_head=False)
     x = ocr_data.pages(range(1000, 1008), args.size, args.size)
     prog = qb.lower(path, input_shapes={"x": x.shape}, float_outputs="dequantize")
     t0 = time.perf_counter()

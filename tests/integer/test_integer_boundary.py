@@ -4,11 +4,18 @@ as a table outside the program) and ``input_shapes`` (static sizes for dynamic i
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
-from conftest import ort_session
 
 import quantbridge as qb
 from quantbridge.integer import load_npz, save_npz
+
+
+def ort_session(model) -> ort.InferenceSession:
+    """The QDQ graph node by node (its own float arithmetic)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _tail_model(qdq_graph):
