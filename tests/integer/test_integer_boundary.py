@@ -105,3 +105,20 @@ def test_float_weight_names_the_head_option(qdq_graph):
     out = g.quant(g.node("ConvTranspose", [g.x, w]), 0.1, 0)
     with pytest.raises(qb.LoweringError, match="ConvTranspose .* left in float.*--int8-head"):
         qb.lower(g.model(out))
+
+
+def test_cli_lower_with_float_outputs_and_input_shape(qdq_graph, tmp_path, capsys):
+    from quantbridge.cli import main
+
+    model, names = _tail_model(qdq_graph)
+    src, dst = tmp_path / "tail.onnx", tmp_path / "tail.npz"
+    src.write_bytes(model.SerializeToString())
+    assert main(["lower", str(src), "--emit", "npz", "-o", str(dst)]) != 0
+    assert "float_outputs='dequantize'" in capsys.readouterr().err
+    args = ["lower", str(src), "--emit", "npz", "-o", str(dst), "--float-outputs", "dequantize"]
+    assert main([*args, "--input-shape", "x=2,3,4,5"]) == 0
+    x = np.random.default_rng(2).normal(0, 3, (2, 3, 4, 5)).astype(np.float32)
+    expected = qb.lower(model, float_outputs="dequantize").run({"x": x})
+    got = load_npz(dst).run({"x": x})
+    for name in names:
+        np.testing.assert_array_equal(got[name], expected[name])
