@@ -62,7 +62,7 @@ def test_fast_sums_equal_int64_sums(
 def test_float32_limit_is_exact(m, dtype):
     """Inputs all 255, weights summing to ``m``: the one sum is ``255 m``, the bound itself.
     2**24 - 1 (m = 65793) runs in float32; 255 * 65795 = 2**24 + 509 is odd, which float32
-    cannot hold, so it must run in float64."""
+    cannot hold, so it must not be one float32 sum (float32 chunks, added in float64)."""
     taps, rest = divmod(m, 127)
     w = np.full((1, taps + 1, 1, 1), 127, np.int8)
     w[0, -1] = rest
@@ -71,3 +71,32 @@ def test_float32_limit_is_exact(m, dtype):
     assert sum_dtype(bound) is dtype
     got = conv2d_sums(x, 0, w, np.zeros(1, np.int64), (1, 1), (0, 0, 0, 0), (1, 1), 1, bound)
     assert got.dtype == dtype and int(got.reshape(())) == 255 * m
+
+
+@pytest.mark.parametrize(("channels", "signed", "kernel"), [(256, False, 3), (128, True, 3),
+                                                            (1024, False, 1)])  # fmt: skip
+def test_wide_sums_in_float32_chunks_are_exact(channels, signed, kernel):
+    """Bounds beyond 2**24 (deep layers): float32 products over chunks of the reduction, each
+    below 2**24, added in float64; equal to int64 sums, and the chunks respect the bound."""
+    from quantbridge.integer.kernels._conv_sums import chunks
+
+    rng = np.random.default_rng(channels)
+    dtype = np.int8 if signed else np.uint8
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max + 1, (2, channels, 5, 6)).astype(dtype)
+    x[0, :, :3] = info.max  # saturated regions: sums near the bound
+    xz = -5 if signed else 7
+    w = rng.integers(-128, 128, (16, channels, kernel, kernel)).astype(np.int8)
+    w[0] = 127
+    wz = np.zeros(16, np.int64)
+    bound = _bound(x, xz, w, wz)
+    assert bound >= 2**24
+    pad = (kernel // 2,) * 4
+    got = conv2d_sums(x, xz, w, wz, (1, 1), pad, (1, 1), 1, bound)
+    ref = _reference(x, xz, w, wz, (1, 1), pad, (1, 1), 1)
+    np.testing.assert_array_equal(got.astype(np.int64), ref)
+    wk = np.abs(w.astype(np.int64).transpose(0, 2, 3, 1).reshape(16, -1))
+    code_range = max(info.max - xz, xz - info.min)
+    splits = chunks(wk.astype(np.float32), code_range)
+    assert len(splits) > 1 and splits[-1][1] == wk.shape[1]
+    assert all(code_range * wk[:, a:b].sum(axis=1).max() < 2**24 for a, b in splits)
