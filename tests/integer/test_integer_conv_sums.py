@@ -100,3 +100,22 @@ def test_wide_sums_in_float32_chunks_are_exact(channels, signed, kernel):
     splits = chunks(wk.astype(np.float32), code_range)
     assert len(splits) > 1 and splits[-1][1] == wk.shape[1]
     assert all(code_range * wk[:, a:b].sum(axis=1).max() < 2**24 for a, b in splits)
+
+
+def test_prepared_weights_do_not_outlive_their_array():
+    """The executor caches centered weights (and their chunks) per weight array; a program that
+    is gone must not keep them (tests and services lower many programs in one process)."""
+    import gc
+
+    from quantbridge.integer.kernels import _conv_sums
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (16, 256, 3, 3)).astype(np.int8)
+    x = rng.integers(0, 256, (1, 256, 5, 5)).astype(np.uint8)
+    before = len(_conv_sums._CACHE)
+    args = (x, 3, w, np.zeros(16, np.int64), (1, 1), (1, 1, 1, 1), (1, 1), 1, 4e7)
+    np.testing.assert_array_equal(conv2d_sums(*args), conv2d_sums(*args))  # the cached path
+    assert len(_conv_sums._CACHE) == before + 2  # weights, chunks
+    del args, w
+    gc.collect()
+    assert len(_conv_sums._CACHE) == before

@@ -14,8 +14,8 @@ exact below 2**24 and float64 below 2**53 (``sum_dtype``). The layout only chang
 * depthwise (one input and one output channel per group): KH*KW multiply-adds of shifted views;
 * other groups: ``_linear.conv_sums`` (im2col per group).
 
-The centered weights (in their sum dtype and layout) are kept per weight array
-(``_prepared``), since the same program runs many times.
+The centered weights (in their sum dtype and layout) and their chunks are kept per weight array
+while it lives (``_prepared``, ``_ref``), since the same program runs many times.
 """
 
 from __future__ import annotations
@@ -57,10 +57,14 @@ def _prepared(w: np.ndarray, zero: object, dtype: type, layout: str) -> np.ndarr
         wc = np.ascontiguousarray(wc.reshape(w.shape[0], w.shape[1]))
     else:
         wc = np.ascontiguousarray(wc[:, 0])
-    if len(_CACHE) > 4096:
-        _CACHE.clear()
-    _CACHE[key] = (weakref.ref(w), wc)
+    _CACHE[key] = (_ref(w, key), wc)
     return wc
+
+
+def _ref(array: np.ndarray, key: tuple) -> weakref.ref:
+    """A weak reference whose death drops the cache entry (no prepared weights outlive their
+    program)."""
+    return weakref.ref(array, lambda _, k=key: _CACHE.pop(k, None))
 
 
 def _code_range(x: np.ndarray, zero: object) -> int:
@@ -91,7 +95,7 @@ def _product(wc: np.ndarray, cols_t: np.ndarray, x, x_zero, bound: float) -> np.
     key = (id(wc), "chunks", _code_range(x, x_zero))
     hit = _CACHE.get(key)
     if hit is None or hit[0]() is not wc:
-        hit = (weakref.ref(wc), chunks(wc, key[2]))
+        hit = (_ref(wc, key), chunks(wc, key[2]))
         _CACHE[key] = hit
     if len(hit[1]) > 8:  # 16-bit inputs: too many small products; one float64 product
         return np.matmul(wc.astype(np.float64), cols_t.astype(np.float64))
