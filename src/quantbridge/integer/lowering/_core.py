@@ -201,9 +201,17 @@ def as_activation(node: onnx.NodeProto, v: Value | None, what: str = "input") ->
 def as_qconst(node: onnx.NodeProto, v: Value | None, what: str) -> QConst:
     if isinstance(v, QConst):
         return v
+    unquantized = isinstance(v, Const) and v.array.dtype.kind == "f"
     raise LoweringError(
         f"{describe_node(node)}: {what} is {_kind(v)}; expected an integer initializer "
         "followed by DequantizeLinear"
+        + (
+            ". The layer was left in float: quantize it too (qb.quantize_onnx / `quantbridge "
+            "quantize` keep the layers of a Sigmoid/Softmax head in float unless "
+            "float_head=False / --int8-head)"
+            if unquantized
+            else ""
+        )
     )
 
 
