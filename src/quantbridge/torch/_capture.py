@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_map
 
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._passes import out_of_place
+from ._sdpa import decompose_sdpa
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
@@ -135,6 +136,7 @@ def capture(
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
+    decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
 
 
