@@ -8,7 +8,8 @@
 * patterns real architectures write that once stayed float (issue 12): ``InplaceBasicBlock``
   (torchvision's ``out += identity``, ``resnet18_inplace``), ``DenseBlockNet`` (DenseNet's
   pre-activation BN and concats after a ReLU-ended stem), ``LinearBN1d`` (LeViT's BatchNorm1d
-  after Linear + flatten), ``RepVGGBlock`` (an identity-branch BN).
+  after Linear + flatten), ``RepVGGBlock`` (an identity-branch BN), ``tiny_gpt2`` (GPT-2's
+  ``Conv1D`` = ``addmm`` with a transposed weight; needs ``transformers``).
 
 No weights are downloaded; these exist so that every path has a real, non-trivial model.
 """
@@ -314,3 +315,29 @@ class RepVGGBlock(nn.Module):
 
     def forward(self, x):
         return torch.relu(self.dense(x) + self.one(x) + self.identity(x))
+
+
+class _LastHidden(nn.Module):
+    """A Hugging Face model called with ``input_ids``, returning ``last_hidden_state``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.gpt2 = model
+
+    def forward(self, input_ids):
+        return self.gpt2(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+def tiny_gpt2(
+    n_embd: int = 64, n_head: int = 4, vocab_size: int = 200, n_positions: int = 32, seed: int = 0
+) -> nn.Module:
+    """``transformers.GPT2Model`` from a 2-layer config (random weights) in eval mode, called as
+    ``model(input_ids)``. ImportError without ``transformers``."""
+    import transformers  # optional dependency: only this builder needs it
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=n_positions,
+        use_cache=False, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return _LastHidden(transformers.GPT2Model(config).eval()).eval()

@@ -108,6 +108,17 @@ def quantized(tmp_path_factory):
     return onnx.load(str(out))
 
 
+def test_quiet_prints_nothing(tmp_path, capfd):
+    """Regression: ``--quiet`` still printed the export stage line ("exporting to ONNX")."""
+    onnx.save(_cnn(), tmp_path / "cnn.onnx")
+    np.savez(tmp_path / "calib.npz", **{"input.1": _images(1, 4)})
+    args = ["quantize", str(tmp_path / "cnn.onnx"), "--calib", str(tmp_path / "calib.npz")]
+    capfd.readouterr()
+    assert main([*args, "-o", str(tmp_path / "q.onnx"), "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
 def test_interface_and_opset_survive(quantized):
     onnx.checker.check_model(quantized, full_check=True)
     assert {o.domain: o.version for o in quantized.opset_import}[""] == 18  # from opset 11

@@ -33,6 +33,7 @@ from quantbridge.zoo import (
     LinearBN1d,
     RepVGGBlock,
     _randomize_bn,
+    tiny_gpt2,
 )
 
 # ONNX Runtime ops that compute in float (the pattern's layers must not be among them)
@@ -111,23 +112,11 @@ def test_inplace_residual_add_and_relu_are_int8(tmp_path):
 def test_gpt2_conv1d_projections_are_int8(tmp_path):
     """Before: all 8 projection weights float (``aten.addmm``); ORT quantized 2 of them itself
     (QGemm 2, Gemm 6) and differed from torch by 0.10."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
-                                     use_cache=False, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    gpt2 = transformers.GPT2Model(config).eval()
-
-    class LastHidden(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gpt2 = gpt2
-
-        def forward(self, input_ids):
-            return self.gpt2(input_ids=input_ids, use_cache=False).last_hidden_state
-
+    pytest.importorskip("transformers")
+    model = tiny_gpt2(n_embd=32, n_head=2, vocab_size=64, n_positions=16)
     g = torch.Generator().manual_seed(2)
     batches = [torch.randint(0, 64, (2, 8), generator=g) for _ in range(3)]
-    qm, report, kernels, sess = _quantize_export(LastHidden().eval(), batches, tmp_path)
+    qm, report, kernels, sess = _quantize_export(model, batches, tmp_path)
     # weight (in, out): one scale per output channel, along the last axis
     weights = {q.weight_name: q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)}
     projections = [

@@ -27,6 +27,18 @@ def set_progress(enabled: bool) -> None:
     _STATE["enabled"] = enabled
 
 
+@contextlib.contextmanager
+def progress_scope(enabled: bool) -> Iterator[None]:
+    """The process-wide switch set to ``enabled`` inside the block (a call's ``progress=False``
+    silences every stage it runs, export included), restored after."""
+    was = _STATE["enabled"]
+    _STATE["enabled"] = bool(enabled) and was
+    try:
+        yield
+    finally:
+        _STATE["enabled"] = was
+
+
 def progress_enabled(override: bool | None = None) -> bool:
     """``override`` if given (a call's ``progress=``), else the process-wide switch."""
     return _STATE["enabled"] if override is None else bool(override)

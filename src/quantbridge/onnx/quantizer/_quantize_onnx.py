@@ -25,6 +25,7 @@ from onnx import version_converter
 
 from ...recipe import Recipe, resolve_recipe
 from ...torch import CaptureError, quantize
+from ...torch._progress import progress_scope
 from ..exporter import to_onnx
 from ..importer import import_onnx
 from ._calib_data import CalibrationSet, GraphInput, graph_inputs
@@ -72,7 +73,8 @@ def quantize_onnx(
         raise ValueError(
             f"the imported graph could not be captured for quantization: {first}"
         ) from e
-    out = to_onnx(qmodel, data.first(), opset=opset, dynamic=dynamic)
+    with progress_scope(progress):  # progress=False: no export stage line either
+        out = to_onnx(qmodel, data.first(), opset=opset, dynamic=dynamic)
     keep_interface(out, model)
     onnx.checker.check_model(out, full_check=True)
     if dst is not None:
