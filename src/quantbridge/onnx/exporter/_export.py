@@ -36,7 +36,14 @@ import torch
 from ..._platform import safe_weight_bound, u8s8_saturates
 from ..._version import __version__
 from ...torch._batches import as_call
-from ...torch._capture import dynamic_shapes, quiet_torch, user_stacklevel, widen_batch
+from ...torch._capture import (
+    dynamic_shapes,
+    fallback_message,
+    quiet_torch,
+    user_stacklevel,
+    widen_batch,
+)
+from ...torch._deadline import CaptureTimeout, capture_budget, deadline
 from ...torch._export_ops import export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
@@ -169,11 +176,14 @@ def float_to_onnx(
 
 def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
     """One trace of ``module`` in eval mode on ``call`` (args, kwargs), translated, at ``opset``,
-    without debug info."""
+    without debug info. ``dynamic="all"`` runs under the capture time limit (``_deadline``, as
+    ``quantize``'s capture): past it the export is redone with ``"batch"`` and a warning names
+    the dimensions that became static."""
     args, kwargs = call
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
     shapes = dynamic_shapes(module.forward, args, kwargs, dynamic)
+    limit = capture_budget() if dynamic == "all" else None
     was_training = module.training
     module.eval()
     try:
@@ -181,9 +191,13 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
             stage(f"exporting to ONNX (opset {opset}, dynamic={dynamic!r})"),
             quiet_torch(),
             warnings.catch_warnings(),
+            deadline(limit),
         ):
             warnings.simplefilter("ignore")
             model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
+    except CaptureTimeout:
+        warnings.warn(fallback_message(shapes, limit, "export"), stacklevel=user_stacklevel())
+        return _trace(module, call, opset, "batch")
     finally:
         module.train(was_training)
     model = downgrade(model, opset)
