@@ -2,20 +2,33 @@
 with every intermediate quantized tensor captured, against running the same engines once on the
 same inputs without capture.
 
-    python -m bench.debug_compare [--model resnet18|FILE.onnx] [--batch 8] [--size 224]
+    python -m bench.debug_compare [--model resnet18|minilm|FILE.onnx] [--batch 8] [--size 224]
            [--engines ort-ref,ort,ort-qop,integer] [--inputs SAMPLES.npz]
+    python -m bench.debug_compare --model minilm --batch 4 --engines ort-ref,ort,ort-qop,openvino
 
 Each measurement runs in a fresh process (peak RSS is per process), after the libraries are
 imported and the model file is written, so both clocks see the same work: load + run (plain),
 load + capture + compare (compare). The quantized file is made once (ResNet-18-style from
-``quantbridge.zoo``, random weights, 'native' recipe, N(0,1) inputs), or given.
+``quantbridge.zoo``, random weights, 'native' recipe, N(0,1) inputs; or MiniLM-L6 with the
+recipe of ``examples/minilm.py``, 32 calibration sentences, ``--batch`` held-out sentences padded
+to 64 tokens), or given. MiniLM needs its local model folder (``examples/minilm.py``); the
+integer engine cannot lower it (Softmax, LayerNorm), so leave it out of ``--engines``.
+
+Measured (2 cores at load 13-18, peak = VmHWM of each child):
+
+| model, engines | plain s / MB | compare s / MB | time / memory |
+|---|---|---|---|
+| ResNet-18-style b8 224, ort-ref,ort,ort-qop,integer | 40.6 / 733 | 94.5 / 1220 | 2.33x / 1.66x |
+| MiniLM b4 x 64 tokens, ort-ref,ort,ort-qop,openvino | 47.2 / 773 | 82.2 / 888 | 1.74x / 1.15x |
+
+(``python -m bench.debug_compare --batch 8 --size 224``;
+``python -m bench.debug_compare --model minilm --batch 4 --engines ort-ref,ort,ort-qop,openvino``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -54,10 +67,11 @@ def _plain(model_path: str, inputs: dict, engines: list[str]) -> None:
 
 def _child(mode: str, model_path: str, inputs_path: str, engines: list[str]) -> dict:
     import quantbridge as qb  # noqa: F401  (imported before the clock)
+    from bench.suite.cost_child import peak_rss_kib  # VmHWM: ru_maxrss holds the parent's peak
 
     with np.load(inputs_path) as f:
         inputs = {k: f[k] for k in f.files}
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_kib()
     start = time.perf_counter()
     if mode == "plain":
         _plain(model_path, inputs, engines)
@@ -67,7 +81,7 @@ def _child(mode: str, model_path: str, inputs_path: str, engines: list[str]) -> 
         extra = {"tensors": len(r.tensors), "errors": r.errors,
                  "first_divergence": r.first_divergence}  # fmt: skip
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     return {"mode": mode, "wall_s": wall, "peak_rss_mb": peak / 1024,
             "rss_growth_mb": (peak - base) / 1024, **extra}  # fmt: skip
 
@@ -86,6 +100,21 @@ def _make_resnet(path: Path, batch: int, size: int) -> dict:
     return {"x": np.random.default_rng(1).standard_normal((batch, 3, size, size), np.float32)}
 
 
+def _make_minilm(path: Path, batch: int) -> dict:
+    root = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(root))
+    import minilm
+    from sentences import split
+
+    embedder, tokenizer = minilm.load_embedder()
+    calib_s, eval_s = split(32, batch)
+    batches = minilm.batched(tokenizer, calib_s, 8, 64, "max_length")
+    qmodel = minilm.quantize_embedder(embedder, batches, minilm.make_recipe(), "max_length")
+    minilm.export_int8(qmodel, path, batches[0], "max_length")
+    feeds = minilm.tokenize(tokenizer, eval_s, 64, "max_length")
+    return {k: np.asarray(v) for k, v in feeds.items() if k in minilm.INPUT_NAMES}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet18")
@@ -100,9 +129,12 @@ def main(argv=None) -> None:
         print(json.dumps(_child(mode, model_path, inputs_path, engines.split(","))))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "resnet18":
-            model_path = Path(tmp) / "resnet18.int8.onnx"
-            inputs = _make_resnet(model_path, args.batch, args.size)
+        if args.model in ("resnet18", "minilm"):
+            model_path = Path(tmp) / f"{args.model}.int8.onnx"
+            if args.model == "resnet18":
+                inputs = _make_resnet(model_path, args.batch, args.size)
+            else:
+                inputs = _make_minilm(model_path, args.batch)
             inputs_path = Path(tmp) / "inputs.npz"
             np.savez(inputs_path, **inputs)
         else:

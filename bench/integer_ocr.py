@@ -1,80 +1,76 @@
-"""PP-OCRv4 detector, imported and quantized by quantbridge, lowered to an integer-only program:
-text-mask IoU (probability > 0.3) of the program against ONNX Runtime on the QDQ model.
+"""PP-OCRv4 detector, quantized by quantbridge (``quantize_onnx``, head included), lowered to an
+integer-only program: text-mask IoU (probability > 0.3) of the program against ONNX Runtime on
+the QDQ file, node by node and fused, with the program's op counts.
 
-    python -m bench.integer_ocr [--work DIR]
+    python -m bench.integer_ocr [--recipe int8|native] [--size 160] [--work DIR]
 
-The export leaves the detector's final Sigmoid in float (nothing quantizes the probability
-map), so the script appends QuantizeLinear -> DequantizeLinear (uint8, scale 1/255) to the
-output before lowering, and ORT runs the same appended file. Calibration: 8 rendered text
-images (tests/onnx/test_import._text_images), evaluation: 8 others, 96x128.
+The detector's final Sigmoid stays float in the QDQ file (nothing quantizes the probability
+map), so the program is lowered with ``float_outputs="dequantize"``: it outputs the codes of the
+last quantized tensor and the Sigmoid is a float table applied outside it. Calibration: 8
+rendered text pages (``tests/onnx/ocr_data``), evaluation: 8 others, ``size`` x ``size``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-import torch
-from onnx import helper, numpy_helper
 
 import quantbridge as qb
 
 ROOT = Path(__file__).resolve().parents[1]
-DET = ROOT / ".." / "shared" / "models" / "ppocr" / "ch_PP-OCRv4_det_infer.onnx"
 
 
-def _with_output_quantized(path: Path, dst: Path) -> None:
-    m = onnx.load(path)
-    out = m.graph.output[0].name
-    m.graph.initializer.extend([numpy_helper.from_array(np.float32(1 / 255), "p_scale"),
-                                numpy_helper.from_array(np.uint8(0), "p_zero")])  # fmt: skip
-    for n in m.graph.node:
-        n.output[:] = [o + "_float" if o == out else o for o in n.output]
-    m.graph.node.extend([
-        helper.make_node("QuantizeLinear", [out + "_float", "p_scale", "p_zero"], [out + "_q"]),
-        helper.make_node("DequantizeLinear", [out + "_q", "p_scale", "p_zero"], [out]),
-    ])  # fmt: skip
-    onnx.save(m, dst)
+def _ort(path: Path, x: np.ndarray, optimize: bool) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="int8", help="quantize_onnx recipe (default int8)")
+    parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--work", help="keep the ONNX files here")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "onnx"))
-    from test_import import _text_images
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "onnx")]
+    import ocr_data
+    from ppocr_models import ppocr_dir, skip_reason
+
+    if ppocr_dir() is None:
+        raise SystemExit(skip_reason())
+    det = ppocr_dir() / "ch_PP-OCRv4_det_infer.onnx"
 
     warnings.simplefilter("ignore")
     work = Path(args.work or tempfile.mkdtemp(prefix="qb_lower_ocr_"))
     work.mkdir(parents=True, exist_ok=True)
-    det = qb.import_onnx(DET)
-    calib = torch.from_numpy(_text_images(list(range(8)), 96, 128))
-    qm = qb.quantize(det, list(calib.split(2)), progress=False, recipe="native")
-    qb.export(qm, work / "det.onnx", calib[:2])
-    _with_output_quantized(work / "det.onnx", work / "det_q.onnx")
-    prog = qb.lower(work / "det_q.onnx")
-    print(prog)
-    x = _text_images(list(range(8, 16)), 96, 128)
+    path = work / f"det.{args.recipe}.onnx"
+    calib = {"x": ocr_data.pages(range(8), args.size, args.size)}
+    qb.quantize_onnx(det, calib, path, recipe=args.recipe, progress=False, float_head=False)
+    x = ocr_data.pages(range(1000, 1008), args.size, args.size)
+    prog = qb.lower(path, input_shapes={"x": x.shape}, float_outputs="dequantize")
+    t0 = time.perf_counter()
     (y,) = prog.run({"x": x}).values()
+    result = {"model": f"PP-OCRv4 det, recipe {args.recipe}, 8 x 3 x {args.size} x {args.size}",
+              "steps": prog.op_counts(), "executor_s": round(time.perf_counter() - t0, 2)}  # fmt: skip
     for optimize in (False, True):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        if not optimize:
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(
-            str(work / "det_q.onnx"), so, providers=["CPUExecutionProvider"]
-        )
-        yo = sess.run(None, {"x": x})[0]
+        yo = _ort(path, x, optimize)
         a, b = y > 0.3, yo > 0.3
-        iou = (a & b).sum() / max((a | b).sum(), 1)
-        print(f"ORT (graph optimizations {'on' if optimize else 'off'}): mask IoU {iou:.4f}, "
-              f"{np.mean(y != yo):.4f} of probabilities differ")  # fmt: skip
+        key = "fused" if optimize else "node_by_node"
+        result[f"mask_iou_ort_{key}"] = round(float((a & b).sum() / max((a | b).sum(), 1)), 4)
+        result[f"probabilities_differing_{key}"] = round(float(np.mean(y != yo)), 4)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

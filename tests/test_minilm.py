@@ -86,7 +86,10 @@ def test_int8_fidelity_in_onnxruntime(result):
     assert ort_cos["mean"] >= 0.985, r["cosine_int8_vs_float"]
     assert torch_cos["mean"] >= 0.985, r["cosine_int8_vs_float"]
     assert ort_cos["min"] >= 0.9, r["cosine_int8_vs_float"]
-    assert r["float_mode_max_abs_diff"] == 0.0
+    # the QuantModel's graph computes SDPA as the eager attention it is (``torch/_sdpa.py``: QK^T,
+    # scale, softmax, P @ V), equal to torch's fused SDPA kernel up to float32 rounding: measured
+    # 1.0e-7 on these embeddings (0.0 while SDPA stayed one op)
+    assert r["float_mode_max_abs_diff"] <= 1e-6
 
 
 def test_exported_model_is_valid_qdq(result):

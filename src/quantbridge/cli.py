@@ -114,7 +114,8 @@ def _lower(args: argparse.Namespace) -> int:
         if args.emit != "c" and not args.output:
             raise ValueError(f"--emit {args.emit} needs -o OUT")
         shapes = _shapes(args.input_shape) or None
-        prog = lower(args.model, accumulator_bits=args.accumulator_bits)
+        prog = lower(args.model, accumulator_bits=args.accumulator_bits, input_shapes=shapes,
+                     float_outputs=args.float_outputs)  # fmt: skip
         if args.emit == "onnx":
             prog.save_onnx(args.output, shapes)
             written = [args.output]
@@ -224,7 +225,12 @@ def _parser() -> argparse.ArgumentParser:
     low.add_argument("--c-dir", metavar="DIR", help="folder for qb_model.c/.h (--emit c)")
     low.add_argument(
         "--input-shape", action="append", default=[], metavar="NAME=D,D,..",
-        help="static input shape for onnx / c (default: the model's, symbolic dims = 1)",
+        help="static input shape to lower for (default: the model's, symbolic dims = 1 in onnx/c)",
+    )  # fmt: skip
+    low.add_argument(
+        "--float-outputs", choices=("refuse", "dequantize"), default="refuse",
+        help="dequantize: a float function of the last codes (a final Sigmoid) is a float table "
+        "applied outside the program, which outputs the codes (default: refuse)",
     )  # fmt: skip
     low.add_argument(
         "--accumulator-bits", type=int, default=32, choices=(32, 64),

@@ -3,6 +3,7 @@
 * ``resnet18_style`` - ResNet-18 layout (BasicBlocks, residual adds, BN, max-pool, avg-pool, fc);
 * ``mobilenetv2_style`` - inverted residuals, depthwise convs, ReLU6, residual adds;
 * ``TinyTransformer`` - encoder blocks with Linear, explicit ``q @ k^T``, softmax, LayerNorm, GELU;
+  ``EncoderStack`` - the same blocks on float token features with a per-token head;
 * ``TwoInputConcat`` - two positional inputs and a keyword input, concatenated;
 * ``DigitsCNN`` - the demo's CNN for scikit-learn's 8x8 ``load_digits`` images.
 * patterns real architectures write that once stayed float (issue 12): ``InplaceBasicBlock``
@@ -315,6 +316,22 @@ class RepVGGBlock(nn.Module):
 
     def forward(self, x):
         return torch.relu(self.dense(x) + self.one(x) + self.identity(x))
+
+
+class EncoderStack(nn.Module):
+    """``EncoderBlock`` s on float (batch, tokens, dim) inputs and a per-token Linear head: every
+    LayerNorm output feeds a quantized layer, so the whole model lowers to an integer-only
+    program (a lone block ends in a float LayerNorm, which no integer program can output)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, ff: int = 64, blocks: int = 2, out: int = 16):
+        super().__init__()
+        self.blocks = nn.ModuleList(EncoderBlock(dim, heads, ff) for _ in range(blocks))
+        self.head = nn.Linear(dim, out)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
 
 
 class _LastHidden(nn.Module):

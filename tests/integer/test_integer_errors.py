@@ -20,14 +20,14 @@ def test_float_model_says_quantize_first():
 
 def test_every_op_without_lowering_is_listed(qdq_graph):
     g = qdq_graph((1, 4, 8))
-    a = g.node("Softmax", [g.x])
-    b = g.node("LayerNormalization", [a, g.const(np.ones(8, np.float32))])
-    c = g.node("Softmax", [b])
+    a = g.node("Hardmax", [g.x])  # (Softmax and LayerNormalization lower since issue 10)
+    b = g.node("LpNormalization", [a])
+    c = g.node("Hardmax", [b])
     with pytest.raises(qb.LoweringError) as err:
         qb.lower(g.model(g.quant(c, 0.1, 0)))
     message = str(err.value)
     assert "cannot lower 3 nodes" in message
-    assert f"Softmax (2: '{a}', '{c}')" in message and f"LayerNormalization (1: '{b}')" in message
+    assert f"Hardmax (2: '{a}', '{c}')" in message and f"LpNormalization (1: '{b}')" in message
 
 
 def test_mismatched_q_dq_names_the_node(qdq_graph):

@@ -66,7 +66,9 @@ def test_class_token_vit_keeps_dynamic_batch(tmp_path, dynamo):
     path, model = _export_float(tmp_path, dynamo)
     ops = [n.op_type for n in onnx.load(path).graph.node]
     assert "Expand" in ops and ("Where" in ops) == (not dynamo)  # the two exporters' patterns
-    imported = qb.import_onnx(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DynamicDimensionWarning)  # the import-time check: silent
+        imported = qb.import_onnx(path)
     assert imported.dynamic_dims == {"x": {0: "batch"}}
     rng = torch.Generator().manual_seed(1)
     calib = [torch.randn(2, 3, 32, 32, generator=rng) for _ in range(4)]
@@ -121,8 +123,24 @@ def _shape_switch_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def test_import_names_the_specialised_dimension():
+    """The warning comes from ``import_onnx`` itself (a fake-tensor run), before any quantize;
+    ``example_inputs`` sets the size tried."""
+    with pytest.warns(
+        DynamicDimensionWarning,
+        match=r"'batch_is_two'.*Equal.*dimension 0 of input 'x'.*'batch'.*to 2",
+    ):  # noqa: E501
+        qb.import_onnx(_shape_switch_model())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DynamicDimensionWarning)
+        # at batch 5 the node only learns "batch != 2": the dimension stays a symbol
+        qb.import_onnx(_shape_switch_model(), example_inputs=torch.ones(5, 8))
+        module = qb.import_onnx(_shape_switch_model(), check_dynamic=False)  # opt-out: silent
+    assert module(torch.ones(3, 8)).shape == (3, 8)
+
+
 def test_specialised_dimension_is_named():
-    module = qb.import_onnx(_shape_switch_model())
+    module = qb.import_onnx(_shape_switch_model(), check_dynamic=False)
     with torch.no_grad():  # eager: both branches right
         assert module(torch.ones(2, 8)).shape == (1, 16)
         assert module(torch.ones(3, 8)).shape == (3, 8)

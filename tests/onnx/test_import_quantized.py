@@ -273,8 +273,8 @@ def test_dynamic_matches_ort(float_files, tmp_path, name, per_channel):
 # -- round trips (part 2b-d) ----------------------------------------------------------------------
 def _integer_weights(path) -> list[np.ndarray]:
     """Layer weights and int32 biases: integer constants of >= 2 dims or int32 read by a
-    DequantizeLinear. (Constant operands of Add / Mul - ORT quantizes them as uint8 - import as
-    float constants and are written back in float: not compared.)"""
+    DequantizeLinear. (Tensor constant operands of Add / Mul, which ORT stores as uint8, are
+    compared in ``test_import_constant_operand_grids.py``.)"""
     model = onnx.load(str(path))
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     found = []
@@ -318,22 +318,15 @@ def _same_arrays(ours: list[np.ndarray], theirs: list[np.ndarray]) -> bool:
 
 @pytest.mark.parametrize("name", ["digits", pytest.param("block", marks=pytest.mark.slow)])
 def test_round_trips(float_files, tmp_path, name):
-    # the block's LayerNormalization bias is an int32 DQ in ORT's file: imported as a float
-    # constant and written back in float (no int32 bias quantizer for LayerNorm), so (b) compares
-    # the layer weights there
-    """export(import(f)) keeps integer weights, biases, scales and zero points bit for bit and
-    runs the same in ORT; import(export(m)) and qb.load(qb.save(m)) are bit-identical in torch."""
+    """export(import(f)) keeps integer weights, biases (the block's LayerNormalization int32 bias
+    included), scales and zero points bit for bit and runs the same in ORT; import(export(m)) and
+    qb.load(qb.save(m)) are bit-identical in torch."""
     path = _quantized(float_files, tmp_path, name, "QDQ", True, "u8s8")
     qmodel = qb.import_onnx(path)
     x = _batches(MODELS[name][1], 1, 5)[0]
     out = tmp_path / "again.onnx"
     qb.export(qmodel, out, example_inputs=torch.from_numpy(x))
-    theirs = _integer_weights(path)
-    if name == "block":
-        theirs = [w for w in theirs if w.ndim >= 2]
-    assert _same_arrays(
-        [w for w in _integer_weights(out) if name != "block" or w.ndim >= 2], theirs
-    )
+    assert _same_arrays(_integer_weights(out), _integer_weights(path))
     assert _activation_qparams(out) == _activation_qparams(path)
     d = _steps(run_ort(str(out), x, optimize=False), run_ort(path, x, optimize=False), path)
     assert d.max() <= 1.0 + 1e-3 and (d > 1e-3).mean() <= 0.001, d.max()

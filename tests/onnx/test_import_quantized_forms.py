@@ -175,6 +175,32 @@ def test_zero_point_outside_the_clipped_range_is_refused():
         qb.import_onnx(_conv_qdq(clip=(0, 15), x_zero=100))
 
 
+def _replace_initializer(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+    (old,) = [i for i in model.graph.initializer if i.name == name]
+    old.CopyFrom(numpy_helper.from_array(value, name))
+
+
+def test_one_bad_per_channel_weight_scale_is_refused_naming_the_node():
+    model = _conv_qdq()
+    _replace_initializer(model, "ws", np.array([0.02, 0.0, 0.01, 0.02], np.float32))
+    with pytest.raises(ValueError, match=r"'dq_w'.*scale \[0\.0\] is not positive.*re-quantize"):
+        qb.import_onnx(model)
+
+
+def test_zero_point_of_another_type_than_the_weight_is_refused():
+    model = _conv_qdq()
+    _replace_initializer(model, "wz", np.zeros(4, np.uint8))  # int8 codes, uint8 zero point
+    with pytest.raises(ValueError, match=r"'dq_w'.*'w' has element type int8 .* UINT8.*equal"):
+        qb.import_onnx(model)
+
+
+def test_per_channel_zero_points_of_another_length_are_refused():
+    model = _conv_qdq()
+    _replace_initializer(model, "wz", np.zeros(3, np.int8))
+    with pytest.raises(ValueError, match=r"'dq_w'.*zero point shape \(3,\) differs.*\(4,\)"):
+        qb.import_onnx(model)
+
+
 def test_not_onnx_and_truncated_files_are_refused(tmp_path):
     good = _conv_qdq().SerializeToString()
     for name, data in (
@@ -298,7 +324,17 @@ def test_qoperator_unary_ops_match_ort(op, attrs):
     assert (steps > 1e-3).mean() <= 0.01, (steps > 1e-3).mean()
 
 
-def test_export_of_a_dynamic_import_is_refused(tmp_path):
-    qmodel = qb.import_onnx(_contrib_matmul("DynamicQuantizeMatMul"))
-    with pytest.raises(ValueError, match="dynamically quantized.*quantbridge.quantize"):
-        qb.export(qmodel, tmp_path / "m.onnx", example_inputs=torch.randn(2, 8))
+def test_export_of_a_dynamic_import_writes_dynamic_quantize_linear(tmp_path):
+    """The dynamic quantizer survives export as DynamicQuantizeLinear -> DequantizeLinear (it was
+    refused before); ORT runs the file with the import's outputs up to float32 rounding (the
+    import sums dequantized values in float32, ORT too here: 1e-5 of the largest output)."""
+    model = _contrib_matmul("DynamicQuantizeMatMul")
+    qmodel = qb.import_onnx(model)
+    x = torch.randn(6, 8)
+    qb.export(qmodel, tmp_path / "m.onnx", example_inputs=x)
+    out = onnx.load(str(tmp_path / "m.onnx"))
+    assert [n.op_type for n in out.graph.node][:2] == ["DynamicQuantizeLinear", "DequantizeLinear"]
+    with torch.no_grad():
+        y = qmodel(x).numpy()
+    got = _ort(out, x.numpy())
+    assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max()

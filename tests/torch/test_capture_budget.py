@@ -101,3 +101,33 @@ def test_the_interruption_lands_only_in_sympy_frames():
     with pytest.raises(CaptureTimeout), deadline(0.01):
         for k in range(10**6):  # sympy work past the budget: interrupted
             sympy.expand((x + k) ** 3)
+
+
+def test_export_trace_past_the_budget_falls_back_to_batch(monkeypatch, tmp_path):
+    """The exporter's own trace of a ``dynamic="all"`` model runs under the same limit: past it
+    the file is written with a dynamic batch only, a warning names the static dimensions and the
+    option, and ONNX Runtime runs the file at another batch with the model's result."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    qmodel = qb.quantize(_Net().eval(), batches, dynamic="all", recipe="native", progress=False)
+    assert qmodel.qb_capture["dynamic"] == "all"  # the capture itself kept every dimension
+    monkeypatch.setenv("QB_CAPTURE_BUDGET_S", "0.001")
+    path = str(tmp_path / "net.onnx")
+    message = r"export with dynamic='all'.*exported with dynamic='batch'.*x\[1, 2, 3\].*BUDGET_S"
+    with pytest.warns(UserWarning, match=message):
+        qb.export(qmodel, path, example_inputs=batches[0])
+    dims = onnx.load(path).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and [d.dim_value for d in dims[1:]] == [3, 8, 8]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact QDQ
+    sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 8, 8)
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        expected = qmodel(x).numpy()
+    # same codes; the float head differs by float32 summation order only
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

@@ -14,11 +14,14 @@ Quantizers of graph inputs belong to no layer and stay as the recipe places them
 ranked by ``all_but_this_quantized`` (highest first: keeping that layer float recovers most),
 then by ``only_this_quantized`` (lowest first).
 
-Repair (with a ``budget``, a lower bound on the metric): layers are added in rank order to the
-set kept float until the switched-off estimate meets the budget; then the set is *verified* by
-quantizing the model again with the written recipe (``Rule(pattern=<layer>, skip=True)``, or
-int16 activations with ``wider="int16"``) and measuring it. While the verified metric misses the
-budget, the next ranked layer is added and verified again (at most ``max_verify`` times). The
+Repair (with a ``budget``, a lower bound on the metric): ``_sens_search`` finds a set of layers
+to keep float on the switched-off estimate (families of repeated-block layers or the next layer
+in rank order, forward; then each layer dropped again where the estimate allows); the set is then
+*verified* by quantizing the model again with the written recipe (``Rule(pattern=<layer>,
+skip=True)``, or int16 activations with ``wider="int16"``) and measuring it. While the verified
+metric misses the budget, the next ranked layer is added and verified again (at most
+``max_verify`` times). Once it meets the budget, each kept layer (least sensitive first) is put
+back to int8 where the verified metric still meets it (one re-quantization per kept layer). The
 result reports the verified (``achieved``) metric; ``recipe`` is that recipe.
 """
 
@@ -43,6 +46,7 @@ from ..torch._progress import progress_enabled, stage
 from ..torch._record import CONTAINER
 from ._sens_metrics import Outputs, metric_fn
 from ._sens_model import Subject, from_onnx, from_torch, is_onnx
+from ._sens_search import estimate_search, prune
 
 SCHEMA = "quantbridge.sensitivity/1"
 WIDER = ("int16",)
@@ -253,27 +257,39 @@ def consumer_layers(qmodel: QuantModel, layer: str) -> list[str]:
 
 
 def _repair(result, subject: Subject, qmodel, ranked, measure, score, wider, max_verify, progress):
-    """Greedy by rank on the switched-off estimate, then verified by re-quantizing; a miss adds
-    the chosen layers' consumers (skip repair), then the next ranked layer."""
+    """The set search of ``_sens_search`` on the switched-off estimate, then verified by
+    re-quantizing; a miss adds the chosen layers' consumers (skip repair), then the next ranked
+    layer; a met budget is pruned layer by layer on the verified metric."""
     budget = result.budget
-    chosen: list[str] = []
-    for layer in ranked:  # the switched-off estimate, cheap: no re-quantization
-        if measure(chosen) >= budget:
-            break
-        chosen.append(layer)
+    chosen, _ = estimate_search(ranked, measure, budget)
     position = {name: i for i, name in enumerate(ranked)}
     need_logits = result.metric == "top1"
+
+    def verify(layers: list[str]) -> tuple[Recipe, float]:
+        recipe = subject.recipe.with_rules(*repair_rules(layers, subject.recipe, wider))
+        with stage(f"sensitivity: verifying the recipe ({len(layers)} layers)", progress):
+            return recipe, score(subject.run(subject.quantize(recipe, False), need_logits))
+
     recipe, achieved = subject.recipe, result.baseline["quantized"]
     for attempt in range(max(1, max_verify)):
         if not chosen and achieved >= budget:
             break  # the base recipe meets the budget already (measured above)
-        recipe = subject.recipe.with_rules(*repair_rules(chosen, subject.recipe, wider))
-        with stage(f"sensitivity: verifying the recipe ({len(chosen)} layers)", progress):
-            achieved = score(subject.run(subject.quantize(recipe, False), need_logits))
+        recipe, achieved = verify(chosen)
         nxt = _next_layer(qmodel, chosen, ranked, position, wider)
         if achieved >= budget or nxt is None or attempt == max_verify - 1:
             break
         chosen.append(nxt)
+    if achieved >= budget and len(chosen) > 1:
+        best = {"recipe": recipe, "achieved": achieved}
+
+        def meets(trial: list[str]) -> bool:
+            trial_recipe, value = verify(trial)
+            if value >= budget:
+                best.update(recipe=trial_recipe, achieved=value)
+            return value >= budget
+
+        chosen = prune(chosen, ranked, meets)
+        recipe, achieved = best["recipe"], best["achieved"]
     result.recipe, result.achieved = recipe, achieved
     if wider is None:
         result.keep_float = list(chosen)

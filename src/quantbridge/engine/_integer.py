@@ -21,7 +21,9 @@ QuantModel's own call signature: there is one implementation of the integer arit
 none): train with fake quantization, check with ``integer_mode``.
 
 ``to_engine(qmodel, "integer")`` is the same program as an ``EngineModel`` kept beyond a block.
-Options: ``accumulator_bits`` (32 or 64, as ``qb.lower``).
+Options: ``accumulator_bits`` (32 or 64) and ``float_outputs`` (``"dequantize"``: a final float
+function of the last codes, such as a detector's Sigmoid, is applied outside the program), as
+``qb.lower``. The program is lowered for each call's input shapes.
 """
 
 from __future__ import annotations
@@ -33,27 +35,38 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..integer import lower
+from ..integer import IntegerProgram, lower
 from ..torch import QuantModel
 from ._backends import _PACKAGES, ENGINES
 from ._model import to_engine
 
 
 class IntegerSession:
-    """``qb.lower`` of the model bytes, run by the numpy executor."""
+    """``qb.lower`` of the model bytes, run by the numpy executor; lowered once per set of input
+    shapes (static sizes let a global average pool over a dynamic H x W lower)."""
 
     engine = "integer"
-    OPTIONS = ("accumulator_bits",)
+    OPTIONS = ("accumulator_bits", "float_outputs")
 
     def __init__(self, model: bytes, threads: int | None, options: dict):
         del threads  # the executor's BLAS calls use numpy's own threads
-        bits = options.get("accumulator_bits", 32)
-        self.program = lower(onnx.load_from_string(model), accumulator_bits=bits)
+        self.model = onnx.load_from_string(model)
+        self.options = {"accumulator_bits": options.get("accumulator_bits", 32),
+                        "float_outputs": options.get("float_outputs", "refuse")}  # fmt: skip
+        self.programs: dict[tuple, IntegerProgram] = {}
         self.device = "cpu"
-        self.output_names = [b.name for b in self.program.outputs]
+        self.output_names = [o.name for o in self.model.graph.output]
+
+    def program(self, feeds: dict[str, np.ndarray]) -> IntegerProgram:
+        """The program lowered for the shapes of ``feeds`` (kept for the next call)."""
+        shapes = {name: tuple(np.shape(v)) for name, v in feeds.items()}
+        key = tuple(sorted(shapes.items()))
+        if key not in self.programs:
+            self.programs[key] = lower(self.model, input_shapes=shapes, **self.options)
+        return self.programs[key]
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        outputs = self.program.run(feeds)
+        outputs = self.program(feeds).run(feeds)
         return [outputs[name] for name in self.output_names]
 
 
@@ -74,7 +87,9 @@ def _example(args: tuple, kwargs: dict) -> Any:
 
 
 @contextlib.contextmanager
-def integer_mode(model: QuantModel, *, accumulator_bits: int = 32) -> Iterator[QuantModel]:
+def integer_mode(
+    model: QuantModel, *, accumulator_bits: int = 32, float_outputs: str = "refuse"
+) -> Iterator[QuantModel]:
     """Within the block, ``model(...)`` returns exactly what the integer-only program of its QDQ
     export computes (module docstring); the fake-quantized forward comes back on exit.
 
@@ -97,7 +112,7 @@ def integer_mode(model: QuantModel, *, accumulator_bits: int = 32) -> Iterator[Q
             try:
                 engine = to_engine(
                     model, "integer", example_inputs=_example(args, kwargs),
-                    accumulator_bits=accumulator_bits,
+                    accumulator_bits=accumulator_bits, float_outputs=float_outputs,
                 )  # fmt: skip
             finally:
                 model.forward = forward

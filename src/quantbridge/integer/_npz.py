@@ -1,6 +1,6 @@
 """The program as arrays (``.npz``): integer arrays under ``step{i}/{attr}`` and
-``const/{tensor}``, everything else (tensor formats, steps, boundaries, scalar attributes) as
-one JSON document under ``program.json``. ``load_npz`` rebuilds an equal program."""
+``const/{tensor}``, float output tables under ``output{i}/table``, everything else (tensor
+formats, steps, boundaries, scalar attributes) as one JSON document under ``program.json``. ``load_npz`` rebuilds an equal program."""
 
 from __future__ import annotations
 
@@ -57,6 +57,9 @@ def save_npz(program: IntegerProgram, path: str | os.PathLike) -> None:
                       "attrs": attrs, "arrays": array_keys})  # fmt: skip
     for name, q in program.constants.items():
         arrays[f"const/{name}"] = q
+    for i, b in enumerate(program.outputs):
+        if b.table is not None:
+            arrays[f"output{i}/table"] = b.table
     doc = {
         "format": FORMAT,
         "tensors": [_tensor(t) for t in program.tensors.values()],
@@ -87,6 +90,7 @@ def load_npz(path: str | os.PathLike) -> IntegerProgram:
         steps.append(Step(s["op"], s["node"], tuple(s["inputs"]), s["output"], attrs))
     constants = {k[len("const/") :]: v for k, v in arrays.items() if k.startswith("const/")}
     inputs = [Boundary(n, tensors[t], f) for n, t, f in doc["inputs"]]
-    outputs = [Boundary(n, tensors[t], f) for n, t, f in doc["outputs"]]
+    outputs = [Boundary(n, tensors[t], f, arrays.get(f"output{i}/table"))
+               for i, (n, t, f) in enumerate(doc["outputs"])]  # fmt: skip
     shapes = {k: tuple(v) if v else None for k, v in doc["input_shapes"].items()}
     return IntegerProgram(inputs, outputs, steps, tensors, constants, doc["onnx_tensors"], shapes)

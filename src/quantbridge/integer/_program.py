@@ -76,11 +76,22 @@ class Step:
 @dataclasses.dataclass(frozen=True)
 class Boundary:
     """A graph input or output: the ONNX name, the program tensor, and whether the ONNX value
-    is float (quantized on the way in / dequantized on the way out) or the integer codes."""
+    is float (quantized on the way in / dequantized on the way out) or the integer codes.
+
+    ``table`` (outputs only, ``lower(..., float_outputs="dequantize")``): the float32 value of
+    each code ``q`` at ``table[q - qmin]``, for an output that the ONNX graph computes in float
+    from the codes (a final Sigmoid); the conversion happens outside the integer program."""
 
     name: str
     tensor: QTensor
     is_float: bool
+    table: np.ndarray | None = dataclasses.field(default=None, compare=False)
+
+    def to_float(self, q: np.ndarray) -> np.ndarray:
+        """The ONNX output's float value of the codes ``q``: the table, or dequantization."""
+        if self.table is not None:
+            return self.table[q.astype(np.int64) - self.tensor.qmin]
+        return np.asarray(dequantize(q, self.tensor.scale, self.tensor.zero_point))
 
 
 class IntegerProgram:
@@ -150,7 +161,7 @@ class IntegerProgram:
         for b in self.outputs:
             q = env[b.tensor.name]
             if b.is_float and not integer:
-                out[b.name] = np.asarray(dequantize(q, b.tensor.scale, b.tensor.zero_point))
+                out[b.name] = b.to_float(q)
             else:
                 out[b.name] = q
         return out

@@ -22,6 +22,7 @@ from ._fixed_point import (
     rounding_divide_by_pot,
     saturating_rounding_doubling_high_mul,
 )
+from ._intmath import ISQRT_MAX, isqrt_newton, round_divide
 from ._qparams import FALLBACK_SCALE, MIN_SCALE, choose_qparams, pow2_ceil
 from ._requantize import (
     common_shift_multipliers,
@@ -42,6 +43,7 @@ from ._scheme import (
 from ._xp import normalize_axis
 
 __all__ = [
+    "ISQRT_MAX",
     "FALLBACK_SCALE",
     "MIN_SCALE",
     "Granularity",
@@ -61,6 +63,7 @@ __all__ = [
     "hard_rounding",
     "granularity_from_dict",
     "is_power_of_two",
+    "isqrt_newton",
     "multiply_by_quantized_multiplier",
     "normalize_axis",
     "pow2_ceil",
@@ -72,6 +75,7 @@ __all__ = [
     "requantize",
     "rounding_divide_by_pot",
     "rounding_regularizer",
+    "round_divide",
     "rounding_shift_right",
     "saturating_rounding_doubling_high_mul",
     "storage_dtype",

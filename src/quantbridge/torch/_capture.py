@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_map
 
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._passes import out_of_place
+from ._sdpa import decompose_sdpa
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (_OUR_DIR, os.path.dirname(os.path.abspath(torch.__file__)), "<")
@@ -128,17 +129,23 @@ def capture(
         with torch.no_grad(), quiet_torch(), deadline(limit):
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except CaptureTimeout:
-        warnings.warn(_fallback_message(spec, limit), stacklevel=user_stacklevel())
+        warnings.warn(fallback_message(spec, limit), stacklevel=user_stacklevel())
         return capture(model, args, kwargs, "batch")
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
         raise CaptureError(_explain(model, e)) from e
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
+    decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
 
 
-def _fallback_message(spec: Any, limit: float) -> str:
+_DONE = {"capture": "captured", "export": "exported"}
+
+
+def fallback_message(spec: Any, limit: float, what: str = "capture") -> str:
+    """The warning after a ``dynamic="all"`` trace ran past ``limit`` and was redone with
+    ``"batch"`` (``what``: "capture" in ``quantize``, "export" for the exporter's own trace)."""
     static = []
     for name, dims in (spec or {}).items():
         if isinstance(dims, dict) and all(isinstance(k, int) for k in dims):
@@ -147,8 +154,9 @@ def _fallback_message(spec: Any, limit: float) -> str:
         elif dims is not None:
             static.append(f"{name} (all but dimension 0 of each tensor)")
     return (
-        f"quantbridge: capture with dynamic='all' took longer than {limit:g} s (torch.export's "
-        "symbolic shape reasoning), so the model was captured with dynamic='batch': dimensions "
+        f"quantbridge: {what} with dynamic='all' took longer than {limit:g} s (torch.export's "
+        f"symbolic shape reasoning), so the model was {_DONE[what]} with dynamic='batch': "
+        "dimensions "
         f"{', '.join(static) or '(none)'} are static, fixed to the example's sizes. Pass "
         "dynamic='batch' to skip the attempt, or set QB_CAPTURE_BUDGET_S (seconds, or 'none') "
         "to allow a longer capture"

@@ -26,6 +26,7 @@ from ._errors import CheckpointError
 from ._fakequant import BiasQuantizer, Quantizer
 from ._passes import set_graph_training
 from ._placement import CONTAINER, QuantPoint, output_quantizers
+from ._replace import adopt_hook, record_weight_shapes
 
 
 class QuantModel(torch.fx.GraphModule):
@@ -54,6 +55,9 @@ class QuantModel(torch.fx.GraphModule):
         self.qb_capture = extra.get("qb_capture", {})
         # not a submodule: its float weights are not ours
         self.__dict__["_qb_source"] = source if source is not None else extra.get("_qb_source")
+        # a layer replaced later (transfer learning) gets its quantizers re-set (``_replace``)
+        record_weight_shapes(self)
+        self.register_forward_pre_hook(adopt_hook)
 
     def _deepcopy_init(self):
         return QuantModel.__init__  # GraphModule.__deepcopy__ re-initialises through this

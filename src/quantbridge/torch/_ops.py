@@ -183,6 +183,23 @@ def keeps_float_output(node) -> bool:
     )
 
 
+def read_only_as_graph_output(value: torch.fx.Node) -> bool:
+    """``value`` reaches the graph's outputs only, directly or through dropout / data movement
+    (``flatten``, ``reshape``): no engine kernel downstream needs it quantized, so with
+    ``Recipe(quantize_outputs=False)`` it stays float (see ``recipe.py`` for the measurement)."""
+    users = list(value.users)
+    return bool(users) and all(
+        user.op == "output"
+        or (
+            user.op == "call_function"
+            and user.target in _PASSES_ON_FLOAT
+            and user.args[0] is value
+            and read_only_as_graph_output(user)
+        )
+        for user in users
+    )
+
+
 # Ops a producer's output quantizer moves past, like the foldable activations: a batch norm kept
 # during QAT is folded into the conv before export, so conv -> bn -> relu has one quantizer.
 EPILOGUE_OPS: frozenset = frozenset({aten.batch_norm.default})

@@ -3,7 +3,8 @@
 Walks the graph once in topological order and asks ``_ops.op_role`` for each node:
 
 1. WEIGHTED (conv, linear): quantize the activation input, the weight (per channel along the
-   op's output-channel axis), the bias (int32, scale = input scale x weight scale) and the output.
+   op's output-channel axis), the bias (int32, scale = input scale x weight scale) and the output
+   (not a value read only as a graph output when ``recipe.quantize_outputs`` is False).
 2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input (constants excepted,
    see below) and the output. With ``recipe.align_concat_inputs`` the inputs of ``cat`` share one
    quantizer with its output (the concat then only moves integers); with
@@ -62,6 +63,7 @@ from ._ops import (
     is_epilogue,
     keeps_float_output,
     op_role,
+    read_only_as_graph_output,
     tensor_args,
 )
 from ._record import (
@@ -207,6 +209,8 @@ class _Planner:
                 break
             last = user
         if not _is_float_tensor(last):
+            return None
+        if not self.recipe.quantize_outputs and read_only_as_graph_output(last):
             return None
         spec = self._activation(last, recipe, module_of(node)[0], node)
         self._everywhere(last, spec)

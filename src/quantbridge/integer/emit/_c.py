@@ -341,7 +341,7 @@ def _copy(c: _Ctx, k: str, step) -> str:
     return f"    memcpy({y}, {x}, sizeof {y});\n"
 
 
-@_register("transpose", "slice", "resize_nearest")
+@_register("transpose", "slice", "resize_nearest", "gather")
 def _gather(c: _Ctx, k: str, step) -> str:
     source = np.arange(c.size(step.inputs[0])).reshape(c.shapes[step.inputs[0]])
     c.const("int32_t", f"{k}_i", KERNELS[step.op](step.attrs, source))

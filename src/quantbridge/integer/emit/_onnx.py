@@ -185,6 +185,8 @@ def _conv_transpose(g: _Graph, step, ins: list[str], out: str) -> None:
 @_register("matmul")
 def _matmul(g: _Graph, step, ins: list[str], out: str) -> None:
     a = step.attrs
+    if any(np.dtype(g.program.tensors[t].dtype).itemsize > 1 for t in step.inputs):
+        return _matmul_wide(g, step, ins, out)
     x, az = _x_u8(g, step, ins[0], a["a_zero"])
     if len(ins) == 1:
         w, bz = g.weight_u8(np.asarray(a["weight"]), np.asarray(a["b_zero"]))
@@ -193,6 +195,21 @@ def _matmul(g: _Graph, step, ins: list[str], out: str) -> None:
     acc = g.op("MatMulInteger", [x, w, az, bz])
     cols = g.shapes[step.output][-1]
     acc = g.op("Add", [g.i64(acc), g.const(np.broadcast_to(a["bias"], (cols,)))])
+    g.requantize(acc, step, a["multiplier"], a["shift"], (cols,), out)
+
+
+def _matmul_wide(g: _Graph, step, ins: list[str], out: str) -> None:
+    """16-bit codes (softmax probabilities, int16 activations): centered int64 MatMul (exact:
+    the lowering bounded the sums below the accumulator)."""
+    a = step.attrs
+    if len(ins) == 1:
+        w = np.asarray(a["weight"]).astype(np.int64) - np.asarray(a["b_zero"], np.int64)
+        b = g.const(w)
+    else:
+        b = g.centered(ins[1], int(a["b_zero"]))
+    acc = g.op("MatMul", [g.centered(ins[0], a["a_zero"]), b])
+    cols = g.shapes[step.output][-1]
+    acc = g.op("Add", [acc, g.const(np.broadcast_to(a["bias"], (cols,)))])
     g.requantize(acc, step, a["multiplier"], a["shift"], (cols,), out)
 
 
@@ -275,7 +292,7 @@ def _transpose(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Transpose", ins, out, perm=list(perm))
 
 
-@_register("slice", "resize_nearest")
+@_register("slice", "resize_nearest", "gather")
 def _gather(g: _Graph, step, ins: list[str], out: str) -> None:
     """A gather through the flat index map the numpy kernel computes on ``arange``."""
     shape = g.shapes[step.inputs[0]]

@@ -9,7 +9,8 @@ Real arithmetic: ``r_x = s_x (q_x - z_x)``, ``r_w = s_w[c] (q_w - z_w[c])``, bia
 
 Accumulator bound (checked at lowering, ``lowering._linear``): ``|acc[c]| <= max|q_x - z_x| *
 sum_k |q_w[c, k] - z_w[c]| + |q_b[c]|``; below 2**31 for an int32 accumulator. The sums run as
-float64 matrix products (BLAS), exact while the bound is below 2**53; wider ones use int64.
+float32 / float64 matrix products (BLAS), exact while the bound is below 2**24 / 2**53
+(``_conv_sums``, the fast layouts of Conv); wider ones use int64.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ...numerics import requantize
+from ._conv_sums import conv2d_sums
 from ._registry import register_kernel
 
 EXACT_FLOAT64 = 2**53
@@ -31,7 +33,7 @@ def _finish(attrs, acc: np.ndarray, channel_axis: int) -> np.ndarray:
     """``+ bias``, requantize per output channel, cast: the shared tail of every kernel here."""
     shape = [1] * acc.ndim
     shape[channel_axis] = -1
-    acc = np.rint(acc).astype(np.int64) if acc.dtype.kind == "f" else acc
+    acc = acc.astype(np.int64, copy=False)  # float sums hold exact integers (``_conv_sums``)
     acc = acc + np.asarray(attrs["bias"], np.int64).reshape(shape)
     m = np.asarray(attrs["multiplier"]).reshape(shape)
     n = np.asarray(attrs["shift"]).reshape(shape)
@@ -63,7 +65,7 @@ def conv_sums(x, w, strides, pads, dilations, group) -> np.ndarray:
 
 
 def _as_2d(x: np.ndarray, w: np.ndarray, attrs) -> tuple:
-    """1-D convolutions run as 2-D ones with a unit height."""
+    """1-D convolutions run as 2-D ones with a unit height (codes or centered values)."""
     if x.ndim == 4:
         return x, w, attrs["strides"], attrs["pads"], attrs["dilations"]
     (s,), (d,), (p0, p1) = attrs["strides"], attrs["dilations"], attrs["pads"]
@@ -72,12 +74,14 @@ def _as_2d(x: np.ndarray, w: np.ndarray, attrs) -> tuple:
 
 @register_kernel("conv")
 def conv(attrs, x: np.ndarray) -> np.ndarray:
-    dtype = _sum_dtype(attrs)
-    xc = _centered(x, attrs["x_zero"], dtype)
-    w = attrs["weight"]
-    wc = _centered(w, attrs["w_zero"], dtype, (-1,) + (1,) * (w.ndim - 1))
-    x2, w2, strides, pads, dilations = _as_2d(xc, wc, attrs)
-    acc = conv_sums(x2, w2, strides, pads, dilations, attrs["group"])
+    x2, w2, strides, pads, dilations = _as_2d(x, attrs["weight"], attrs)
+    acc = conv2d_sums(x2, attrs["x_zero"], w2, attrs["w_zero"], strides, pads, dilations,
+                      attrs["group"], attrs["bound"])  # fmt: skip
+    if acc is None:  # grouped (not depthwise) or int64 sums: im2col per group
+        dtype = _sum_dtype(attrs)
+        xc = _centered(x2, attrs["x_zero"], dtype)
+        wc = _centered(w2, attrs["w_zero"], dtype, (-1, 1, 1, 1))
+        acc = conv_sums(xc, wc, strides, pads, dilations, attrs["group"])
     return _finish(attrs, acc.reshape(acc.shape[:2] + acc.shape[-(x.ndim - 2) :]), 1)
 
 

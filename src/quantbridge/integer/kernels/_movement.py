@@ -1,8 +1,8 @@
 """Data movement on integer codes: no arithmetic, the (scale, zero point) pass through.
 
-Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, nearest-neighbour Resize (a gather
-with index maps computed at lowering) and Identity move codes without changing them, so they
-commute with quantization exactly.
+Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Gather (constant indices),
+nearest-neighbour Resize (a gather with index maps computed at lowering) and Identity move codes
+without changing them, so they commute with quantization exactly.
 """
 
 from __future__ import annotations
@@ -98,6 +98,12 @@ def resize_nearest(attrs, x: np.ndarray) -> np.ndarray:
     for axis, index in resize_indices(attrs, x.shape).items():
         x = np.take(x, index, axis=axis)
     return x
+
+
+@register_kernel("gather")
+def gather(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX Gather with constant indices (negative ones count from the end, as np.take)."""
+    return np.take(x, attrs["indices"], axis=attrs["axis"])
 
 
 @register_kernel("identity")

@@ -34,7 +34,12 @@ def windows(x: np.ndarray, attrs, pad_value: int) -> np.ndarray:
 @register_kernel("maxpool")
 def maxpool(attrs, x: np.ndarray) -> np.ndarray:
     pad = int(np.iinfo(x.dtype).min)
-    return windows(x, attrs, pad).max(axis=(-2, -1)).astype(x.dtype)
+    win = windows(x, attrs, pad)
+    out = win[..., 0, 0].copy()
+    for i in range(win.shape[-2]):  # one elementwise max per window position (fast strides)
+        for j in range(win.shape[-1]):
+            np.maximum(out, win[..., i, j], out=out)
+    return out
 
 
 @register_kernel("avgpool")

@@ -9,13 +9,14 @@ ops that have no lowering, and the layers whose accumulator could overflow.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._program import Boundary, IntegerProgram
-from . import _eltwise, _linear, _movement, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from .._program import IntegerProgram
+from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
     LOWERINGS,
     Builder,
@@ -27,6 +28,7 @@ from ._core import (
     Value,
     node_name,
 )
+from ._outputs import graph_outputs, with_input_shapes
 
 QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
                     "ConvInteger", "MatMulInteger"}  # fmt: skip
@@ -94,22 +96,31 @@ def _graph_inputs(graph: onnx.GraphProto) -> dict[str, Value]:
 
 
 def lower(
-    src: str | os.PathLike | onnx.ModelProto, *, accumulator_bits: int = 32
+    src: str | os.PathLike | onnx.ModelProto,
+    *,
+    accumulator_bits: int = 32,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    float_outputs: str = "refuse",
 ) -> IntegerProgram:
     """Lower a quantized ONNX model (QDQ, or QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger)
     to an integer-only program.
 
     ``accumulator_bits`` (32 or 64): layers whose accumulator could exceed it (bound from the
     integer weights and the input code ranges) are refused, all named in one error.
+    ``input_shapes`` (input name -> static shape): lower for these shapes (a global average
+    pool over a dynamic H x W needs them). ``float_outputs="dequantize"``: an output computed in
+    float from the last codes (a final Sigmoid) becomes those codes plus a float table applied
+    outside the program (``lowering._outputs``); the default refuses it.
     LoweringError (a ValueError) for float models, ops with no lowering, mismatched Q/DQ pairs.
     """
     if accumulator_bits not in (32, 64):
         raise ValueError(f"accumulator_bits must be 32 or 64, got {accumulator_bits}")
-    model = _load(src)
+    model = with_input_shapes(_load(src), input_shapes)
     _check(model)
     graph = model.graph
     env = _graph_inputs(graph)
     b = Builder(accumulator_bits, _shapes(model))
+    b.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     for name in [t for n in graph.node for t in n.input] + [o.name for o in graph.output]:
         b.readers[name] = b.readers.get(name, 0) + 1
     for node in graph.node:
@@ -130,32 +141,8 @@ def lower(
         )
     shapes = {b_.name: b.shapes.get(b_.name) for b_ in b.inputs}
     return IntegerProgram(
-        b.inputs, _outputs(graph, env), b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
+        b.inputs, graph_outputs(graph, env, float_outputs), b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
     )
-
-
-def _outputs(graph: onnx.GraphProto, env: dict[str, Value]) -> list[Boundary]:
-    outputs, floats = [], []
-    producer = {t: n for n in graph.node for t in n.output}
-    for vi in graph.output:
-        v = env.get(vi.name)
-        if not isinstance(v, QValue):
-            node = producer.get(vi.name)
-            source = f"{node_name(node)!r}, {node.op_type}" if node else "a graph input"
-            floats.append(f"{vi.name!r} (from {source})")
-            continue
-        outputs.append(Boundary(vi.name, v.tensor, not v.integer))
-    if floats:
-        raise LoweringError(
-            f"graph output{'s' if len(floats) > 1 else ''} {', '.join(floats)} "
-            f"{'are' if len(floats) > 1 else 'is'} not quantized: computed in float after the "
-            "last quantized tensor, which an integer-only program cannot do. Quantize the output: "
-            "end the "
-            "graph with QuantizeLinear -> DequantizeLinear (qb.quantize places an output "
-            "quantizer unless a recipe rule skips the last layer; quantize_onnx quantizes a "
-            "final Sigmoid/Softmax head with --int8-head)"
-        )
-    return outputs
 
 
 __all__ = ["LoweringError", "lower"]

@@ -62,6 +62,9 @@ class QConst:
 class QValue:
     tensor: QTensor
     integer: bool = False
+    # a bound on sum |q - z| along the last axis when one is known (softmax probabilities:
+    # 2**15 + K/2), tighter than K * max|q - z| for the accumulator of a MatMul reading it
+    row_sum: int | None = None
 
 
 Realize = Callable[["Builder", QTensor, int, int], None]
@@ -123,6 +126,7 @@ class Builder:
         self.overflows: list[str] = []
         self.onnx_tensors: dict[str, str] = {}
         self.readers: dict[str, int] = {}  # ONNX tensor -> nodes reading it (+1: graph output)
+        self.opset = 21  # the model's default-domain opset (``lower`` sets it)
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""
@@ -197,9 +201,17 @@ def as_activation(node: onnx.NodeProto, v: Value | None, what: str = "input") ->
 def as_qconst(node: onnx.NodeProto, v: Value | None, what: str) -> QConst:
     if isinstance(v, QConst):
         return v
+    unquantized = isinstance(v, Const) and v.array.dtype.kind == "f"
     raise LoweringError(
         f"{describe_node(node)}: {what} is {_kind(v)}; expected an integer initializer "
         "followed by DequantizeLinear"
+        + (
+            ". The layer was left in float: quantize it too (qb.quantize_onnx / `quantbridge "
+            "quantize` keep the layers of a Sigmoid/Softmax head in float unless "
+            "float_head=False / --int8-head)"
+            if unquantized
+            else ""
+        )
     )
 
 

@@ -41,6 +41,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._linear import add_bias
 from ._qdq import rescale_sum
 
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -189,6 +190,9 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     composed = _compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]
+    biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
+    if biased is not None:
+        return [biased]
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"

@@ -10,6 +10,8 @@ range_b`` for a product of two activations). A layer whose bound exceeds the acc
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from ...numerics import fixed_point_multipliers
 from .._program import QTensor
 from ._core import (
     Builder,
+    Elementwise,
     LoweringError,
     Pending,
     QConst,
@@ -81,7 +84,40 @@ def linear(
             qmin=qmin, qmax=qmax, dtype=out.dtype, bound=worst, **attrs,
         )  # fmt: skip
 
-    return Pending(name, realize)
+    if op != "matmul":
+        return Pending(name, realize)
+
+    def with_bias(add: onnx.NodeProto, codes: np.ndarray) -> Pending:
+        biased = {**attrs, "bias": np.asarray(attrs["bias"], np.int64) + codes}
+        return linear(b, add, op, inputs, acc_scale, bound + np.abs(codes), **biased)
+
+    return LinearPending(name, realize, acc_scale=acc_scale, with_bias=with_bias)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearPending(Pending):
+    """A MatMul's accumulator before its requantization, which a following ``Add`` of an int32
+    bias (torch's export of a 3-D ``Linear``: ``MatMul -> Add(DequantizeLinear(bias))``) can
+    still enter: ``with_bias(add_node, codes)`` is the layer with ``codes`` added."""
+
+    acc_scale: np.ndarray | None = None
+    with_bias: Callable[[onnx.NodeProto, np.ndarray], Pending] | None = None
+
+
+def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
+    """``MatMul -> Add(bias)`` with an integer bias along the last axis (``DequantizeLinear``
+    of int32 codes): the bias joins the accumulator (rescaled offline, as ``_bias_codes``, when
+    its scale is not the accumulator's). None when ``ins`` is not that pattern."""
+    if node.op_type != "Add" or len(ins) != 2:
+        return None
+    for acc, bias in (ins, ins[::-1]):
+        if (isinstance(acc, LinearPending) and isinstance(bias, QConst) and bias.q.ndim <= 1
+                and acc.lo == -np.inf and acc.hi == np.inf
+                and np.issubdtype(bias.q.dtype, np.integer)
+                and np.asarray(bias.q).size in (1, acc.acc_scale.size)):  # fmt: skip
+            codes = _bias_codes(node, bias, acc.acc_scale)
+            return acc.with_bias(node, codes)
+    return None
 
 
 def _conv_geometry(node: onnx.NodeProto, weight: np.ndarray, transpose: bool) -> dict[str, Any]:
@@ -162,28 +198,48 @@ def matmul_const(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias) -> Pe
                   b_zero=w_zero, bias=bias_codes)  # fmt: skip
 
 
-def matmul_act(b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float) -> Pending:
+def matmul_act(
+    b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float, row_sum=None
+) -> Pending:
     """``a @ b`` of two program tensors (attention scores, ...): scalar parameters; the bound
-    uses K from ONNX shape inference (``K * range_a * range_b``)."""
+    uses K from ONNX shape inference (``K * range_a * range_b``), or ``row_sum * range_b`` when
+    the rows of ``a`` have a known bound on ``sum |q - z|`` (softmax probabilities)."""
     k = b.dim(node.input[0], -1)
-    if k is None:
+    if k is None and row_sum is None:
         raise LoweringError(
             f"{describe_node(node)}: the reduction length of {node.input[0]!r} is unknown, so "
             "its accumulator cannot be bounded; export with static shapes"
         )
-    bound = np.array([k * code_range(a, az) * code_range(bt, bz)], dtype=np.float64)
+    rows = k * code_range(a, az) if row_sum is None else row_sum
+    bound = np.array([rows * code_range(bt, bz)], dtype=np.float64)
     return linear(b, node, "matmul", [a, bt], np.array([acc_scale]), bound, a_zero=az,
                   b_zero=np.int64(bz), bias=np.zeros(1, np.int64))  # fmt: skip
 
 
+def scaled_activation(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, float]:
+    """``(tensor, c)`` for an operand ``c * dequantize(tensor)`` with a constant ``c > 0``
+    (``scaled_dot_product_attention`` exports ``q * sqrt(scale)`` and ``k * sqrt(scale)``):
+    ``c`` joins the accumulator scale. A plain dequantized tensor has ``c = 1``."""
+    if isinstance(v, Elementwise):
+        t = v.source
+        r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
+        with np.errstate(all="ignore"):
+            f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
+        c = float(f[-1] / r[-1]) if r[-1] else 0.0
+        if c > 0 and np.allclose(f, c * r, rtol=1e-9, atol=1e-12 * np.abs(f).max()):
+            return t, c
+    return as_activation(node, v), 1.0
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    a = as_activation(node, ins[0])
-    if isinstance(ins[1], QValue):
-        t = ins[1].tensor
-        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, a.scale * t.scale)]
+    a, ca = scaled_activation(node, ins[0])
+    if isinstance(ins[1], QValue | Elementwise):
+        (t, cb), row_sum = scaled_activation(node, ins[1]), getattr(ins[0], "row_sum", None)
+        scale = a.scale * t.scale * ca * cb
+        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, scale, row_sum)]
     w = as_qconst(node, ins[1], "the second operand")
-    return [matmul_const(b, node, a, a.scale, a.zero_point, w, None)]
+    return [matmul_const(b, node, a, a.scale * ca, a.zero_point, w, None)]
 
 
 @register_lowering("Gemm")

@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .._program import QTensor
+from .._program import Boundary, QTensor
 from ..kernels import KERNELS
 from ..kernels._movement import COORDINATES
 from ._core import (
     Builder,
     Const,
     Elementwise,
+    FloatInput,
     LoweringError,
     Pending,
     QConst,
@@ -54,6 +55,14 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
             builder.step(op, name, [before], out, **attrs)
 
         return Pending(v.node, realize, v.lo, v.hi)
+    if isinstance(v, FloatInput):  # input -> Transpose -> QuantizeLinear: quantize, then move
+
+        def realize_input(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+            codes = builder.like(v.name, out)
+            builder.inputs.append(Boundary(v.name, codes, True))
+            builder.step(op, name, [codes], out, **attrs)
+
+        return Pending(name, realize_input)
     raise LoweringError(f"{describe_node(node)}: input is not quantized (no DequantizeLinear)")
 
 
@@ -84,9 +93,17 @@ def _movement(op: str, make_attrs):
 
 
 def _reshape_attrs(node, ins, a) -> dict[str, Any]:
-    if a.get("allowzero", 0):
-        raise LoweringError(f"{describe_node(node)}: allowzero=1 is not lowered")
-    return {"shape": tuple(_ints(node, ins[1], "shape"))}
+    shape = tuple(_ints(node, ins[1], "shape"))
+    if a.get("allowzero", 0) and 0 in shape:  # allowzero only changes the meaning of a 0
+        raise LoweringError(f"{describe_node(node)}: allowzero=1 with a 0 in the shape")
+    return {"shape": shape}
+
+
+def _const_indices(node, v: Value | None) -> np.ndarray:
+    """Gather on codes with constant indices (torch's ``x[0]``, ``unbind`` of q, k, v)."""
+    if not isinstance(v, Const) or not np.issubdtype(v.array.dtype, np.integer):
+        raise LoweringError(f"{describe_node(node)}: only constant integer indices are lowered")
+    return v.array.astype(np.int64)
 
 
 def _axes(node, ins, a) -> dict[str, Any]:
@@ -147,6 +164,13 @@ MOVEMENTS = {
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
     "Resize": ("resize_nearest", _resize_attrs),
+    "Gather": (
+        "gather",
+        lambda n, i, a: {
+            "indices": np.asarray(_const_indices(n, i[1])),
+            "axis": int(a.get("axis", 0)),
+        },
+    ),  # fmt: skip
     "Identity": ("identity", lambda n, i, a: {}),
     "Dropout": ("identity", lambda n, i, a: {}),
 }

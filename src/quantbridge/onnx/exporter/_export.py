@@ -36,14 +36,21 @@ import torch
 from ..._platform import safe_weight_bound, u8s8_saturates
 from ..._version import __version__
 from ...torch._batches import as_call
-from ...torch._capture import dynamic_shapes, quiet_torch, user_stacklevel, widen_batch
+from ...torch._capture import (
+    dynamic_shapes,
+    fallback_message,
+    quiet_torch,
+    user_stacklevel,
+    widen_batch,
+)
+from ...torch._deadline import CaptureTimeout, capture_budget, deadline
 from ...torch._export_ops import export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._progress import stage
 from ...torch._qat import folded_copy
+from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
-from ..importer._site import DYNAMIC_SITE_TARGET
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._relu_quant import relu_into_quantize
@@ -121,13 +128,6 @@ def to_onnx(
             f"export expects the QuantModel returned by quantbridge.quantize, got "
             f"{type(qmodel).__name__}"
         )
-    if any(n.target is DYNAMIC_SITE_TARGET for n in qmodel.graph.nodes):
-        raise ValueError(
-            "this QuantModel was imported from a dynamically quantized ONNX file "
-            "(DynamicQuantizeLinear): its activation scales are computed on every call, which a "
-            "QDQ file cannot hold, so it cannot be exported. Quantize the float model statically "
-            "(quantbridge.quantize) to export it"
-        )
     opset = _choose_opset(qmodel, opset)
     messages = slow_form_warnings(qmodel)
     if opset >= PACKED_4BIT_OPSET and _has_4bit_weights(qmodel):
@@ -140,6 +140,7 @@ def to_onnx(
         warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
     for message in saturation_warnings(qmodel):
         warnings.warn(message, SaturationWarning, stacklevel=user_stacklevel())
+    adopt_replaced_layers(qmodel)  # a layer replaced since the last call (transfer learning)
     with quiet_torch():
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
@@ -175,11 +176,14 @@ def float_to_onnx(
 
 def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
     """One trace of ``module`` in eval mode on ``call`` (args, kwargs), translated, at ``opset``,
-    without debug info."""
+    without debug info. ``dynamic="all"`` runs under the capture time limit (``_deadline``, as
+    ``quantize``'s capture): past it the export is redone with ``"batch"`` and a warning names
+    the dimensions that became static."""
     args, kwargs = call
     if dynamic != "none":
         args, kwargs = widen_batch(args, kwargs)
     shapes = dynamic_shapes(module.forward, args, kwargs, dynamic)
+    limit = capture_budget() if dynamic == "all" else None
     was_training = module.training
     module.eval()
     try:
@@ -187,9 +191,13 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
             stage(f"exporting to ONNX (opset {opset}, dynamic={dynamic!r})"),
             quiet_torch(),
             warnings.catch_warnings(),
+            deadline(limit),
         ):
             warnings.simplefilter("ignore")
             model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
+    except CaptureTimeout:
+        warnings.warn(fallback_message(shapes, limit, "export"), stacklevel=user_stacklevel())
+        return _trace(module, call, opset, "batch")
     finally:
         module.train(was_training)
     model = downgrade(model, opset)

@@ -34,6 +34,7 @@ import onnx
 import torch
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
+from ._lazy_registry import lazy_registry
 from ._signature import record_signature
 from ._translate import translation_table
 
@@ -84,12 +85,11 @@ def export_program(
 
 @functools.cache
 def _registry(opset: int) -> Any:
-    """torchlib's registry for ``opset`` with our two custom ops (built once per process)."""
-    from torch.onnx._internal.exporter import _constants, _registration
+    """torchlib's registry for ``opset`` with our two custom ops (built once per process; its
+    torchlib entries per operator on first lookup, ``_lazy_registry``)."""
+    from torch.onnx._internal.exporter import _constants
 
-    registry = _registration.ONNXRegistry().from_torchlib(
-        opset_version=max(opset, _constants.TORCHLIB_OPSET)
-    )
+    registry = lazy_registry(max(opset, _constants.TORCHLIB_OPSET))
     for op, fn in translation_table(opset).items():
         registry.register_op(op, fn, is_complex=False)
     return registry

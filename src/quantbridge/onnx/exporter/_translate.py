@@ -15,6 +15,9 @@ ONNX Runtime accepts integer Clip and keeps fusing the surrounding operators (se
 
 ``dequantize(q, scale, zero_point, axis)`` becomes one DequantizeLinear whose ``q`` is the integer
 initializer (int8 weights, int32 biases).
+
+``dynamic_quantize_dequantize(x)`` (``torch/_dynamic.py``, a model imported from a dynamically
+quantized file) becomes ``DynamicQuantizeLinear(x) -> DequantizeLinear(y, y_scale, y_zero_point)``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 import onnx
 import onnxscript
 import torch
+
+from ...torch._dynamic import dynamic_quantize_dequantize as _dynamic_op  # noqa: F401 - registers
 
 _FULL_RANGE = {
     onnx.TensorProto.INT8: (-128, 127),
@@ -63,7 +68,12 @@ def translation_table(opset: int) -> dict:
     def dequantize(q, scale, zero_point, axis=None):
         return op.DequantizeLinear(q, scale, zero_point, **_axis_kwargs(axis))
 
+    def dynamic_quantize_dequantize(x):
+        y, y_scale, y_zero_point = op.DynamicQuantizeLinear(x)
+        return op.DequantizeLinear(y, y_scale, y_zero_point)
+
     return {
         torch.ops.quantbridge.quantize_dequantize.default: quantize_dequantize,
         torch.ops.quantbridge.dequantize.default: dequantize,
+        torch.ops.quantbridge.dynamic_quantize_dequantize.default: dynamic_quantize_dequantize,
     }

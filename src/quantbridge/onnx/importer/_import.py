@@ -47,12 +47,13 @@ from torch import nn
 
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
-from . import _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
+from . import _cast, _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
 from ._module import OnnxModule, new_module
 from ._qmodel import quant_model
 from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 from ._site import DYNAMIC_SITE_HANDLER, SITE_HANDLER
+from ._symbolic import check_at_import
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
@@ -69,6 +70,7 @@ def import_onnx(
     *,
     example_inputs: Any = None,
     learn_scales: bool = False,
+    check_dynamic: bool = True,
 ) -> OnnxModule | QuantModel:
     """An ONNX model (a path, a ``ModelProto`` or its bytes) as a trainable torch model.
 
@@ -81,13 +83,32 @@ def import_onnx(
 
     Raises ``ValueError`` naming the ONNX node, the op and its opset for anything it cannot import
     exactly; unsupported ops of a quantized model are listed together.
+
+    A float model whose file declares dynamic dimensions is run once on fake tensors
+    (``check_dynamic``, ``_symbolic.check_at_import``): a ``DynamicDimensionWarning`` names each
+    node that would pin such a dimension to the example's size. ``example_inputs`` gives the
+    sizes to try (default 2 for the batch, 64 + i for other free dimensions).
     """
     proto = _load(model)
     if is_quantized(proto):
         normalised, record = normalise(proto, _ranks(proto))
         graph, module = _float_module(normalised)
         return quant_model(module, graph, record, proto, example_inputs, learn_scales)
-    return _float_module(proto)[1]
+    module = _float_module(proto)[1]
+    if check_dynamic:
+        check_at_import(module, proto, _named_examples(module, example_inputs))
+    return module
+
+
+def _named_examples(module: OnnxModule, example_inputs: Any) -> dict[str, Any] | None:
+    """``example_inputs`` (a tensor, tuple or dict) keyed by the graph's input names."""
+    if example_inputs is None:
+        return None
+    if isinstance(example_inputs, dict):
+        return dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    return dict(zip(module.input_names, example_inputs, strict=False))
 
 
 def _float_module(proto: onnx.ModelProto) -> tuple[_Graph, OnnxModule]:

@@ -13,7 +13,10 @@ the record, never from a recipe's placement nor from name matching:
   says which constant it was;
 * its int32 bias gets a ``BiasQuantizer`` when the file's bias scale is input scale x weight scale
   (as ONNX Runtime and QLinearConv have it): the codes are then recomputed bit for bit.
-  Otherwise the bias stays float, holding the file's dequantized values.
+  Otherwise the bias stays float, holding the file's dequantized values;
+* a per-tensor integer constant read by an add / sub / mul / div (ONNX Runtime quantizes the
+  initializer operand of Add / Mul) gets a ``ConstantQuantizer`` with the file's parameters;
+* a ``DynamicSite`` becomes a ``DynamicQuantizer`` (``torch/_dynamic.py``).
 
 All quantizers are frozen; ``learn_scales=True`` makes them learnable (LSQ from the file's values).
 """
@@ -31,16 +34,23 @@ from ...numerics import QScheme, bias_scale, dequantize
 from ...recipe import Recipe, TensorRecipe
 from ...torch._batches import as_call, input_spec
 from ...torch._capture import capture
-from ...torch._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
+from ...torch._dynamic import DynamicQuantizer
+from ...torch._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 from ...torch._model import QuantModel
 from ...torch._ops import WEIGHTED_OPS
 from ...torch._passes import own_parameters
 from ...torch._placement import CONTAINER, QuantPoint, module_of
 from ._module import OnnxModule
 from ._quantized import QuantRecord
-from ._site import SITE_TARGET
+from ._site import DYNAMIC_SITE_TARGET, SITE_TARGET
 
 _WEIGHT_INPUT, _BIAS_INPUT = 1, 2  # of Conv, ConvTranspose, Gemm, MatMul
+_aten = torch.ops.aten
+_ELEMENTWISE = {_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor}
+# ops whose weight (and bias) the file may store as integers: (input, weight, bias, out axis)
+# positions. LayerNormalization too: ONNX Runtime's QDQ files hold its scale as int8 and its bias
+# as int32 with scale input x weight scale, as for a conv (placement never quantizes it itself)
+_WEIGHTED = {**WEIGHTED_OPS, _aten.layer_norm.default: (0, 2, 3, 0)}
 
 
 def example_inputs(proto: onnx.ModelProto, consts: set[str]) -> tuple[tuple, str]:
@@ -113,6 +123,9 @@ class _Builder:
     # -- activations ----------------------------------------------------------------------------
     def sites(self) -> None:
         for node in list(self.gm.graph.nodes):
+            if node.op == "call_function" and node.target is DYNAMIC_SITE_TARGET:
+                self._dynamic(node)
+                continue
             if node.op != "call_function" or node.target is not SITE_TARGET:
                 continue
             x, grid, observe = node.args
@@ -120,6 +133,17 @@ class _Builder:
             new = self._call(target, node, x, {} if observe else {"observe": False})
             node.replace_all_uses_with(new)
             self.gm.graph.erase_node(node)
+
+    def _dynamic(self, node: torch.fx.Node) -> None:
+        """A ``DynamicQuantizeLinear`` of the file: a ``DynamicQuantizer`` (kind ``dynamic``)."""
+        x = node.args[0]
+        name = getattr(x, "name", node.name)
+        q = DynamicQuantizer(name)
+        point = QuantPoint("", name, "dynamic", module_of(node)[0], node.name,
+                           q.scheme.to_dict(), "file")  # fmt: skip
+        new = self._call(self._add(q, point), node, x)
+        node.replace_all_uses_with(new)
+        self.gm.graph.erase_node(node)
 
     def _quantizer(self, grid: int, node: torch.fx.Node) -> tuple[Quantizer, str]:
         if grid not in self.by_grid:
@@ -135,9 +159,9 @@ class _Builder:
     # -- weights and biases ---------------------------------------------------------------------
     def weighted(self) -> None:
         for node in list(self.gm.graph.nodes):
-            if node.op != "call_function" or node.target not in WEIGHTED_OPS:
+            if node.op != "call_function" or node.target not in _WEIGHTED:
                 continue
-            i_x, i_w, i_b, _ = WEIGHTED_OPS[node.target]
+            i_x, i_w, i_b, _ = _WEIGHTED[node.target]
             w = node.args[i_w]
             if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
                 continue
@@ -151,6 +175,36 @@ class _Builder:
             b = node.args[i_b] if len(node.args) > i_b else None
             if isinstance(b, torch.fx.Node) and b.op == "get_attr":
                 self._bias(node, b, onnx_node, wq)
+
+    def constants(self) -> None:
+        """A tensor constant of an add / sub / mul / div that the file stores as integers (ONNX
+        Runtime's ``Mul`` / ``Add`` by an initializer, QDQ or QLinearMul / QLinearAdd): a
+        ``ConstantQuantizer`` on the file's per-tensor grid, so that export writes the file's codes
+        again (``export(import(f))``). The buffer holds the dequantized codes, on that grid. A
+        per-channel constant, or one also read by other ops, stays a float constant."""
+        for node in list(self.gm.graph.nodes):
+            if node.op != "get_attr":
+                continue
+            found = self.record.weights.get(self.module.onnx_names.get(node.target))
+            if found is None or found[0].scale.size != 1:
+                continue
+            users = list(node.users)
+            if not users or any(
+                u.op != "call_function" or u.target not in _ELEMENTWISE for u in users
+            ):
+                continue
+            qp = found[0]
+            scheme = qp.scheme()
+            cq = ConstantQuantizer(
+                node.target, TensorRecipe(scheme), self.gm.get_buffer(node.target)
+            )
+            cq.set_qparams(qp.scale, qp.zero_point)
+            cq.constant_name = node.target
+            point = QuantPoint("", node.target, "constant", module_of(users[0])[0], node.name,
+                               scheme.to_dict(), "file")  # fmt: skip
+            new = self._call(self._add(cq, point), node.next, node)
+            for user in users:
+                user.replace_input_with(node, new)
 
     def _weight(self, w: torch.fx.Node, qp, codes: np.ndarray, user) -> WeightQuantizer:
         param = self.gm.get_parameter(w.target).detach().numpy()
@@ -235,6 +289,7 @@ def quant_model(
     builder = _Builder(gm, module, {n.name: n for n in graph.nodes}, record)
     builder.sites()
     builder.weighted()
+    builder.constants()
     gm.graph.lint()
     gm.recompile()
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)

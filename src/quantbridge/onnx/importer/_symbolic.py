@@ -8,6 +8,13 @@ on the size), torch's ``ShapeEnv`` replaces the dimension's symbol by the exampl
 captured model silently runs at that size only. ``SymbolicWatch`` checks the shape environment
 after every step of the first trace and warns, naming the ONNX node, its op, the input and the
 dimension, so a specialisation is never silent.
+
+``check_at_import`` runs that watch once inside ``import_onnx``, on fake tensors (no data, no
+``torch.export``): each declared-dynamic dimension is a fresh symbol (example sizes from
+``example_inputs``, else 2 for the first dimension and 64 + i for the others), so the warning
+comes at import, before any quantization. Where the fake run cannot finish (an example size
+the graph rejects, a data-dependent op) nothing is said there; the trace in ``quantize`` still
+watches.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 
 class DynamicDimensionWarning(UserWarning):
@@ -83,3 +93,44 @@ class SymbolicWatch:
                 DynamicDimensionWarning,
                 stacklevel=4,
             )
+
+
+def check_at_import(module, proto: onnx.ModelProto, examples: dict[str, Any] | None) -> None:
+    """Run ``module`` once on fake inputs whose declared-dynamic dimensions are symbols; the
+    ``SymbolicWatch`` inside ``module.run`` warns for each one a node pins to a number."""
+    declared = module.dynamic_dims
+    if not declared:
+        return
+    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False), allow_non_fake_inputs=True)
+    examples = examples or {}
+    try:  # best effort: quantize's trace still watches where this cannot run
+        inputs = {}
+        for value in proto.graph.input:
+            if value.name in module.input_names:
+                dims = declared.get(value.name, {})
+                inputs[value.name] = _fake_input(mode, value, dims, examples.get(value.name))
+        if any(x is None for x in inputs.values()):
+            return
+        with mode, torch.no_grad():
+            module.run(inputs)
+    except Exception:  # noqa: BLE001 - an example size the graph rejects, a data-dependent op
+        return
+
+
+def _fake_input(mode: FakeTensorMode, value: onnx.ValueInfoProto, dynamic: dict, example):
+    """A fake tensor for one graph input (None where its shape or type is unknown)."""
+    t = value.type.tensor_type
+    if not t.HasField("shape") or not t.elem_type:
+        return None
+    sizes = []
+    for i, d in enumerate(t.shape.dim):
+        if isinstance(example, torch.Tensor) and example.ndim == len(t.shape.dim):
+            sizes.append(int(example.shape[i]))
+        elif d.dim_value > 0:  # Paddle writes -1 for a free dimension
+            sizes.append(d.dim_value)
+        else:
+            sizes.append(2 if i == 0 else 64 + i)  # distinct, never 0 or 1 (specialised)
+    dtype = torch.from_numpy(np.zeros(0, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))).dtype
+    kinds = [DimDynamic.DYNAMIC if i in dynamic else DimDynamic.STATIC for i in range(len(sizes))]
+    context = StatelessSymbolicContext(dynamic_sizes=kinds)
+    return mode.from_tensor(torch.zeros(sizes, dtype=dtype), symbolic_context=context)

@@ -1,0 +1,61 @@
+"""Row normalizations on integer codes: softmax and layer normalization.
+
+``softmax`` (over the last axis; input 8-bit codes ``q``, ``r = s (q - z)``, times a positive
+constant ``c`` the lowering folded in: ``beta = c s`` per code):
+    d_j = max_k q_k - q_j                                  in [0, 2**bits - 1]
+    e_j = table[d_j] = round(2**16 exp(-beta d_j))         exact 256-entry table (float64 offline)
+    S   = sum_j e_j                                        int32: S <= K 2**16 < 2**31
+    p_j = min(round_divide(e_j 2**15, S), 2**15 - 1)       int16 codes, scale 2**-15, zero 0
+    (``numerics.round_divide``: to nearest, ties up; the clamp costs at most 2**-15 when one
+    element holds all the mass). The max subtraction is TFLite's; the table of code differences
+    is TFLite's int8 softmax with an exact (not polynomial) exp.
+
+``layernorm`` (over the trailing ``N`` elements; input codes, output (s_y, z_y)):
+    c_i = q_i - z, S1 = sum c_i, S2 = sum c_i**2           int64 (|S2| <= N 2**16)
+    V   = N S2 - S1**2 = N**2 var(c)                      int64, >= 0
+    W   = V 4**k + E, E = max(1, round(N**2 eps / s**2 4**k))   k chosen so that W < 2**62
+    R   = isqrt_newton(W) ~= 2**k N sqrt(var(c) + eps / s**2)
+    D_i = N c_i - S1                                       = N (c_i - mean)
+    T_i = round_divide(D_i 2**(k + F), R) ~= x_hat_i 2**F  (the normalized value, F fraction bits)
+    q_y = clip(z_y + round_half_even((T_i M_i + B_i) / 2**n))   (``numerics.requantize``)
+    with M_i / 2**n ~= gamma_i 2**-F / s_y (one shared shift) and B_i = round(beta_i 2**n / s_y).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...numerics import isqrt_newton, requantize, round_divide
+from ._registry import register_kernel
+
+SOFTMAX_EXP_BITS = 16  # table[0] = 2**16
+SOFTMAX_OUT_BITS = 15  # probabilities as int16 codes of scale 2**-15
+
+
+@register_kernel("softmax")
+def softmax(attrs, x: np.ndarray) -> np.ndarray:
+    q = x.astype(np.int64)
+    e = attrs["table"][q.max(axis=-1, keepdims=True) - q]
+    total = e.sum(axis=-1, keepdims=True)
+    p = round_divide(e << SOFTMAX_OUT_BITS, total)
+    return np.minimum(p, 2**SOFTMAX_OUT_BITS - 1).astype(np.int16)
+
+
+def layernorm_rows(attrs, x: np.ndarray) -> np.ndarray:
+    """The normalized values ``T`` (``F`` fraction bits) of each row of ``N`` trailing elements,
+    shape ``(rows, N)``."""
+    n = attrs["n"]
+    c = x.astype(np.int64).reshape(-1, n) - np.int64(attrs["x_zero"])
+    s1 = c.sum(axis=1, keepdims=True)
+    s2 = (c * c).sum(axis=1, keepdims=True)
+    w = ((n * s2 - s1 * s1) << (2 * attrs["k"])) + np.int64(attrs["eps"])
+    r = isqrt_newton(w)
+    return round_divide((n * c - s1) << (attrs["k"] + attrs["frac"]), r)
+
+
+@register_kernel("layernorm")
+def layernorm(attrs, x: np.ndarray) -> np.ndarray:
+    t = layernorm_rows(attrs, x)
+    acc = t * np.asarray(attrs["multipliers"], np.int64) + np.asarray(attrs["offsets"], np.int64)
+    y = requantize(acc, 1, attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"])
+    return y.reshape(x.shape).astype(attrs["dtype"])

@@ -1,0 +1,179 @@
+"""Lowering of Softmax and LayerNormalization to the integer ``softmax`` / ``layernorm`` kernels
+(``kernels._normalize`` states the integer pipelines).
+
+What the exporter writes, and what is lowered:
+
+* ``DequantizeLinear -> [Mul by a positive constant] -> Softmax -> ...``: quantbridge keeps the
+  probabilities float (``torch._ops.KEEP_FLOAT_OUTPUT_OPS``), so the Softmax output feeds the
+  float ``MatMul`` with the values, whose QuantizeLinear comes after. The program holds the
+  probabilities as int16 codes of scale ``2**-15`` (zero point 0); the MatMul then multiplies
+  int16 x 8-bit codes (int32 sums: a row of probabilities sums to at most ``2**15 + K/2``, so
+  ``|acc| <= (2**15 + K/2) * 2**8`` for every length the softmax sum allows, K < 2**15). A QuantizeLinear directly after
+  the Softmax (other exporters) requantizes those codes to its grid. The input must be an 8-bit
+  tensor times an increasing affine function (the attention scale): softmax is shift-invariant,
+  so only the slope per code, ``beta``, enters its exp table of code differences.
+* ``DequantizeLinear -> LayerNormalization(scale, bias: float constants) -> QuantizeLinear``:
+  one ``layernorm`` step realized at the QuantizeLinear (its (scale, zero point), and the clamp of
+  any Relu / Clip in between). A LayerNormalization whose output stays float to a graph output
+  is refused like every float output (``lower``'s error says to quantize it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from ...numerics import ISQRT_MAX, common_shift_multipliers
+from .._program import QTensor
+from ..kernels._normalize import SOFTMAX_EXP_BITS, SOFTMAX_OUT_BITS
+from ._core import (
+    Builder,
+    Const,
+    Elementwise,
+    LoweringError,
+    Pending,
+    QValue,
+    Value,
+    accumulator_multiplier_bits,
+    as_activation,
+    as_const,
+    attrs_of,
+    describe_node,
+    node_name,
+    register_lowering,
+)
+
+LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
+
+
+def _softmax_source(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, float]:
+    """``(8-bit source tensor, beta)``: the Softmax input is ``a * r + c`` of the source's real
+    values with ``a > 0``; ``beta = a * scale`` is the slope per code."""
+    if isinstance(v, QValue) and not v.integer:
+        t, fn = v.tensor, None
+    elif isinstance(v, Elementwise):
+        t, fn = v.source, v.fn
+    else:
+        raise LoweringError(
+            f"{describe_node(node)}: its input must be a dequantized 8-bit tensor, optionally "
+            "times a positive constant (DequantizeLinear -> [Mul] -> Softmax); a float mask or "
+            "another float computation in front of it has no integer lowering"
+        )
+    if t.bits > 8:
+        raise LoweringError(f"{describe_node(node)}: a {t.bits}-bit input needs a "
+                            f"{2**t.bits}-entry exp table; only 8-bit inputs are lowered")  # fmt: skip
+    if fn is None:
+        return t, t.scale
+    codes = np.arange(t.qmin, t.qmax + 1, dtype=np.int64)
+    r = (codes - t.zero_point) * np.float64(t.scale)
+    with np.errstate(all="ignore"):
+        f = np.asarray(fn(r), np.float64) * np.ones_like(r)
+    slope = (f[-1] - f[0]) / (r[-1] - r[0])
+    line = f[0] + slope * (r - r[0])
+    if not (
+        np.isfinite(f).all()
+        and slope > 0
+        and np.allclose(f, line, rtol=1e-9, atol=1e-12 * np.abs(f).max())
+    ):
+        raise LoweringError(
+            f"{describe_node(node)}: its input is a non-linear or decreasing function of the "
+            f"quantized tensor {t.name!r}; only an increasing affine one (a positive scale) is "
+            "lowered to the exp table of code differences"
+        )
+    return t, float(slope * t.scale)
+
+
+@register_lowering("Softmax")
+def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    source, beta = _softmax_source(node, ins[0])
+    rank = len(b.shapes.get(node.input[0], ())) or None
+    # before opset 13 the default axis is 1 and the input is flattened to 2-D from it: the same
+    # as one softmax over the last axis exactly when that axis is the last one
+    axis = int(attrs_of(node).get("axis", -1 if b.opset >= 13 else 1))
+    if not (axis == -1 or (rank is not None and axis % rank == rank - 1)):
+        raise LoweringError(f"{describe_node(node)}: softmax over axis {axis} of a rank-{rank} "
+                            "tensor; only the last axis is lowered")  # fmt: skip
+    k = b.dim(node.input[0], -1)
+    if k is None:
+        raise LoweringError(
+            f"{describe_node(node)}: the softmax length of {node.input[0]!r} is unknown, so its "
+            "int32 sum cannot be bounded; export with static shapes"
+        )
+    name = node_name(node)
+    b.check_accumulator(name, float(k) * 2**SOFTMAX_EXP_BITS)
+    d = np.arange(source.qmax - source.qmin + 1, dtype=np.float64)
+    table = np.rint(np.exp(-beta * d) * 2**SOFTMAX_EXP_BITS).astype(np.int64)
+    out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
+    b.step("softmax", name, [source], out, table=table)
+    # each p_j <= e_j 2**15 / S + 1/2: a row sums to at most 2**15 + K/2
+    return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2)]
+
+
+def _normalized_length(b: Builder, node: onnx.NodeProto, axis: int) -> tuple[int, tuple]:
+    shape = b.shapes.get(node.input[0])
+    if shape is None:
+        raise LoweringError(f"{describe_node(node)}: the input's rank is unknown")
+    dims = tuple(shape[axis % len(shape) :])
+    if any(d is None for d in dims):
+        raise LoweringError(f"{describe_node(node)}: normalized dimensions {dims} must be static")
+    return int(np.prod(dims, dtype=np.int64)), dims
+
+
+def _pre_sqrt_shift(n: int, width: int, eps_codes: float) -> tuple[int, int]:
+    """``(k, E)``: the largest ``k`` with ``V 4**k + E < 2**62`` for every row
+    (``V <= N**2 width**2 / 4``), ``E = max(1, round(N**2 eps / s**2 * 4**k))``."""
+    v_bound = n * n * width * width // 4 + 1
+    k = max(0, (61 - v_bound.bit_length()) // 2)
+    while True:
+        e = max(1, round(n * n * eps_codes * 4.0**k))
+        if v_bound * 4**k + e < ISQRT_MAX or k == 0:
+            break
+        k -= 1
+    if v_bound * 4**k + e >= ISQRT_MAX:
+        raise LoweringError(f"layer norm over {n} elements: epsilon / scale**2 = {eps_codes:.3g} "
+                            "is too large for an int64 variance")  # fmt: skip
+    return k, int(e)
+
+
+@register_lowering("LayerNormalization")
+def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = as_activation(node, ins[0])
+    a = attrs_of(node)
+    n, dims = _normalized_length(b, node, int(a.get("axis", -1)))
+    gamma = np.broadcast_to(np.asarray(as_const(node, ins[1], "scale"), np.float64), dims)
+    beta = (np.broadcast_to(np.asarray(as_const(node, ins[2], "bias"), np.float64), dims)
+            if len(ins) > 2 and isinstance(ins[2], Const) else np.zeros(dims))  # fmt: skip
+    gamma, beta = gamma.reshape(-1), beta.reshape(-1)
+    width = x.qmax - x.qmin
+    eps = float(a.get("epsilon", 1e-5))
+    k, e = _pre_sqrt_shift(n, width, eps / (x.scale * x.scale))
+    frac = LAYERNORM_FRAC_BITS
+    if (n * width).bit_length() + k + frac + 2 > 62:
+        raise LoweringError(f"{describe_node(node)}: {n} elements of {x.bits}-bit codes overflow "
+                            "the int64 normalization")  # fmt: skip
+    t_bound = math.sqrt(n) * 2**frac + 1
+    name = node_name(node)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        ratios = gamma * 2.0**-frac / out.scale
+        bits = accumulator_multiplier_bits(t_bound) - 1
+        while True:
+            if np.abs(ratios).max() > 0:
+                m, shift = common_shift_multipliers(np.abs(ratios), bits)
+                m = m * np.sign(ratios).astype(np.int64)
+            else:
+                m, shift = np.zeros(n, np.int64), 0
+            offsets = np.rint(beta / out.scale * 2.0**shift)
+            if np.abs(offsets).max() < 2.0**60 or bits <= 8:
+                break
+            bits -= 4  # a bias far larger than gamma: fewer multiplier bits keep B in int64
+        if np.abs(offsets).max() >= 2.0**60:
+            raise LoweringError(f"{describe_node(node)}: bias / scale ratio too large")
+        builder.step("layernorm", name, [x], out, n=n, x_zero=x.zero_point, k=k, eps=e,
+                     frac=frac, multipliers=m.astype(np.int64),
+                     offsets=offsets.astype(np.int64), shift=int(shift),
+                     out_zero=out.zero_point, qmin=qmin, qmax=qmax, dtype=out.dtype)  # fmt: skip
+
+    return [Pending(name, realize)]

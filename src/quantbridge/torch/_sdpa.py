@@ -1,0 +1,113 @@
+"""``decompose_sdpa``: ``scaled_dot_product_attention`` written as the eager attention it computes,
+so that both ways of writing attention get the same quantizer placement (issue 12, part 8).
+
+``torch.export`` keeps ``F.scaled_dot_product_attention`` (the Hugging Face default,
+``nn.MultiheadAttention``, timm ViTs) as one aten op that the placement tables do not know, so
+both attention matmuls stayed float, while the same attention written out (``q @ k.T * scale``,
+softmax, ``p @ v``) got an int8 QK^T. Each SDPA of the captured graph becomes::
+
+    s = matmul(q, transpose(k, -2, -1)) * scale      # scale: the argument, else 1/sqrt(E)
+    s = s + attn_mask                                 # float mask
+    s = masked_fill(s, logical_not(attn_mask), -inf)  # bool mask
+    s = masked_fill(s, logical_not(tril(ones(L, S))), -inf)   # is_causal
+    out = matmul(softmax(s, -1), v)
+
+which is torch's math reference up to float32 rounding (it scales q and k by sqrt(scale) each
+before the product). Placement then treats it as eager attention: QK^T in int8 (both operands
+have quantizers), the probabilities float (``_ops.KEEP_FLOAT_OUTPUT_OPS``), so P @ V in float.
+docs/attention.md gives the measurements behind that choice per engine.
+
+Left as captured (float, as before): ``dropout_p != 0`` (training-time attention dropout),
+``enable_gqa=True``, and a head size that is not a number at capture.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+_SDPA = aten.scaled_dot_product_attention.default
+
+
+def decompose_sdpa(gm: torch.fx.GraphModule) -> int:
+    """Rewrite every decomposable SDPA of ``gm`` as eager attention; the count."""
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _SDPA and _rewrite(gm.graph, node):
+            done += 1
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return done
+
+
+def _arguments(node: torch.fx.Node) -> dict:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    out = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None}
+    out["enable_gqa"] = False
+    out.update(zip(names, node.args, strict=False))
+    out.update(node.kwargs)
+    return out
+
+
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    a = _arguments(node)
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    q_val = q.meta.get("val")
+    if a["dropout_p"] or a["enable_gqa"] or not isinstance(q_val, torch.Tensor):
+        return False
+    head = q_val.shape[-1]
+    if a["scale"] is None and not isinstance(head, int):
+        return False
+    scale = float(a["scale"]) if a["scale"] is not None else 1.0 / math.sqrt(head)
+    fake = detect_fake_mode([q_val])
+    call = _Caller(graph, node, fake)
+    with graph.inserting_before(node):
+        k_t = call(aten.transpose.int, k, -2, -1)
+        s = call(aten.mul.Tensor, call(aten.matmul.default, q, k_t), scale)
+        if mask is not None:
+            if mask.meta["val"].dtype == torch.bool:
+                s = call(
+                    aten.masked_fill.Scalar, s, call(aten.logical_not.default, mask), -math.inf
+                )
+            else:
+                s = call(aten.add.Tensor, s, mask)
+        if a["is_causal"]:
+            rows = call(aten.sym_size.int, q, q_val.ndim - 2)
+            cols = call(aten.sym_size.int, k, k.meta["val"].ndim - 2)
+            ones = call(aten.ones.default, [rows, cols], dtype=torch.bool, device=q_val.device)
+            keep = call(aten.tril.default, ones)
+            s = call(aten.masked_fill.Scalar, s, call(aten.logical_not.default, keep), -math.inf)
+        out = call(aten.matmul.default, call(aten.softmax.int, s, -1), v)
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    return True
+
+
+class _Caller:
+    """Adds ``target(*args, **kwargs)`` before the SDPA node, with its fake value in ``meta``."""
+
+    def __init__(self, graph: torch.fx.Graph, like: torch.fx.Node, fake):
+        self.graph, self.like, self.fake = graph, like, fake
+
+    def __call__(self, target, *args, **kwargs) -> torch.fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+        values = [[_val(x) for x in v] if isinstance(v, list) else v for v in values]
+        if self.fake is not None:
+            with self.fake:
+                node.meta["val"] = target(*values, **kwargs)
+        else:
+            node.meta["val"] = target(*values, **kwargs)
+        for key in ("nn_module_stack", "stack_trace", "source_fn_stack"):
+            if key in self.like.meta:
+                node.meta[key] = self.like.meta[key]
+        return node
+
+
+def _val(x):
+    return x.meta["val"] if isinstance(x, torch.fx.Node) else x

@@ -1,0 +1,110 @@
+"""``F.scaled_dot_product_attention`` and the same attention written out get the same quantizer
+placement and the same result (issue 12, part 8; ``torch/_sdpa.py``).
+
+Before, SDPA was one aten op outside the placement tables: both of its matmuls stayed float while
+eager attention had an int8 QK^T. Now SDPA is rewritten as eager attention at capture, so the two
+forms place the same quantizers, export the same QDQ graph (QK^T int8, the probabilities and
+P @ V float) and give the same ONNX Runtime result. Cases: no mask, ``is_causal``, a float
+additive mask, a bool mask (the forms Hugging Face, timm and ``nn.MultiheadAttention`` use).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import quantbridge as qb
+from quantbridge.onnx.inspector import inspect_model
+
+N, D, H = 6, 32, 4
+
+
+class _Attention(nn.Module):
+    def __init__(self, sdpa: bool, mask: str):
+        super().__init__()
+        self.sdpa, self.mask = sdpa, mask
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.register_buffer("additive", torch.randn(N, N))
+        self.register_buffer("allowed", (torch.rand(N, N) > 0.3) | torch.eye(N, dtype=torch.bool))
+
+    def forward(self, x):
+        b = x.shape[0]
+        q, k, v = self.qkv(x).reshape(b, N, 3, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
+        mask = {"float": self.additive, "bool": self.allowed}.get(self.mask)
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, mask, is_causal=self.mask == "causal")
+        else:
+            s = q @ k.transpose(-2, -1) * (D // H) ** -0.5
+            if self.mask == "float":
+                s = s + mask
+            elif self.mask == "bool":
+                s = s.masked_fill(~mask, float("-inf"))
+            elif self.mask == "causal":
+                s = s.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
+            out = s.softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, N, D))
+
+
+def _matmul_inputs(qmodel) -> list[tuple[str, ...]]:
+    """Per matmul: 'q' where its operand is read through a quantizer, else 'f'."""
+    return [
+        tuple("q" if a.op == "call_module" else "f" for a in n.args)
+        for n in qmodel.graph.nodes
+        if n.target is torch.ops.aten.matmul.default
+    ]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "float", "bool"])
+def test_sdpa_and_eager_attention_quantize_alike(mask, tmp_path):
+    batches = [torch.randn(2, N, D, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    x = torch.randn(3, N, D, generator=torch.Generator().manual_seed(9))
+    runs = {}
+    for form in ("sdpa", "eager"):
+        torch.manual_seed(0)  # the same weights for both forms
+        model = _Attention(form == "sdpa", mask).eval()
+        qmodel = qb.quantize(model, batches, recipe="native", progress=False)
+        assert not any(  # nothing left as one opaque attention op
+            n.target is torch.ops.aten.scaled_dot_product_attention.default
+            for n in qmodel.graph.nodes
+        )
+        path = str(tmp_path / f"{form}.onnx")
+        qb.export(qmodel, path, example_inputs=batches[0])
+        options = ort.SessionOptions()  # node by node: the file's QDQ arithmetic exactly
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        with torch.no_grad():
+            float_out, quant_out = model(x).numpy(), qmodel(x).numpy()
+        runs[form] = {
+            "quantizers": len(qmodel.quantizers()),
+            "matmuls": _matmul_inputs(qmodel),
+            "ops": collections.Counter(n.op_type for n in onnx.load(path).graph.node),
+            "inspect": (
+                inspect_model(path).int8_ops.get("MatMul"),
+                inspect_model(path).float_ops.get("MatMul"),
+            ),  # noqa: E501
+            "ort": sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0],
+            "torch": quant_out,
+            "float": float_out,
+        }
+    sdpa, eager = runs["sdpa"], runs["eager"]
+    # QK^T reads two quantized operands; the probabilities stay float (KEEP_FLOAT_OUTPUT_OPS)
+    assert sdpa["matmuls"] == eager["matmuls"] == [("q", "q"), ("f", "q")]
+    assert sdpa["quantizers"] == eager["quantizers"]
+    for op in ("QuantizeLinear", "DequantizeLinear", "MatMul", "Softmax"):
+        assert sdpa["ops"][op] == eager["ops"][op], op
+    # int8: the two projections (3-D Linear exports as MatMul) and QK^T; float: P @ V
+    assert sdpa["inspect"] == eager["inspect"] == (3, 1)
+    # the float models agree to float32 rounding (torch's SDPA kernel scales q and k separately)
+    np.testing.assert_allclose(sdpa["float"], eager["float"], rtol=1e-5, atol=1e-5)
+    # same codes: ORT runs both files to the same result, and each file computes its QuantModel
+    # (the float Softmax / P @ V / projection accumulate in another order: float32 rounding)
+    np.testing.assert_allclose(sdpa["ort"], eager["ort"], rtol=1e-5, atol=1e-5)
+    for run in (sdpa, eager):
+        np.testing.assert_allclose(run["ort"], run["torch"], rtol=1e-5, atol=1e-5)
