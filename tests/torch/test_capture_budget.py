@@ -82,9 +82,9 @@ def test_bad_budget_names_the_variable(monkeypatch):
 
 
 def test_the_interruption_lands_only_in_sympy_frames():
-    """Regression (CI segfault after a 1 ms budget): an exception raised at an arbitrary bytecode
-    can skip a ``finally`` that restores torch's global state. The deadline raises only inside
-    sympy; elsewhere it waits for the next sympy step."""
+    """Regression (segfaults after a budget fired): an exception raised at an arbitrary bytecode
+    can skip a ``finally`` that restores torch's global state, and re-arming a timer floods native
+    threads with signals. The deadline raises only at a call into sympy, after one signal."""
     import time
 
     import sympy

@@ -2,17 +2,20 @@
 
 ``torch.export`` with every dimension dynamic reasons about sizes with sympy; on some models that
 reasoning explodes (MobileViT-XXS: stuck for more than 15 minutes with ``dynamic="all"``, 5 s
-with ``dynamic="batch"``). ``deadline(seconds)`` interrupts the block with ``CaptureTimeout`` when
-the time is up (``SIGALRM``, so only on the main thread of a POSIX process; elsewhere the block
-runs unbounded). ``CaptureTimeout`` derives from ``BaseException`` so that no ``except Exception``
-inside torch or sympy swallows it and carries on.
+with ``dynamic="batch"``). ``deadline(seconds)`` interrupts the block with ``CaptureTimeout``
+after ``seconds``. ``CaptureTimeout`` derives from ``BaseException`` so that no
+``except Exception`` inside torch or sympy swallows it and carries on.
 
-The interruption is raised only while sympy (or torch's pure sympy helpers) is running: an
-exception raised at an arbitrary bytecode can land inside a ``finally`` or ``__exit__`` that
-restores torch's global state (dispatch modes, the eval-frame hook), leave that state broken and
-crash a later capture (seen as a segfault in CI, a few tests after a 1 ms budget fired). When the
-timer fires elsewhere, it is re-armed for ``RETRY_S`` and tried again, so the block ends at the
-first sympy step after the budget. The explosion this guards against is sympy's.
+How, and why this way: one ``SIGALRM`` at the budget (so only on the main thread of a POSIX
+process; elsewhere the block runs unbounded). Its handler raises nothing; it installs a profile
+function, and that function raises ``CaptureTimeout`` at the next *call of a sympy function*
+(or of torch's pure sympy helpers). Two earlier designs crashed later captures with a segfault:
+raising in the signal handler lands at an arbitrary bytecode, possibly inside a ``finally`` or
+``__exit__`` that restores torch's global state (dispatch modes, the eval-frame hook); re-arming
+the timer every few milliseconds until a sympy frame runs floods every thread of the process
+with signals (``EINTR`` in native thread pools). A function call into sympy is an ordinary place
+for an exception in torch's Python code, and the explosion this guards against is sympy's. Where a
+profiler is already installed (``cProfile``), the block is not interrupted.
 
 The limit is ``CAPTURE_BUDGET_S`` seconds, or the ``QB_CAPTURE_BUDGET_S`` environment variable
 (``0`` or ``none`` turns it off).
@@ -23,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
 CAPTURE_BUDGET_S = 120.0
-RETRY_S = 0.002
-# modules whose frames hold no torch global state: safe places to raise an interruption
-_SAFE_MODULES = ("sympy", "torch.utils._sympy")
+# source folders whose functions hold no torch global state: safe places to raise an interruption
+_SAFE_FOLDERS = (os.sep + "sympy" + os.sep, os.path.join("torch", "utils", "_sympy") + os.sep)
 
 
 class CaptureTimeout(BaseException):  # noqa: N818 - an interruption, like KeyboardInterrupt
@@ -58,15 +61,22 @@ def can_interrupt() -> bool:
 
 @contextlib.contextmanager
 def deadline(seconds: float | None) -> Iterator[None]:
-    """Raise ``CaptureTimeout`` inside the block after ``seconds`` (None: no limit)."""
+    """Raise ``CaptureTimeout`` inside the block at the first sympy call after ``seconds``
+    (None: no limit)."""
     if seconds is None or not can_interrupt():
         yield
         return
+    message = f"capture took longer than {seconds:g} s"
 
-    def expired(signum, frame):
-        if _is_safe(frame):
-            raise CaptureTimeout(f"capture took longer than {seconds:g} s")
-        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+    def at_sympy_call(frame, event, arg):
+        if event == "call" and _is_safe(frame):
+            sys.setprofile(None)
+            raise CaptureTimeout(message)
+
+    def expired(signum, frame):  # never touches ``frame``: in CPython 3.11 a signal handler's
+        # frame can be one still being set up, and reading its f_globals segfaulted (seen here)
+        if sys.getprofile() is None:  # never replace a profiler someone else installed
+            sys.setprofile(at_sympy_call)
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -75,11 +85,20 @@ def deadline(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if sys.getprofile() is at_sympy_call:
+            sys.setprofile(None)
 
 
 def _is_safe(frame) -> bool:
-    """The interrupted frame is sympy's own code (not a cleanup handler of torch's)."""
-    if frame is None:
+    """The called function is sympy's own code (not a cleanup handler of torch's), and no module
+    is being imported below it (torch imports submodules lazily during capture, and their
+    module-level code calls sympy: an interruption there would leave a half-imported module)."""
+    if frame is None:  # only f_code/f_back are read: never f_globals (see deadline's note)
         return False
-    name = frame.f_globals.get("__name__", "")
-    return any(name == m or name.startswith(m + ".") for m in _SAFE_MODULES)
+    if not any(folder in frame.f_code.co_filename for folder in _SAFE_FOLDERS):
+        return False
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return False  # an import machinery frame: module-level code runs above it
+        frame = frame.f_back
+    return True
