@@ -8,6 +8,9 @@ for CI reproduces that, so these tests force the limit with a tiny budget on a r
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -32,7 +35,27 @@ class _Net(nn.Module):
         return self.fc(y)
 
 
-def test_all_dims_past_the_budget_fall_back_to_batch():
+def _in_fresh_process(request) -> bool:
+    """Run this test again in a fresh interpreter and assert it passes there (True in the parent).
+
+    Interrupting ``torch.export`` segfaulted three whole-suite runs (at the first test here that
+    interrupts, after ~1300 other tests in one process) and never a run of this file alone; the
+    cause inside torch is not found. A crash in a child fails this test instead of killing the
+    suite, and the behaviour is still checked for real."""
+    if os.environ.get("QB_FRESH_PROCESS") == "1":
+        return False
+    env = {**os.environ, "QB_FRESH_PROCESS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid]
+    done = subprocess.run(
+        command, env=env, cwd=request.config.rootpath, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return True
+
+
+def test_all_dims_past_the_budget_fall_back_to_batch(request):
+    if _in_fresh_process(request):
+        return
     torch.manual_seed(0)
     model = _Net().eval()
     x = torch.randn(2, 3, 8, 8)
@@ -56,7 +79,9 @@ def test_within_the_budget_all_dims_stay_dynamic():
     torch.testing.assert_close(gm(bigger), model(bigger), rtol=0, atol=0)
 
 
-def test_quantize_records_the_fallback(monkeypatch):
+def test_quantize_records_the_fallback(monkeypatch, request):
+    if _in_fresh_process(request):
+        return
     monkeypatch.setenv("QB_CAPTURE_BUDGET_S", "0.001")
     torch.manual_seed(0)
     batches = [torch.randn(2, 3, 8, 8) for _ in range(2)]
@@ -103,7 +128,9 @@ def test_the_interruption_lands_only_in_sympy_frames():
             sympy.expand((x + k) ** 3)
 
 
-def test_export_trace_past_the_budget_falls_back_to_batch(monkeypatch, tmp_path):
+def test_export_trace_past_the_budget_falls_back_to_batch(monkeypatch, tmp_path, request):
+    if _in_fresh_process(request):
+        return
     """The exporter's own trace of a ``dynamic="all"`` model runs under the same limit: past it
     the file is written with a dynamic batch only, a warning names the static dimensions and the
     option, and ONNX Runtime runs the file at another batch with the model's result."""
