@@ -6,16 +6,19 @@ with ``dynamic="batch"``). ``deadline(seconds)`` interrupts the block with ``Cap
 after ``seconds``. ``CaptureTimeout`` derives from ``BaseException`` so that no
 ``except Exception`` inside torch or sympy swallows it and carries on.
 
-How, and why this way: one ``SIGALRM`` at the budget (so only on the main thread of a POSIX
-process; elsewhere the block runs unbounded). Its handler raises nothing; it installs a profile
-function, and that function raises ``CaptureTimeout`` at the next *call of a sympy function*
-(or of torch's pure sympy helpers). Two earlier designs crashed later captures with a segfault:
-raising in the signal handler lands at an arbitrary bytecode, possibly inside a ``finally`` or
-``__exit__`` that restores torch's global state (dispatch modes, the eval-frame hook); re-arming
-the timer every few milliseconds until a sympy frame runs floods every thread of the process
-with signals (``EINTR`` in native thread pools). A function call into sympy is an ordinary place
-for an exception in torch's Python code, and the explosion this guards against is sympy's. Where a
-profiler is already installed (``cProfile``), the block is not interrupted.
+How, and why this way: a timer *thread* calls ``_thread.interrupt_main(SIGALRM)`` at the budget:
+that simulates a signal for the main thread's Python handler only, so no operating-system signal
+reaches any thread (a process-wide ``SIGALRM`` also lands in native thread pools, ONNX Runtime's,
+OpenVINO's, OpenMP's, and interrupts their system calls). The handler raises nothing and never
+touches its frame (in CPython 3.11 the frame handed to a signal handler can be one still being set
+up; reading its ``f_globals`` segfaulted here); it installs a profile function, and that function
+raises ``CaptureTimeout`` at the next *call of a sympy function* (or of torch's pure sympy helpers)
+with no import running below it. Raising at an arbitrary bytecode, an earlier design, can land in a
+``finally`` or ``__exit__`` that restores torch's global state (dispatch modes, the eval-frame
+hook) and crash a later capture; a function call into sympy is an ordinary place for an exception
+in torch's Python code, and the explosion this guards against is sympy's. Where a profiler is
+already installed (``cProfile``), the block is not interrupted. Only the main thread can be
+interrupted; elsewhere the block runs unbounded.
 
 The limit is ``CAPTURE_BUDGET_S`` seconds, or the ``QB_CAPTURE_BUDGET_S`` environment variable
 (``0`` or ``none`` turns it off).
@@ -23,6 +26,7 @@ The limit is ``CAPTURE_BUDGET_S`` seconds, or the ``QB_CAPTURE_BUDGET_S`` enviro
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -56,7 +60,8 @@ def capture_budget() -> float | None:
 
 
 def can_interrupt() -> bool:
-    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    """Only the main thread's Python handlers can be run by ``interrupt_main``."""
+    return hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
 
 
 @contextlib.contextmanager
@@ -79,12 +84,16 @@ def deadline(seconds: float | None) -> Iterator[None]:
             sys.setprofile(at_sympy_call)
 
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    timer = threading.Timer(seconds, _thread.interrupt_main, args=(signal.SIGALRM,))
+    timer.daemon = True
+    timer.start()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        timer.cancel()
+        timer.join()  # an interruption already simulated is now pending, not in flight
+        # signal.signal runs pending handlers first (ours); a handler set from C reads as None
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
         if sys.getprofile() is at_sympy_call:
             sys.setprofile(None)
 
