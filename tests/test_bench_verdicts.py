@@ -98,6 +98,34 @@ def test_variant_rows_do_not_enter_default_or_best():
     assert all(c["status"] == "behind" for c in comps)
 
 
+def test_a_row_onnxruntime_runs_in_float_is_not_an_int8_result():
+    # ModelOpt's "max, fp32 elsewhere" on ResNet-18-style: 53.29 dB with 0 int8 convs run by ORT
+    # (20 convs + Gemm float); its int8 default is the peer's best INT8 row, and it is behind ours
+    def census(row, int8, floats):
+        return {**row, "graph": {"ort_int8_ops": int8, "ort_float_weighted_ops": floats}}
+
+    rows = [
+        census(_row("quantbridge", "default", [36.6], True), 29, 0),
+        census(_row("quantbridge", "best", [44.7]), 29, 0),
+        census(_row("modelopt", "default", [8.6], True), 29, 0),
+        census(_row("modelopt", "max, fp32 elsewhere", [53.3]), 0, 21),
+    ]
+    acc = _results(rows)["workloads"]["w"]["accuracy"]
+    comps = {c["kind"]: c for c in verdicts.compare(acc, "sqnr_db")}
+    assert comps["best"]["theirs"] == "default" and comps["best"]["status"] == "ahead"
+    assert verdicts.not_int8(rows[3]) == "not INT8 in ORT: 0 int8 ops, 21 weighted ops float"
+    assert verdicts.not_int8(rows[0]) is None and verdicts.not_int8(_row("fx", "x", [1.0])) is None
+    # a peer whose only rows run in float is listed, never compared: the target is not met by it
+    only_float = [rows[0], {**rows[3], "default": True}]
+    _, measured, verdict = _target(_results(only_float), "best")
+    assert measured.startswith("0 comparisons") and "not INT8 in ORT" in measured
+    assert verdict == "**not met**"
+    # the same rule holds for ours
+    ours_float = [census(_row("quantbridge", "default", [60.0], True), 0, 21), rows[2]]
+    comps = {c["kind"]: c for c in verdicts.compare(_results(ours_float)["workloads"]["w"]["accuracy"], "sqnr_db")}  # fmt: skip
+    assert comps["default"]["status"].startswith("ours not INT8")
+
+
 def _speed_results(calls, outputs):
     stat = {"median": 3.5, "min": 3.2, "max": 3.9, "n": 5}
     batch = {"ratios": {"ort/float : ort/ours": {"what": "x", **stat}}, "calls_per_sample": calls}

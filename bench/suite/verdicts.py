@@ -8,7 +8,10 @@ What counts (issue 14's review of the previous counting):
   metric), with their run-to-run spread when a row carries one value per calibration repeat
   (``row["values"]``): the per-repeat differences' median [min-max]. There is no tie margin:
   a peer ahead by 0.03 dB is ahead. A peer that failed is reported as failed and counted as
-  nothing, never as our win.
+  nothing, never as our win. A row whose file ONNX Runtime runs mostly in float (fewer int8
+  operators than weighted operators left float in its optimized graph, ``row["graph"]``; e.g.
+  ModelOpt's "max, fp32 elsewhere" on ResNet-18-style: 0 int8 convs) is not an INT8 result: it
+  is listed as such and compared with nothing, for ours as for a peer.
 * **Speed** ratios count only when both forms of the pair took the same number of calls per
   sample (a sample is the fastest of ``k`` calls; a larger ``k`` alone lowers a form's time)
   and both forms' outputs matched the reference (``outputs[form]["ok"]``): an engine that
@@ -35,8 +38,20 @@ def row_value(row: dict, key: str) -> float | None:
     return row.get(key)
 
 
+def not_int8(row: dict) -> str | None:
+    """Why the row's file is not an INT8 model in ONNX Runtime (None when it is, or when the row
+    carries no op census: torch's own rows)."""
+    graph = row.get("graph") or {}
+    if "ort_int8_ops" not in graph:
+        return None
+    int8, floats = graph["ort_int8_ops"], graph.get("ort_float_weighted_ops", 0)
+    if int8 >= floats:
+        return None
+    return f"not INT8 in ORT: {int8} int8 ops, {floats} weighted ops float"
+
+
 def _best(rows: list[dict], key: str) -> dict | None:
-    ok = [r for r in rows if row_value(r, key) is not None]
+    ok = [r for r in rows if row_value(r, key) is not None and not_int8(r) is None]
     return max(ok, key=lambda r: row_value(r, key)) if ok else None
 
 
@@ -76,7 +91,18 @@ def compare(acc: dict, key: str) -> list[dict]:
             c = {"kind": kind, "peer": tool}
             if kind == "best" and peer is None:
                 failed = [r for r in theirs if "error" in r]
-                c["status"] = "peer failed: " + (failed[0]["error"] if failed else "no rows")
+                floats = [not_int8(r) for r in theirs if not_int8(r)]
+                c["status"] = (
+                    "peer failed: " + failed[0]["error"]
+                    if failed
+                    else "peer " + floats[0]
+                    if floats
+                    else "peer failed: no rows"
+                )
+            elif peer is not None and not_int8(peer):
+                c["status"] = "peer " + not_int8(peer)
+            elif mine is not None and not_int8(mine):
+                c["status"] = "ours " + not_int8(mine)
             elif peer is None:
                 c["status"] = "peer default not run"
             elif row_value(peer, key) is None:
@@ -124,7 +150,7 @@ def accuracy_targets(results: dict) -> list[tuple[str, str, str]]:
             continue
         text = f"{compared} comparisons: ahead {ahead}, even {even}, behind {len(behind)}"
         text += ("; behind: " + "; ".join(behind)) if behind else ""
-        text += ("; not compared (failed): " + "; ".join(failed)) if failed else ""
+        text += ("; not compared (failed, or not INT8): " + "; ".join(failed)) if failed else ""
         verdict = "met" if compared and not behind else "**not met**"
         out.append((title, text, verdict))
     return out
