@@ -57,7 +57,7 @@ class OnnxModule(nn.Module):
     (positionally or by their python-identifier names) and returns one tensor or a tuple.
     """
 
-    def __init__(self, graph, layers: dict):
+    def __init__(self, graph, layers: dict, integer_consts: frozenset[str] = frozenset()):
         super().__init__()
         self.onnx_names: dict[str, str] = {}
         self.input_names = list(graph.inputs)
@@ -66,6 +66,7 @@ class OnnxModule(nn.Module):
         self.dynamic_dims = declared_dynamic(graph.proto.graph, graph.inputs)
         self._taken = set(dir(self))
         self._buffer_of: dict[str, str] = {}  # constant name -> buffer attribute
+        self._integer_consts = integer_consts  # never python scalars (a grid is attached later)
         self._steps: list[_Step] = []
         host_values: set[str] = set()
         for node in graph.nodes:
@@ -77,7 +78,7 @@ class OnnxModule(nn.Module):
             self._steps.append(self._plan(node, graph, layer, attr, host_values))
         self._outputs = [self._source(n, 0, None, None, graph, True) for n in graph.outputs]
         _schedule_release(self._steps, set(graph.outputs))
-        del self._taken, self._buffer_of
+        del self._taken, self._buffer_of, self._integer_consts
         self.eval()
 
     def _plan(self, node, graph, layer, attr, host_values: set) -> _Step:
@@ -111,7 +112,11 @@ class OnnxModule(nn.Module):
         if (
             host
             or position in handler.static
-            or (handler.elementwise and _scalar_ok(value, node, position))
+            or (
+                handler.elementwise
+                and name not in self._integer_consts
+                and _scalar_ok(value, node, position)
+            )
         ):
             return ("value", value)
         if name not in self._buffer_of:
@@ -220,12 +225,14 @@ def _schedule_release(steps: list[_Step], keep: set[str]) -> None:
             steps[i].release.append(name)
 
 
-def new_module(graph, layers: dict) -> OnnxModule:
+def new_module(graph, layers: dict, integer_consts: frozenset[str] = frozenset()) -> OnnxModule:
     """An ``OnnxModule`` whose ``forward`` signature names the graph inputs (``torch.export``
-    and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name)."""
+    and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name).
+    ``integer_consts``: constants a quantized file stores as integers; they are buffers even when
+    of size 1 (a python scalar could not carry the file's grid, ``_qmodel``)."""
     forward = _forward_function(_identifiers(graph.inputs))
     cls = type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
-    return cls(graph, layers)
+    return cls(graph, layers, integer_consts)
 
 
 def _identifiers(names: list[str]) -> list[str]:
