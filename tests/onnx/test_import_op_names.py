@@ -88,3 +88,48 @@ def test_a_rule_by_op_type_matches_every_add(resnet, tmp_path):
     recipe = Recipe.preset("native").with_rules(Rule(module_type="Add", skip=True))
     _, model = _quantize(resnet, recipe, tmp_path, "no_adds")
     assert _quantized_adds(model) == 0
+
+
+class _Residual(torch.nn.Module):
+    """BERT's output block, ``LayerNorm(dense(h) + residual)``."""
+
+    def __init__(self, d_in: int, d: int):
+        super().__init__()
+        self.dense, self.norm = torch.nn.Linear(d_in, d), torch.nn.LayerNorm(d)
+
+    def forward(self, h, residual):
+        return self.norm(self.dense(h) + residual)
+
+
+class _Block(torch.nn.Module):
+    """Two residual blocks; the feed-forward output has one outlier channel (bias 200), as
+    BERT's grow (``tests/torch/test_outlier_residuals.py`` has the torch form)."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.attention, self.up, self.ffn = (
+            _Residual(d, d),
+            torch.nn.Linear(d, 4 * d),
+            _Residual(4 * d, d),
+        )
+        with torch.no_grad():
+            self.ffn.dense.bias[3] = 200.0
+
+    def forward(self, x):
+        a = self.attention(x, x)
+        return self.ffn(torch.relu(self.up(a)), a)
+
+
+def test_float_outlier_residuals_names_the_imported_add(tmp_path):
+    x = torch.randn(8, 10, 32, generator=torch.Generator().manual_seed(0))
+    path = float_file(_Block().eval(), x, tmp_path / "block.onnx")
+    calib = list(torch.randn(4, 8, 10, 32, generator=torch.Generator().manual_seed(1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qb.quantize(
+            qb.import_onnx(path), calib, recipe=Recipe(float_outlier_residuals=True), progress=False
+        )
+    # the outlier residual add, by its ONNX node name (``/ffn/Add``); the attention one stays int8
+    assert qmodel.qb_recipe.rules == (Rule(pattern="ffn_Add", skip=True),)
+    assert any(p.module == "attention_Add" for p in qmodel.qb_points)
