@@ -2,9 +2,10 @@
 change that meets a budget.
 
 A *layer* is a user module path (the innermost module a quantized op runs in, the unit recipe
-rules match on; ``""`` is the model's own top-level ops). The model is quantized once with the
-base recipe; each layer's quantizers (its weights, biases, and the activations its ops produce)
-are then switched off and on (``Quantizer.enabled``) to measure, on the evaluation set, against
+rules match on; ``""`` is the model's own top-level ops; each arithmetic node of an imported
+ONNX file is a layer named after the node, ``importer/_module.OnnxOp``). The model is quantized
+once with the base recipe; each layer's quantizers (its weights, biases, and the activations its
+ops produce) are then switched off and on (``Quantizer.enabled``) to measure, on the evaluation set, against
 the float model (the same QuantModel with every quantizer off):
 
 * ``only_this_quantized``: the metric with this layer's quantizers on and every other layer's off;

@@ -119,17 +119,27 @@ class ConstantQuantizer(Quantizer):
     ``pow2`` scale constraint the scale is rounded up to a power of two and ``c`` is represented
     only to that step, as the scheme asks.
 
+    ``axis`` (with a per-channel scheme): one grid per slice along ``axis``, as an imported file's
+    per-channel constant (``DequantizeLinear(codes, scales, zero points, axis)``) has it.
+
     ``constant_name`` is the qualified name of the constant's buffer in the model (a scalar lives
     in this module's own ``value`` buffer); export reads the integers from it.
     """
 
-    def __init__(self, name: str, recipe: TensorRecipe, value: torch.Tensor, own: bool = False):
-        super().__init__(name, recipe, "constant")
+    def __init__(
+        self,
+        name: str,
+        recipe: TensorRecipe,
+        value: torch.Tensor,
+        own: bool = False,
+        axis: int | None = None,
+    ):
+        super().__init__(name, recipe, "constant", axis)
         if own:  # a Python scalar: the module holds it (the placement's get_attr reads it)
             self.register_buffer("value", value.detach().clone())
         self.constant_name = ""  # set by placement once the module has its attribute name
-        v = value.detach().double()
-        self.set_qparams(*choose_qparams(v.min().cpu().numpy(), v.max().cpu().numpy(), self.scheme))
+        # per channel (``axis``, a per-channel scheme): an imported file's constant on its grid
+        self.set_qparams(*_weight_qparams(value.detach(), self.scheme, self.axis))
 
     def freeze(self) -> None:
         """Nothing to do: the parameters were fixed from the constant at placement."""
@@ -142,9 +152,11 @@ class ConstantQuantizer(Quantizer):
             return c
         if self._exporting():
             return torch.ops.quantbridge.dequantize(
-                self.export_qvalue, self.export_scale, self.export_zero_point, None
+                self.export_qvalue, self.export_scale, self.export_zero_point, self.axis
             )
-        return FakeQuantizeSTE.apply(c, self.scale, self.zero_point, self.qmin, self.qmax, None)
+        return FakeQuantizeSTE.apply(
+            c, self.scale, self.zero_point, self.qmin, self.qmax, self.axis
+        )
 
 
 def _weight_qparams(w: torch.Tensor, scheme: QScheme, axis: int | None):

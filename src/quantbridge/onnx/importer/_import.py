@@ -92,7 +92,7 @@ def import_onnx(
     proto = _load(model)
     if is_quantized(proto):
         normalised, record = normalise(proto, _ranks(proto))
-        graph, module = _float_module(normalised)
+        graph, module = _float_module(normalised, frozenset(record.weights))
         return quant_model(module, graph, record, proto, example_inputs, learn_scales)
     module = _float_module(proto)[1]
     if check_dynamic:
@@ -111,14 +111,18 @@ def _named_examples(module: OnnxModule, example_inputs: Any) -> dict[str, Any] |
     return dict(zip(module.input_names, example_inputs, strict=False))
 
 
-def _float_module(proto: onnx.ModelProto) -> tuple[_Graph, OnnxModule]:
+def _float_module(
+    proto: onnx.ModelProto, integer_consts: frozenset[str] = frozenset()
+) -> tuple[_Graph, OnnxModule]:
+    """The float module of ``proto``; ``integer_consts`` (constants the file stores as integers)
+    stay buffers even when size 1, so the quantized import can put them on the file's grid."""
     graph = _Graph(proto)
     graph.refuse_unsupported()
     graph.fold_constants()  # Case 1
     layers = graph.build_layers()
     graph.absorb_biases(layers)  # Case 2
     graph.drop_dead_nodes()  # Case 3
-    return graph, new_module(graph, layers)
+    return graph, new_module(graph, layers, integer_consts)
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -6,6 +6,14 @@ constant passed as a value (shapes, axes, scalars); and how it runs: as a layer 
 is called, so ``torch.export`` records it in ``nn_module_stack``), in numpy on python sizes
 (``host``: shape arithmetic), or as torch ops. Values are dropped after their last use.
 
+Arithmetic nodes that are not layers (``Add``, ``Sub``, ``Mul``, ``Div``, ``MatMul`` of two
+tensors: ``SCOPED_OPS``) run inside an ``OnnxOp`` submodule named after the ONNX node (the
+node name as a python identifier, ``p2o.Add.248`` -> ``p2o_Add_248``; its class name is the op
+type), so ``torch.export`` records them in ``nn_module_stack`` like a hand-written model's
+functional add inside a block: recipe rules (``Rule(pattern="p2o_Add_248", skip=True)``,
+``Rule(module_type="Add")``), sensitivity and ``float_outlier_residuals`` can name one of them.
+An ``OnnxOp`` holds no parameters or buffers (the state dict is unchanged).
+
 ``forward`` is generated with one parameter per graph input (``x`` for PP-OCR), because
 ``torch.export``'s dynamic shapes, ``torch.fx`` and ``qb.quantize(..., dynamic=)`` read the
 argument names from the signature.
@@ -38,13 +46,42 @@ def _identifier(name: str, taken: set[str]) -> str:
     return attr
 
 
+SCOPED_OPS = frozenset({"Add", "Sub", "Mul", "Div", "MatMul"})
+
+
+class OnnxOp(nn.Module):
+    """The scope of one non-layer ONNX node (module docstring): calls its op handler."""
+
+    def __init__(self, node: OnnxNode, handler: OpHandler):
+        super().__init__()
+        self.node, self.fn = node, handler.fn
+
+    def forward(self, *args):
+        return self.fn(self.node, *args)
+
+    def extra_repr(self) -> str:
+        return repr(self.node.name)
+
+
+_OP_CLASSES: dict[str, type] = {}
+
+
+def _op_scope(node: OnnxNode, handler: OpHandler) -> OnnxOp:
+    """An ``OnnxOp`` whose class is named after the op type (rules' ``module_type="Add"``)."""
+    cls = _OP_CLASSES.get(node.op_type)
+    if cls is None:
+        cls = type(node.op_type, (OnnxOp,), {"__module__": __name__})
+        _OP_CLASSES[node.op_type] = cls
+    return cls(node, handler)
+
+
 @dataclass
 class _Step:
     node: OnnxNode
     handler: OpHandler
     sources: list  # per input: ("env", name) | ("buffer", attr) | ("value", array) | None
     outputs: list[str]
-    mode: str  # "layer" | "host" | "torch"
+    mode: str  # "layer" | "host" | "torch" | "scope" (torch, inside an ``OnnxOp``)
     layer: str | None = None
     release: list[str] = field(default_factory=list)
 
@@ -57,7 +94,7 @@ class OnnxModule(nn.Module):
     (positionally or by their python-identifier names) and returns one tensor or a tuple.
     """
 
-    def __init__(self, graph, layers: dict):
+    def __init__(self, graph, layers: dict, integer_consts: frozenset[str] = frozenset()):
         super().__init__()
         self.onnx_names: dict[str, str] = {}
         self.input_names = list(graph.inputs)
@@ -66,6 +103,7 @@ class OnnxModule(nn.Module):
         self.dynamic_dims = declared_dynamic(graph.proto.graph, graph.inputs)
         self._taken = set(dir(self))
         self._buffer_of: dict[str, str] = {}  # constant name -> buffer attribute
+        self._integer_consts = integer_consts  # never python scalars (a grid is attached later)
         self._steps: list[_Step] = []
         host_values: set[str] = set()
         for node in graph.nodes:
@@ -77,7 +115,7 @@ class OnnxModule(nn.Module):
             self._steps.append(self._plan(node, graph, layer, attr, host_values))
         self._outputs = [self._source(n, 0, None, None, graph, True) for n in graph.outputs]
         _schedule_release(self._steps, set(graph.outputs))
-        del self._taken, self._buffer_of
+        del self._taken, self._buffer_of, self._integer_consts
         self.eval()
 
     def _plan(self, node, graph, layer, attr, host_values: set) -> _Step:
@@ -100,6 +138,10 @@ class OnnxModule(nn.Module):
             if not (layer and p in consumed)
         ]
         mode = "layer" if layer else ("host" if host else "torch")
+        if mode == "torch" and node.op_type in SCOPED_OPS:
+            mode, attr = "scope", _identifier(node.name, self._taken)
+            self.add_module(attr, _op_scope(node, handler))
+            self.onnx_names[attr] = node.name
         return _Step(node, handler, sources, node.outputs, mode, attr)
 
     def _source(self, name, position, node, handler, graph, host):
@@ -111,7 +153,11 @@ class OnnxModule(nn.Module):
         if (
             host
             or position in handler.static
-            or (handler.elementwise and _scalar_ok(value, node, position))
+            or (
+                handler.elementwise
+                and name not in self._integer_consts
+                and _scalar_ok(value, node, position)
+            )
         ):
             return ("value", value)
         if name not in self._buffer_of:
@@ -159,6 +205,8 @@ class OnnxModule(nn.Module):
     def _call(self, step: _Step, args: list):
         if step.mode == "layer":
             return step.handler.layer.call(step.node, getattr(self, step.layer), *args)
+        if step.mode == "scope":
+            return getattr(self, step.layer)(*args)
         if step.mode == "host":
             if step.handler.always_host:
                 return step.handler.fn(step.node, *args)
@@ -220,12 +268,14 @@ def _schedule_release(steps: list[_Step], keep: set[str]) -> None:
             steps[i].release.append(name)
 
 
-def new_module(graph, layers: dict) -> OnnxModule:
+def new_module(graph, layers: dict, integer_consts: frozenset[str] = frozenset()) -> OnnxModule:
     """An ``OnnxModule`` whose ``forward`` signature names the graph inputs (``torch.export``
-    and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name)."""
+    and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name).
+    ``integer_consts``: constants a quantized file stores as integers; they are buffers even when
+    of size 1 (a python scalar could not carry the file's grid, ``_qmodel``)."""
     forward = _forward_function(_identifiers(graph.inputs))
     cls = type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
-    return cls(graph, layers)
+    return cls(graph, layers, integer_consts)
 
 
 def _identifiers(names: list[str]) -> list[str]:

@@ -181,12 +181,13 @@ class _Builder:
         Runtime's ``Mul`` / ``Add`` by an initializer, QDQ or QLinearMul / QLinearAdd): a
         ``ConstantQuantizer`` on the file's per-tensor grid, so that export writes the file's codes
         again (``export(import(f))``). The buffer holds the dequantized codes, on that grid. A
-        per-channel constant, or one also read by other ops, stays a float constant."""
+        scalar (``x * 0.5`` with a DequantizeLinear'd code) is a buffer too (``_module``); a
+        per-channel constant keeps its axis. One also read by other ops stays a float constant."""
         for node in list(self.gm.graph.nodes):
             if node.op != "get_attr":
                 continue
             found = self.record.weights.get(self.module.onnx_names.get(node.target))
-            if found is None or found[0].scale.size != 1:
+            if found is None:
                 continue
             users = list(node.users)
             if not users or any(
@@ -194,9 +195,9 @@ class _Builder:
             ):
                 continue
             qp = found[0]
-            scheme = qp.scheme()
+            scheme = _scheme_on_axis(qp.scheme(), qp.axis)
             cq = ConstantQuantizer(
-                node.target, TensorRecipe(scheme), self.gm.get_buffer(node.target)
+                node.target, TensorRecipe(scheme), self.gm.get_buffer(node.target), axis=qp.axis
             )
             cq.set_qparams(qp.scale, qp.zero_point)
             cq.constant_name = node.target
@@ -223,11 +224,7 @@ class _Builder:
                 f"{qp.where}: the weight of shape {codes.shape} became a parameter of shape "
                 f"{param.shape} with other values; this layout is not supported"
             )
-        scheme = qp.scheme()
-        if axis is not None:
-            scheme = type(scheme)(
-                **{**scheme.__dict__, "granularity": type(scheme.granularity)(axis)}
-            )
+        scheme = _scheme_on_axis(qp.scheme(), axis)
         wq = WeightQuantizer(w.target, TensorRecipe(scheme), axis)
         wq.weight_name = w.target
         wq.set_qparams(qp.scale, qp.zero_point)
@@ -255,6 +252,13 @@ class _Builder:
         point = QuantPoint("", b.target, "bias", b.target.rpartition(".")[0], b.name,
                            {"bits": 32, "signed": True}, "derived")  # fmt: skip
         node.replace_input_with(b, self._call(self._add(bq, point), node, b))
+
+
+def _scheme_on_axis(scheme: QScheme, axis: int | None) -> QScheme:
+    """``scheme`` per channel along ``axis`` (the file's axis, or a weight's axis in torch)."""
+    if axis is None:
+        return scheme
+    return type(scheme)(**{**scheme.__dict__, "granularity": type(scheme.granularity)(axis)})
 
 
 def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
