@@ -54,7 +54,7 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
             inner.realize(builder, before, qmin, qmax)
             builder.step(op, name, [before], out, **attrs)
 
-        return Pending(v.node, realize, v.lo, v.hi)
+        return Pending(v.node, realize, v.lo, v.hi, v.bound)
     if isinstance(v, FloatInput):  # input -> Transpose -> QuantizeLinear: quantize, then move
 
         def realize_input(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:

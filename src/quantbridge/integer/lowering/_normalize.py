@@ -176,4 +176,6 @@ def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
                      offsets=offsets.astype(np.int64), shift=int(shift),
                      out_zero=out.zero_point, qmin=qmin, qmax=qmax, dtype=out.dtype)  # fmt: skip
 
-    return [Pending(name, realize)]
+    # |x_hat_i| <= sqrt(N - 1): a bound on the real output for a float graph output (_outputs)
+    bound = float(np.max(np.abs(gamma) * math.sqrt(n) + np.abs(beta)))
+    return [Pending(name, realize, bound=bound)]
