@@ -25,6 +25,7 @@ from torch import nn
 
 import quantbridge as qb
 from quantbridge.integer import LoweringError
+from quantbridge.integer._npz import load_npz, save_npz
 
 SHAPE = (2, 8, 32)  # batch, tokens, width (4 heads of 8)
 
@@ -96,6 +97,11 @@ def test_three_emitters_identical_on_the_encoder(encoder, run_c, tmp_path):
     for b, codes in zip(prog.outputs, got_onnx, strict=True):
         np.testing.assert_array_equal(codes, expected[b.name])
         np.testing.assert_array_equal(got_c[b.name], expected[b.name])
+    save_npz(prog, tmp_path / "prog.npz")  # the int16 float-output boundary survives the file
+    again = load_npz(tmp_path / "prog.npz")
+    assert again.outputs == prog.outputs
+    np.testing.assert_array_equal(again.run({"src": x})[again.outputs[0].name],
+                                  prog.run({"src": x})[prog.outputs[0].name])  # fmt: skip
 
 
 def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray) -> np.ndarray:
