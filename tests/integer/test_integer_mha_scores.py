@@ -91,14 +91,15 @@ def test_agrees_with_onnx_runtime_layer_by_layer(attention, layerwise):
     and a float softmax. The program's scores are the exact accumulator on a 2**-10 grid and its
     probabilities int16 codes of 2**-15: both far below half a code of P @ V, so only ties move
     a code, by 1. Measured: least exact tensor (P @ V) 99.3% (2**-8 scores: 97.8%).
-    Asserted: max 1 LSB everywhere, >= 99% exact for every tensor."""
+    Asserted: max 1 LSB everywhere, >= 98.5% exact for every tensor (margin for ties that
+    another ORT build rounds the other way)."""
     _, model, prog = attention
     diffs = layerwise(model, prog, {"x": _inputs(2, batch=16)})
     worst = min((d == 0).mean() for d in diffs.values())
     every = np.concatenate([d.reshape(-1) for d in diffs.values()])
     print(f"\nlayer-wise: {len(diffs)} quantized tensors, max {every.max()} LSB, "
           f"least exact tensor {worst:.2%}")  # fmt: skip
-    assert every.max() <= 1 and worst >= 0.99
+    assert every.max() <= 1 and worst >= 0.985
 
 
 def test_integer_mode_is_the_program(attention):
