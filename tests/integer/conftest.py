@@ -42,6 +42,11 @@ class QDQGraph:
         self.nodes.append(helper.make_node(op, list(inputs), outs, name=outs[0], **attrs))
         return outs[0]
 
+    def node_outputs(self, op: str, inputs, n_out: int, **attrs) -> list[str]:
+        outs = [self._name(op.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op, list(inputs), outs, name=outs[0], **attrs))
+        return outs
+
     def quant(self, name, scale, zero, dtype=np.uint8) -> str:
         s, z = self.const(np.float32(scale), "s"), self.const(np.array(zero, dtype), "z")
         return self.node("DequantizeLinear", [self.node("QuantizeLinear", [name, s, z]), s, z])

@@ -84,6 +84,10 @@ CASES = {
             np.array([2, 3, 24]))]), ], perm=[0, 2, 1]), g.const(np.array([1]))]),
         g.const(np.array([0, 0, 1])), g.const(np.array([1, 99, 3])), g.const(np.array([0, 2, 3])),
         g.const(np.array([1, 3, 1]))])], axis=2), 0.05, 3)),
+    "split_chunks": ((2, 3, 5, 6), lambda g: g.quant(g.node("Concat", g.node_outputs(
+        "Split", [g.x], 2, axis=2, num_outputs=2)[::-1], axis=2), 0.05, 3)),
+    "split_sizes": ((2, 3, 5, 6), lambda g: g.quant(g.node("Concat", g.node_outputs(
+        "Split", [g.x, g.const(np.array([1, 4, 1]))], 3, axis=3)[::-1], axis=3), 0.05, 3)),
     "resize_nearest": ((1, 2, 3, 4), lambda g: g.quant(g.node(
         "Resize", [g.x, "", g.const(np.array([1, 1, 2.0, 1.5], np.float32))], mode="nearest",
         coordinate_transformation_mode="asymmetric", nearest_mode="floor"), 0.05, 3)),

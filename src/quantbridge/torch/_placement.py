@@ -383,6 +383,15 @@ class _Planner:
             self.plan.grid[node] = spec
             self.scaled_in_training.add(node)
 
+    def float_reads_of_inputs(self) -> None:
+        """Float ops read a graph input on a layer's grid of it, unless skipped (attention.md)."""
+        for value, spec in self.input_spec.items():
+            for user in list(value.users) if value.op == "placeholder" else ():
+                self.seen_modules.add(module_of(user))
+                if (op_role(user) is Role.FLOAT and (user, value) not in self.plan.reads
+                        and not self.recipe.for_module(*module_of(user))[0]):  # fmt: skip
+                    self._read(user, value, spec)
+
     # -- driver ---------------------------------------------------------------------------------
     def run(self) -> PlacementPlan:
         for node in list(self.graph.nodes):
@@ -402,6 +411,7 @@ class _Planner:
                 self.data_movement(node)
             elif role is Role.IDENTITY_IN_EVAL:
                 self.identity_in_eval(node)
+        self.float_reads_of_inputs()
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "

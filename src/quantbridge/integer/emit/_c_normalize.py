@@ -45,12 +45,17 @@ def _softmax(c: _Ctx, k: str, step) -> str:
     c.decls.append(f"static int32_t {k}_e[{n}];")
     x, y = c.names[step.inputs[0]], c.names[step.output]
     top = 2**SOFTMAX_OUT_BITS - 1
+    last = len(step.attrs["table"]) - 1
     return f"""    for (int r = 0; r < {rows}; r++) {{
         const {c.ctype(step.inputs[0])} *xr = {x} + r * {n};
         int32_t mx = xr[0];
         int64_t sum = 0;
         for (int j = 1; j < {n}; j++) if (xr[j] > mx) mx = xr[j];
-        for (int j = 0; j < {n}; j++) {{ {k}_e[j] = {k}_t[mx - xr[j]]; sum += {k}_e[j]; }}
+        for (int j = 0; j < {n}; j++) {{
+            const int32_t d = mx - xr[j];
+            {k}_e[j] = {k}_t[d < {last} ? d : {last}];
+            sum += {k}_e[j];
+        }}
         for (int j = 0; j < {n}; j++) {{
             const int64_t p = qb_round_div((int64_t){k}_e[j] << {SOFTMAX_OUT_BITS}, sum);
             {y}[r * {n} + j] = (int16_t)(p > {top} ? {top} : p);

@@ -36,8 +36,10 @@ def _isqrt(g: _Graph, w: str) -> str:
 def _softmax(g: _Graph, step, ins: list[str], out: str) -> None:
     x = g.i64(ins[0])
     last = g.const([-1])
+    table = np.asarray(step.attrs["table"], np.int64)
     d = g.op("Sub", [g.op("ReduceMax", [x, last], keepdims=1), x])
-    e = g.op("Gather", [g.const(np.asarray(step.attrs["table"], np.int64)), d], axis=0)
+    d = g.op("Min", [d, g.const(len(table) - 1)])  # a table shorter than the code range
+    e = g.op("Gather", [g.const(table), d], axis=0)
     total = g.op("ReduceSum", [e, last], keepdims=1)
     p = _round_div(g, g.op("Mul", [e, g.const(2**SOFTMAX_OUT_BITS)]), total)
     p = g.op("Min", [p, g.const(2**SOFTMAX_OUT_BITS - 1)])

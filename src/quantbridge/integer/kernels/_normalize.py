@@ -3,7 +3,9 @@
 ``softmax`` (over the last axis; input 8-bit codes ``q``, ``r = s (q - z)``, times a positive
 constant ``c`` the lowering folded in: ``beta = c s`` per code):
     d_j = max_k q_k - q_j                                  in [0, 2**bits - 1]
-    e_j = table[d_j] = round(2**16 exp(-beta d_j))         exact 256-entry table (float64 offline)
+    e_j = table[min(d_j, L - 1)] = round(2**16 exp(-beta d_j))   exact table (float64 offline)
+    (L = 2**bits entries for 8-bit codes; for 16-bit score codes the table stops at the first
+    difference whose entry rounds to 0, ``L - 1 > 17 ln 2 / beta``, and larger ones read that 0)
     S   = sum_j e_j                                        int32: S <= K 2**16 < 2**31
     p_j = min(round_divide(e_j 2**15, S), 2**15 - 1)       int16 codes, scale 2**-15, zero 0
     (``numerics.round_divide``: to nearest, ties up; the clamp costs at most 2**-15 when one
@@ -35,7 +37,8 @@ SOFTMAX_OUT_BITS = 15  # probabilities as int16 codes of scale 2**-15
 @register_kernel("softmax")
 def softmax(attrs, x: np.ndarray) -> np.ndarray:
     q = x.astype(np.int64)
-    e = attrs["table"][q.max(axis=-1, keepdims=True) - q]
+    table = attrs["table"]
+    e = table[np.minimum(q.max(axis=-1, keepdims=True) - q, len(table) - 1)]
     total = e.sum(axis=-1, keepdims=True)
     p = round_divide(e << SOFTMAX_OUT_BITS, total)
     return np.minimum(p, 2**SOFTMAX_OUT_BITS - 1).astype(np.int16)

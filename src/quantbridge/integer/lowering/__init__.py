@@ -110,7 +110,8 @@ def lower(
     ``input_shapes`` (input name -> static shape): lower for these shapes (a global average
     pool over a dynamic H x W needs them). ``float_outputs="dequantize"``: an output computed in
     float from the last codes (a final Sigmoid) becomes those codes plus a float table applied
-    outside the program (``lowering._outputs``); the default refuses it.
+    outside the program, and a final layer norm is realized on int16 codes dequantized outside
+    it (``lowering._outputs``); the default refuses both.
     LoweringError (a ValueError) for float models, ops with no lowering, mismatched Q/DQ pairs.
     """
     if accumulator_bits not in (32, 64):
@@ -133,6 +134,7 @@ def lower(
         for name, v in zip(node.output, outs, strict=False):
             if isinstance(v, QValue):
                 b.onnx_tensors[name] = v.tensor.name
+    outputs = graph_outputs(graph, env, float_outputs, b)
     if b.overflows:
         raise LoweringError(
             f"{len(b.overflows)} layers could overflow their int{accumulator_bits} accumulator: "
@@ -141,7 +143,7 @@ def lower(
         )
     shapes = {b_.name: b.shapes.get(b_.name) for b_ in b.inputs}
     return IntegerProgram(
-        b.inputs, graph_outputs(graph, env, float_outputs), b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
+        b.inputs, outputs, b.steps, b.tensors, b.constants, b.onnx_tensors, shapes
     )
 
 

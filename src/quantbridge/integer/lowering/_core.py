@@ -72,12 +72,15 @@ Realize = Callable[["Builder", QTensor, int, int], None]
 
 @dataclasses.dataclass(frozen=True)
 class Pending:
-    """``realize(builder, out, qmin, qmax)`` adds the steps that write ``out``."""
+    """``realize(builder, out, qmin, qmax)`` adds the steps that write ``out``. ``bound``: a
+    bound on ``|real value|`` where the op gives one (layer norm), so that a float graph output
+    can be realized on a grid the lowering picks (``_outputs``)."""
 
     node: str
     realize: Realize
     lo: float = -math.inf
     hi: float = math.inf
+    bound: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,7 +91,7 @@ def linear(
         biased = {**attrs, "bias": np.asarray(attrs["bias"], np.int64) + codes}
         return linear(b, add, op, inputs, acc_scale, bound + np.abs(codes), **biased)
 
-    return LinearPending(name, realize, acc_scale=acc_scale, with_bias=with_bias)
+    return LinearPending(name, realize, acc_scale=acc_scale, with_bias=with_bias, acc_bound=worst)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +102,7 @@ class LinearPending(Pending):
 
     acc_scale: np.ndarray | None = None
     with_bias: Callable[[onnx.NodeProto, np.ndarray], Pending] | None = None
+    acc_bound: float | None = None  # max |accumulator| (a Softmax reading it picks its grid)
 
 
 def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:

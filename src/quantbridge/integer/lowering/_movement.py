@@ -1,5 +1,6 @@
 """Lowering of ops that commute with quantization: data movement (Reshape, Flatten, Transpose,
-Squeeze, Unsqueeze, Slice, nearest Resize, Identity, Dropout) and MaxPool.
+Squeeze, Unsqueeze, Slice, Split (one Slice per output), nearest Resize, Identity, Dropout) and
+MaxPool.
 
 ``moved`` applies one such op to any symbolic value: a program tensor gets a movement step
 (same scale and zero point), an integer constant is folded now, a pending kernel result is
@@ -54,7 +55,7 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
             inner.realize(builder, before, qmin, qmax)
             builder.step(op, name, [before], out, **attrs)
 
-        return Pending(v.node, realize, v.lo, v.hi)
+        return Pending(v.node, realize, v.lo, v.hi, v.bound)
     if isinstance(v, FloatInput):  # input -> Transpose -> QuantizeLinear: quantize, then move
 
         def realize_input(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -176,3 +177,24 @@ MOVEMENTS = {
 }
 for _op, (_kernel, _attrs) in MOVEMENTS.items():
     register_lowering(_op)(_movement(_kernel, _attrs))
+
+
+@register_lowering("Split")
+def _split(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """One ``slice`` per output (``torch.chunk`` / ``split``: q, k, v of a fused projection)."""
+    a = attrs_of(node)
+    axis = int(a.get("axis", 0))
+    sizes = _ints(node, ins[1], "split") if len(ins) > 1 and ins[1] is not None else a.get("split")
+    if sizes is None:
+        n, parts = b.dim(node.input[0], axis), len(node.output)
+        if n is None:
+            raise LoweringError(f"{describe_node(node)}: the split axis {axis} has no static size")
+        chunk = -(-n // parts)  # ONNX num_outputs: equal chunks, the last one smaller
+        sizes = [min(chunk, max(0, n - i * chunk)) for i in range(parts)]
+    ends = np.cumsum(sizes).tolist()
+    outs = []
+    for i, (output, end) in enumerate(zip(node.output, ends, strict=True)):
+        part = onnx.helper.make_node("Slice", [], [output], name=f"{node_name(node)}_{i}")
+        attrs = {"starts": (end - sizes[i],), "ends": (end,), "axes": (axis,), "steps": (1,)}
+        outs.append(moved(b, part, ins[0], "slice", attrs))
+    return outs

@@ -12,6 +12,10 @@ What the exporter writes, and what is lowered:
   the Softmax (other exporters) requantizes those codes to its grid. The input must be an 8-bit
   tensor times an increasing affine function (the attention scale): softmax is shift-invariant,
   so only the slope per code, ``beta``, enters its exp table of code differences.
+* ``MatMul(DQ a, DQ b) -> Softmax`` (scores with no QuantizeLinear: ``nn.MultiheadAttention``
+  with ``need_weights=True``): the int32 accumulator is requantized inside the program to int16
+  codes of a fine grid (``_scores_from_accumulator``), whose exp table stops where its entries
+  round to 0; nothing in the QDQ model changes.
 * ``DequantizeLinear -> LayerNormalization(scale, bias: float constants) -> QuantizeLinear``:
   one ``layernorm`` step realized at the QuantizeLinear (its (scale, zero point), and the clamp of
   any Relu / Clip in between). A LayerNormalization whose output stays float to a graph output
@@ -44,8 +48,14 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._linear import LinearPending
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
+# real units per code of scores requantized from an accumulator. Measured on
+# nn.MultiheadAttention(need_weights=True) (tests/integer/test_integer_mha_scores.py), P @ V codes
+# exactly as ORT: 2**-8 97.8%, 2**-10 99.5%, 2**-12 99.4% (the int16 probabilities limit it);
+# 2**-10 makes a table of ~12k int32 entries (the exp reaches 0 at 17 ln 2 / 2**-10 codes).
+SCORE_STEP = 2.0**-10
 
 
 def _softmax_source(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, float]:
@@ -58,8 +68,9 @@ def _softmax_source(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, flo
     else:
         raise LoweringError(
             f"{describe_node(node)}: its input must be a dequantized 8-bit tensor, optionally "
-            "times a positive constant (DequantizeLinear -> [Mul] -> Softmax); a float mask or "
-            "another float computation in front of it has no integer lowering"
+            "times a positive constant (DequantizeLinear -> [Mul] -> Softmax), or a MatMul of two "
+            "quantized tensors; a float mask or another float computation in front of it has no "
+            "integer lowering"
         )
     if t.bits > 8:
         raise LoweringError(f"{describe_node(node)}: a {t.bits}-bit input needs a "
@@ -85,9 +96,30 @@ def _softmax_source(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, flo
     return t, float(slope * t.scale)
 
 
+def _scores_from_accumulator(b: Builder, node: onnx.NodeProto, acc: LinearPending):
+    """``(int16 score codes, beta)`` for a Softmax reading a MatMul of two activations that no
+    QuantizeLinear follows (``nn.MultiheadAttention(need_weights=True)`` computes
+    ``softmax(bmm(q * scale, k^T))``: placement leaves those scores float). The int32 accumulator
+    is requantized inside the program to a grid of ``SCORE_STEP`` real units per code (the
+    exponent's step: the exp table is then exact to a relative ``SCORE_STEP / 2`` per score,
+    finer than any 8-bit grid of attention scores), coarser only where the accumulator bound
+    would not fit int16 codes, never finer than one accumulator unit."""
+    unit = float(acc.acc_scale.reshape(-1)[0])
+    top = 2**15 - 1
+    step = max(SCORE_STEP, unit, acc.acc_bound * unit / top)
+    out = b.tensor(node_name(node) + "_scores", np.int16, step, 0)
+    acc.realize(b, out, -top, top)
+    return out, step
+
+
 @register_lowering("Softmax")
 def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    source, beta = _softmax_source(node, ins[0])
+    v = ins[0]
+    if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
+            and v.acc_scale.size == 1):  # fmt: skip
+        source, beta = _scores_from_accumulator(b, node, v)
+    else:
+        source, beta = _softmax_source(node, v)
     rank = len(b.shapes.get(node.input[0], ())) or None
     # before opset 13 the default axis is 1 and the input is flattened to 2-D from it: the same
     # as one softmax over the last axis exactly when that axis is the last one
@@ -103,7 +135,9 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
         )
     name = node_name(node)
     b.check_accumulator(name, float(k) * 2**SOFTMAX_EXP_BITS)
-    d = np.arange(source.qmax - source.qmin + 1, dtype=np.float64)
+    # the table stops at the first difference whose entry rounds to 0 (or the code range)
+    reach = math.floor((SOFTMAX_EXP_BITS + 1) * math.log(2) / beta) + 2
+    d = np.arange(min(source.qmax - source.qmin + 1, reach), dtype=np.float64)
     table = np.rint(np.exp(-beta * d) * 2**SOFTMAX_EXP_BITS).astype(np.int64)
     out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
     b.step("softmax", name, [source], out, table=table)
@@ -176,4 +210,6 @@ def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
                      offsets=offsets.astype(np.int64), shift=int(shift),
                      out_zero=out.zero_point, qmin=qmin, qmax=qmax, dtype=out.dtype)  # fmt: skip
 
-    return [Pending(name, realize)]
+    # |x_hat_i| <= sqrt(N - 1): a bound on the real output for a float graph output (_outputs)
+    bound = float(np.max(np.abs(gamma) * math.sqrt(n) + np.abs(beta)))
+    return [Pending(name, realize, bound=bound)]

@@ -8,8 +8,12 @@
   Sigmoid after the last QuantizeLinear) is refused, unless ``float_outputs="dequantize"``: then
   the program ends at the codes, and the float conversion is a 2**bits-entry float32 table of
   the function (float64, then rounded to float32) applied outside the integer program
-  (``Boundary.to_float``; the ONNX and C emitters output the codes). A float output computed by
-  a weighted layer (Conv with no QuantizeLinear after it) is refused either way.
+  (``Boundary.to_float``; the ONNX and C emitters output the codes). A float output of an
+  integer kernel whose real range is bounded by its own constants (a final LayerNormalization:
+  ``|y_i| <= |gamma_i| sqrt(N) + |beta_i|``, ``Pending.bound``; nn.TransformerEncoder ends with
+  one) is realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
+  dequantized outside it; ``OUTPUT_BITS`` says why 16 bits. A float output computed by a
+  weighted layer (Conv with no QuantizeLinear after it) is refused either way.
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ import numpy as np
 import onnx
 
 from .._program import Boundary
-from ._core import Elementwise, LoweringError, QValue, Value, node_name
+from ._core import Builder, Elementwise, LoweringError, Pending, QValue, Value, node_name
 
 FLOAT_OUTPUTS = ("refuse", "dequantize")
+# A bounded float output (a final layer norm) is realized on int16 codes: 2**-15 of its bound
+# (~6e-4 for N=384, gamma ~1) is far below the 8-bit steps of every quantized tensor before it,
+# and int16 keeps the C and integer-ONNX types the program already uses.
+OUTPUT_BITS = 16
 
 
 def with_input_shapes(
@@ -64,24 +72,43 @@ def _float_table(v: Elementwise) -> np.ndarray:
     return np.broadcast_to(np.asarray(real, np.float64), codes.shape).astype(np.float32)
 
 
+def _bounded_output(b: Builder, name: str, v: Pending) -> Boundary:
+    """A bounded float result realized on a symmetric int16 grid covering ``[-bound, bound]``
+    (narrowed by a Relu / Clip after it), dequantized outside the program."""
+    top = 2 ** (OUTPUT_BITS - 1) - 1
+    reach = min(v.bound, max(abs(v.lo), abs(v.hi)))
+    out = b.tensor(name, np.int16, (reach if reach > 0 else 1.0) / top, 0)
+    lo = -top if v.lo == -np.inf else max(-top, int(np.rint(v.lo / out.scale)))
+    hi = top if v.hi == np.inf else min(top, int(np.rint(v.hi / out.scale)))
+    v.realize(b, out, lo, max(lo, hi))
+    return Boundary(name, out, True)
+
+
 def graph_outputs(
-    graph: onnx.GraphProto, env: dict[str, Value], float_outputs: str = "refuse"
+    graph: onnx.GraphProto,
+    env: dict[str, Value],
+    float_outputs: str = "refuse",
+    builder: Builder | None = None,
 ) -> list[Boundary]:
-    """The output boundaries (module docstring); one LoweringError names every refused output."""
+    """The output boundaries (module docstring); one LoweringError names every refused output.
+    ``builder``: where a bounded float output's steps go (``float_outputs="dequantize"``)."""
     if float_outputs not in FLOAT_OUTPUTS:
         raise ValueError(f"float_outputs must be one of {FLOAT_OUTPUTS}, got {float_outputs!r}")
     outputs, floats = [], []
     producer = {t: n for n in graph.node for t in n.output}
     for vi in graph.output:
         v = env.get(vi.name)
+        bounded = isinstance(v, Pending) and v.bound is not None
         if isinstance(v, QValue):
             outputs.append(Boundary(vi.name, v.tensor, not v.integer))
         elif isinstance(v, Elementwise) and float_outputs == "dequantize":
             outputs.append(Boundary(vi.name, v.source, True, _float_table(v)))
+        elif bounded and float_outputs == "dequantize" and builder is not None:
+            outputs.append(_bounded_output(builder, vi.name, v))
         else:
             node = producer.get(vi.name)
             source = f"{node_name(node)!r}, {node.op_type}" if node else "a graph input"
-            floats.append((f"{vi.name!r} (from {source})", isinstance(v, Elementwise)))
+            floats.append((f"{vi.name!r} (from {source})", isinstance(v, Elementwise) or bounded))
     if floats:
         names = ", ".join(f for f, _ in floats)
         tail = all(e for _, e in floats)
@@ -94,8 +121,8 @@ def graph_outputs(
             "final Sigmoid/Softmax head with --int8-head)"
             + (
                 "; or lower with float_outputs='dequantize' (`--float-outputs dequantize`): "
-                "the program then outputs the codes and the float function of them is a table "
-                "applied outside it"
+                "the program then outputs codes (a final layer norm's on an int16 grid of its "
+                "range) and their float value (a function's table) is applied outside it"
                 if tail
                 else ""
             )
