@@ -31,7 +31,8 @@ def _model(nodes, consts, shape, opset=13) -> onnx.ModelProto:
 
 
 def _elementwise_chain() -> onnx.ModelProto:
-    """Every stand-in kind: unary ops, a scalar operand, per-channel and full broadcasts."""
+    """Every stand-in kind: unary ops, a scalar operand, per-channel and full broadcasts,
+    softmax and batch norm."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
         helper.make_node("Clip", ["r", "lo", "hi"], ["c"]),
@@ -40,7 +41,9 @@ def _elementwise_chain() -> onnx.ModelProto:
         helper.make_node("Sub", ["channel", "a"], ["s"]),  # [1, 3, 1, 1] - [b, 3, h, w]
         helper.make_node("Div", ["s", "x"], ["d"]),
         helper.make_node("HardSigmoid", ["d"], ["h"]),
-        helper.make_node("Mul", ["h", "x"], ["y"]),
+        helper.make_node("Softmax", ["h"], ["p"], axis=1),
+        helper.make_node("BatchNormalization", ["p", "gamma", "beta", "mean", "var"], ["n"]),
+        helper.make_node("Mul", ["n", "x"], ["y"]),
     ]
     consts = {
         "lo": np.array(0.0, np.float32),
@@ -48,6 +51,10 @@ def _elementwise_chain() -> onnx.ModelProto:
         "half": np.array(0.5, np.float32),
         "bias": np.arange(3, dtype=np.float32).reshape(3, 1, 1),
         "channel": np.ones((1, 3, 1, 1), np.float32),
+        **{
+            k: np.full(3, v, np.float32)
+            for k, v in (("gamma", 2), ("beta", 0), ("mean", 0), ("var", 1))
+        },
     }
     return _model(nodes, consts, ["batch", 3, "h", "w"])
 

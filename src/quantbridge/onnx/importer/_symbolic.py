@@ -152,6 +152,12 @@ def _same(node, x, *rest):
     return x if isinstance(x, torch.Tensor) and x.is_floating_point() else None
 
 
+def _same_single(node, x, *rest):
+    """A shape-preserving op over a fixed-size axis (normalisation over channels or the last
+    axis, softmax): ``x``'s fake, when the node has one output (not a training-mode form)."""
+    return _same(node, x) if len([o for o in node.outputs if o]) == 1 else None
+
+
 def _broadcast(node, a, b):
     """A float binary op: an empty fake of the broadcast shape (None: run the op itself)."""
     a, b = operand(a), operand(b)  # as the op's handler sees them
@@ -180,5 +186,6 @@ STAND_INS: dict[str, Any] = {
     **{op: _same for op in ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
                             "LeakyRelu", "Elu", "Selu", "Gelu", "Mish", "Softplus", "Exp",
                             "Sqrt", "Abs", "Neg", "Erf", "Reciprocal")},
+    **{op: _same_single for op in ("BatchNormalization", "LayerNormalization", "Softmax")},
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div")},
 }  # fmt: skip
