@@ -17,13 +17,16 @@ the graph rejects, a data-dependent op) nothing is said there; the trace in ``qu
 watches.
 
 Elementwise ops stand in for themselves there (``STAND_INS``): a unary op's output is its input
-(same shape, dtype and strides; it has no size logic that could pin a dimension), and an
-Add / Sub / Mul / Div of two float operands is an empty tensor of their broadcast shape
-(``torch.broadcast_shapes`` makes the guards broadcasting makes), or the operand of that shape.
+(same shape, dtype and strides; it has no size logic that could pin a dimension), as is that of
+batch / layer normalisation and softmax (their parameters span a static axis: a file declaring
+that axis dynamic is left to quantize's trace), and an Add / Sub / Mul / Div of two float
+operands is the operand of their broadcast shape, or an empty fake of it
+(``torch.broadcast_shapes`` makes the guards broadcasting makes, so those pins are still named).
 On symbolic shapes torch runs these ops through its Python references, each step recomputing
 strides on large sympy expressions (``clamp``: 0.23 s a call under load). ``python -m
-bench.import_check`` (load 8-10, same process, alternating): PP-OCRv4 det check 47-64 s -> 7.7-8.2
-s, rec 69-114 s -> 24-26 s, the same warnings (the plain import: 1.9-3.6 s there).
+bench.import_check`` (load 11, one process, alternating, round 0 / 1): PP-OCRv4 det check 57.7 /
+18.9 s -> 3.0 / 3.0 s, rec 62.5 / 43.2 s -> 24.1 / 10.8 s, the same warnings (plain import 0.6-2.3
+s there).
 """
 
 from __future__ import annotations
