@@ -243,10 +243,11 @@ def _sensitivity_section(s: dict) -> str:
     out.append(_sensitivity_chart(layers, base, metric))
     rows = [
         [r.get("rank"), r.get("name") or "(top level)", r.get("op", ""),
-         _num(r.get("all_but_this_quantized"), 6), _num(r.get("only_this_quantized"), 6)]
+         _num(r.get("all_but_this_quantized"), 6), _num(r.get("only_this_quantized"), 6),
+         r.get("note", "")]
         for r in layers
     ]  # fmt: skip
-    heads = ["rank", "layer", "op", "all but this quantized", "only this quantized"]
+    heads = ["rank", "layer", "op", "all but this quantized", "only this quantized", "note"]
     out.append(_table(heads, rows, "sensitivity-table"))
     return "".join(out)
 

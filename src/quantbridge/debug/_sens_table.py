@@ -23,7 +23,7 @@ def sensitivity_table(result: dict[str, Any], n: int = 15) -> Table:
     wider = result.get("wider") or {}
     for row in sorted(result["layers"], key=lambda r: r["rank"])[:n]:
         name = row["name"]
-        repair = "float" if name in kept else wider.get(name, "")
+        repair = "float" if name in kept else wider.get(name, "") or row.get("note", "")
         table.add_row(
             str(row["rank"]),
             name or "(top level)",

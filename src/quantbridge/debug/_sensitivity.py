@@ -15,15 +15,23 @@ Quantizers of graph inputs belong to no layer and stay as the recipe places them
 ranked by ``all_but_this_quantized`` (highest first: keeping that layer float recovers most),
 then by ``only_this_quantized`` (lowest first).
 
+A layer whose own ops all run float (a LayerNorm: placement quantizes no op of it, and its
+quantizers are its output where the layers reading it quantize that) cannot be repaired by a rule
+naming it: the rule matches nothing. Such layers are listed after the repairable ones with
+``repairable=False`` and a ``note`` naming the layers to repair instead (its readers), and the
+repair search leaves them out.
+
 Repair (with a ``budget``, a lower bound on the metric): ``_sens_search`` finds a set of layers
 to keep float on the switched-off estimate (families of repeated-block layers or the next layer
 in rank order, forward; then each layer dropped again where the estimate allows); the set is then
 *verified* by quantizing the model again with the written recipe (``Rule(pattern=<layer>,
 skip=True)``, or int16 activations with ``wider="int16"``) and measuring it. While the verified
-metric misses the budget, the next ranked layer is added and verified again (at most
-``max_verify`` times). Once it meets the budget, each kept layer (least sensitive first) is put
-back to int8 where the verified metric still meets it (one re-quantization per kept layer). The
-result reports the verified (``achieved``) metric; ``recipe`` is that recipe.
+metric misses the budget, the next ranked layer is added and verified again. Once it meets the
+budget, each kept layer (least sensitive first) is put back to int8 where the verified metric
+still meets it (one re-quantization per layer tried). Growing and pruning together re-quantize
+the model at most ``max_verify`` times; pruning stops when they are spent (the layers not tried
+stay float). The result reports the verified (``achieved``) metric and the re-quantizations it
+took (``verified``); ``recipe`` is that recipe.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from tqdm.auto import tqdm
 
 from ..recipe import Recipe, Rule, TensorRecipe
 from ..torch import QuantModel, float_mode
+from ..torch._ops import Role, op_role
 from ..torch._placement import module_of
 from ..torch._progress import progress_enabled, stage
 from ..torch._record import CONTAINER
@@ -61,6 +70,8 @@ class LayerSensitivity:
     only_this_quantized: float
     all_but_this_quantized: float
     rank: int = 0
+    repairable: bool = True
+    note: str = ""  # why a layer cannot be repaired, and what to repair instead
 
 
 @dataclass
@@ -76,6 +87,7 @@ class SensitivityResult:
     achieved: float | None = None
     recipe: Recipe | None = None
     model: str = ""
+    verified: int = 0  # re-quantizations the repair ran (at most ``max_verify``)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +102,8 @@ class SensitivityResult:
                     "only_this_quantized": _finite(s.only_this_quantized),
                     "all_but_this_quantized": _finite(s.all_but_this_quantized),
                     "rank": s.rank,
+                    "repairable": s.repairable,
+                    "note": s.note,
                 }
                 for s in self.layers
             ],
@@ -97,6 +111,7 @@ class SensitivityResult:
             "keep_float": list(self.keep_float),
             "wider": dict(self.wider),
             "achieved": _finite(self.achieved),
+            "verified": self.verified,
             "recipe": self.recipe.to_dict() if self.recipe is not None else None,
         }
 
@@ -189,7 +204,8 @@ def sensitivity(
             layers.append(
                 LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
             )
-    ranked = rank(layers)
+    _mark_unrepairable(qmodel, layers)
+    ranked = [s.name for s in sorted(layers, key=lambda s: s.rank) if s.repairable]
     result = SensitivityResult(
         metric, baseline, layers, budget, recipe=subject.recipe, model=subject.name
     )
@@ -210,13 +226,44 @@ def layer_groups(qmodel: QuantModel) -> dict[str, list[nn.Module]]:
 
 
 def rank(layers: list[LayerSensitivity]) -> list[str]:
-    """Set ``rank`` (1 = most sensitive) on each layer; the layer names in rank order."""
+    """Set ``rank`` (1 = most sensitive, repairable layers first) on each layer; the layer names
+    in rank order."""
     order = sorted(
-        layers, key=lambda s: (-_key(s.all_but_this_quantized), _key(s.only_this_quantized))
+        layers,
+        key=lambda s: (
+            not s.repairable,
+            -_key(s.all_but_this_quantized),
+            _key(s.only_this_quantized),
+        ),
     )
     for i, s in enumerate(order, start=1):
         s.rank = i
     return [s.name for s in order]
+
+
+def repairable_layers(qmodel: QuantModel) -> set[str]:
+    """The layers a recipe rule naming them changes: those running an op placement quantizes
+    (``_ops.op_role`` not float), as placement matches rules on those ops' modules only."""
+    skipped = (Role.FLOAT, Role.FOLDABLE_ACTIVATION)
+    return {
+        module_of(n)[0]
+        for n in qmodel.graph.nodes
+        if n.op == "call_function" and op_role(n) not in skipped
+    }
+
+
+def _mark_unrepairable(qmodel: QuantModel, layers: list[LayerSensitivity]) -> None:
+    """Mark the layers no rule can repair (``repairable_layers``), saying what to repair, and
+    rank every layer (``rank``)."""
+    repairable = repairable_layers(qmodel)
+    for s in layers:
+        if s.name in repairable:
+            continue
+        readers = [c for c in consumer_layers(qmodel, s.name) if c in repairable]
+        s.repairable = False
+        where = ", ".join(repr(r) for r in readers) if readers else "the layers reading it"
+        s.note = f"runs float, a rule naming it matches nothing: repair {where} instead"
+    rank(layers)
 
 
 def repair_rules(layers: list[str], base: Recipe, wider: str | None) -> list[Rule]:
@@ -272,18 +319,23 @@ def _repair(result, subject: Subject, qmodel, ranked, measure, score, wider, max
             return recipe, score(subject.run(subject.quantize(recipe, False), need_logits))
 
     recipe, achieved = subject.recipe, result.baseline["quantized"]
-    for attempt in range(max(1, max_verify)):
+    limit = max(1, max_verify)
+    for attempt in range(limit):
         if not chosen and achieved >= budget:
             break  # the base recipe meets the budget already (measured above)
         recipe, achieved = verify(chosen)
+        result.verified += 1
         nxt = _next_layer(qmodel, chosen, ranked, position, wider)
-        if achieved >= budget or nxt is None or attempt == max_verify - 1:
+        if achieved >= budget or nxt is None or attempt == limit - 1:
             break
         chosen.append(nxt)
-    if achieved >= budget and len(chosen) > 1:
+    if achieved >= budget and len(chosen) > 1 and result.verified < limit:
         best = {"recipe": recipe, "achieved": achieved}
 
         def meets(trial: list[str]) -> bool:
+            if result.verified >= limit:
+                return False  # max_verify spent: the layers not tried stay as they are
+            result.verified += 1
             trial_recipe, value = verify(trial)
             if value >= budget:
                 best.update(recipe=trial_recipe, achieved=value)

@@ -48,7 +48,10 @@ def quantize(
     *type minimum* (-128 for int8, 0 for uint8, -32768 for int16, -8 for int4) whatever the zero
     point; ``onnx.reference`` does the same for NaN and also wraps +inf / 3e9 to the type
     minimum (it casts to int32 before clipping). We keep NaN -> zero_point: a NaN should not turn
-    into the most negative value of the range.
+    into the most negative value of the range. A NaN at a quantizer is a bug upstream that the two
+    then show differently (up to ``zero_point - qmin`` steps apart): calibration refuses NaN, and
+    placement keeps divisors float (``torch._ops.DIVISOR_INPUTS``), the source seen so far (0 / 0
+    in EfficientViT's LiteMLA, 131 steps apart in ONNX Runtime).
     """
     _check_range(qmin, qmax)
     qmin, qmax = int(qmin), int(qmax)  # numpy integers would not mix with torch.clip everywhere

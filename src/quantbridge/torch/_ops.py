@@ -158,6 +158,66 @@ def feeds_float_input_only(node: torch.fx.Node) -> bool:
     return True
 
 
+# Ops that divide by an input: op -> the divisor's position (x / y, 1 / y, 1 / sqrt(y)). A divisor
+# stays float: on an int8 grid a small denominator rounds to 0, and the quotient becomes inf, or
+# NaN for 0 / 0 (which fake-quant and ONNX Runtime then map to different codes). Measured on MIT
+# EfficientViT's LiteMLA, ``out[..., :-1] / (out[..., -1:] + 1e-15)``: the quantized ``+ eps``
+# (step ~0.36) swallowed the eps, 2 of 512 denominators were 0, ORT and torch 131 LSB apart.
+DIVISOR_INPUTS: dict[object, int] = {
+    aten.div.Tensor: 1,
+    aten.div.Tensor_mode: 1,
+    aten.reciprocal.default: 0,
+    aten.rsqrt.default: 0,
+}
+# Ops that pass a value on to a divisor unchanged in kind (``(y + eps).sqrt()``, a slice of it):
+# when their output feeds divisors only, they stay float and read their inputs float.
+_PASSES_DIVISOR_ON: frozenset = (
+    DATA_MOVEMENT_OPS
+    | IDENTITY_IN_EVAL_OPS
+    | frozenset(ARITHMETIC_OPS)
+    | frozenset({aten.sqrt.default, aten.abs.default, aten.clamp_min.default})
+)
+
+
+def reads_as_divisor(user: torch.fx.Node, value: torch.fx.Node) -> bool:
+    """``user`` reads ``value`` only as a divisor: directly (``DIVISOR_INPUTS``), or as an op of
+    ``_PASSES_DIVISOR_ON``, or a clamp, whose output feeds divisors only."""
+    if user.op != "call_function":
+        return False
+    position = DIVISOR_INPUTS.get(user.target)
+    if position is not None:
+        others = [a for i, a in enumerate(user.args) if i != position]
+        return len(user.args) > position and user.args[position] is value and value not in others
+    passes = user.target in _PASSES_DIVISOR_ON or user.target in FOLDABLE_ACTIVATIONS
+    return passes and feeds_divisor_only(user)
+
+
+def feeds_divisor_only(node: torch.fx.Node) -> bool:
+    """Every use of ``node`` ends as a divisor (see ``DIVISOR_INPUTS``), through ops of
+    ``_PASSES_DIVISOR_ON`` and clamps. One walk over the ops downstream, stopping at the first
+    use that is neither."""
+    seen, stack = {node}, [node]
+    while stack:
+        value = stack.pop()
+        users = list(value.users)
+        if not users:
+            return False
+        for user in users:
+            if user.op != "call_function":
+                return False
+            position = DIVISOR_INPUTS.get(user.target)
+            if position is not None:
+                if not reads_as_divisor(user, value):
+                    return False
+            elif user.target in _PASSES_DIVISOR_ON or user.target in FOLDABLE_ACTIVATIONS:
+                if user not in seen:
+                    seen.add(user)
+                    stack.append(user)
+            else:
+                return False
+    return True
+
+
 # Ops whose output is their input's values (in eval): a softmax passed through them stays float.
 _PASSES_ON_FLOAT: frozenset = (
     IDENTITY_IN_EVAL_OPS | DATA_MOVEMENT_OPS | frozenset({aten.to.dtype, aten._to_copy.default})
@@ -239,7 +299,9 @@ def op_role(node: torch.fx.Node) -> Role:
             return Role.FLOAT  # beta * bias + alpha * x @ w: not a plain weighted op
         return Role.WEIGHTED
     if target in ARITHMETIC_OPS:
-        return Role.FLOAT if feeds_float_input_only(node) else Role.ARITHMETIC
+        if feeds_float_input_only(node) or feeds_divisor_only(node):
+            return Role.FLOAT  # masked scores, a divisor (``+ eps``): see DIVISOR_INPUTS
+        return Role.ARITHMETIC
     if target in DATA_MOVEMENT_OPS:
         return Role.DATA_MOVEMENT
     if target in IDENTITY_IN_EVAL_OPS:

@@ -8,7 +8,8 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input (constants excepted,
    see below) and the output. With ``recipe.align_concat_inputs`` the inputs of ``cat`` share one
    quantizer with its output (the concat then only moves integers); with
-   ``recipe.align_add_inputs`` the same for ``add`` inputs. With ``recipe.quantize_constants``
+   ``recipe.align_add_inputs`` the same for ``add`` inputs. A divisor stays float, and so do ops
+   whose outputs only feed divisors (``_ops.DIVISOR_INPUTS``). With ``recipe.quantize_constants``
    the constant operand of an add / mul between quantized values (a Python scalar, a buffer)
    gets a ``ConstantQuantizer``: an integer initializer in the export, so engines fuse the op.
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
@@ -64,6 +65,7 @@ from ._ops import (
     keeps_float_output,
     op_role,
     read_only_as_graph_output,
+    reads_as_divisor,
     tensor_args,
 )
 from ._record import (
@@ -212,8 +214,15 @@ class _Planner:
             return None
         if not self.recipe.quantize_outputs and read_only_as_graph_output(last):
             return None
+        divisors = {u for u in last.users if reads_as_divisor(u, last)}  # they read it float
+        if divisors and len(divisors) == len(last.users):
+            return None
         spec = self._activation(last, recipe, module_of(node)[0], node)
-        self._everywhere(last, spec)
+        if divisors:  # the other readers read it quantized
+            for user in [u for u in last.users if u not in divisors]:
+                self._read(user, last, spec)
+        else:
+            self._everywhere(last, spec)
         if last is not node and not recipe.scheme.symmetric and clamps_negatives(node, last):
             self.nonnegative.add(spec)
         return spec

@@ -36,6 +36,7 @@ import torch
 from ...torch._ops import TRANSPOSED_CONV_OPS
 from ._lazy_registry import lazy_registry
 from ._signature import record_signature
+from ._tiny_constants import keep_tiny_constants
 from ._translate import translation_table
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,17 @@ def export_program(
     program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     model = _fast(program, opset) if FAST_PATH else None
     if model is None:
-        model = torch.onnx.export(
+        onnx_program = torch.onnx.export(
             program,
             dynamo=True,
             custom_translation_table=translation_table(opset),
             opset_version=opset,
-            optimize=True,
+            optimize=False,  # optimized below, after keep_tiny_constants (as torch would)
             verbose=False,
-        ).model_proto
+        )
+        keep_tiny_constants(onnx_program.model)
+        onnx_program.optimize()
+        model = onnx_program.model_proto
     record_signature(model, program, module.forward)
     return model
 
@@ -128,6 +132,7 @@ def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto 
         _fx_passes.insert_type_promotion_nodes(graph_module)
         onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
         onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
+        keep_tiny_constants(onnx_program.model)
         onnx_program.optimize()
         return onnx_program.model_proto
     except Exception as e:  # the public path is the reference: never fail where it would not

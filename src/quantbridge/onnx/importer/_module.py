@@ -177,14 +177,18 @@ class OnnxModule(nn.Module):
             return getattr(self, ref)
         return ref
 
-    def run(self, values: dict[str, Any]):
-        """Evaluate the graph on ``{onnx input name: tensor}``."""
+    def run(self, values: dict[str, Any], stand_ins: dict | None = None):
+        """Evaluate the graph on ``{onnx input name: tensor}``. ``stand_ins`` (the fake run of
+        ``_symbolic.check_at_import``): op type -> a function giving a torch step's output from
+        its inputs without computing it, or None to compute it."""
         env = dict(values)
         watch = SymbolicWatch(values, self.dynamic_dims)
         for step in self._steps:
             args = [self._fetch(env, s) for s in step.sources]
+            stand_in = (stand_ins or {}).get(step.node.op_type) if step.mode == "torch" else None
             try:
-                out = self._call(step, args)
+                out = stand_in(step.node, *args) if stand_in is not None else None
+                out = self._call(step, args) if out is None else out
             except _NAMED_ERRORS as e:
                 if type(e) not in _NAMED_ERRORS:  # torch's own subclasses steer tracing: as is
                     raise

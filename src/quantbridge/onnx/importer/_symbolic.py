@@ -15,6 +15,18 @@ dimension, so a specialisation is never silent.
 comes at import, before any quantization. Where the fake run cannot finish (an example size
 the graph rejects, a data-dependent op) nothing is said there; the trace in ``quantize`` still
 watches.
+
+Elementwise ops stand in for themselves there (``STAND_INS``): a unary op's output is its input
+(same shape, dtype and strides; it has no size logic that could pin a dimension), as is that of
+batch / layer normalisation and softmax (their parameters span a static axis: a file declaring
+that axis dynamic is left to quantize's trace), and an Add / Sub / Mul / Div of two float
+operands is the operand of their broadcast shape, or an empty fake of it
+(``torch.broadcast_shapes`` makes the guards broadcasting makes, so those pins are still named).
+On symbolic shapes torch runs these ops through its Python references, each step recomputing
+strides on large sympy expressions (``clamp``: 0.23 s a call under load). ``python -m
+bench.import_check`` (load 11, one process, alternating, round 0 / 1): PP-OCRv4 det check 57.7 /
+18.9 s -> 3.0 / 3.0 s, rec 62.5 / 43.2 s -> 24.1 / 10.8 s, the same warnings (plain import 0.6-2.3
+s there).
 """
 
 from __future__ import annotations
@@ -27,6 +39,8 @@ import onnx
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from ._registry import operand
 
 
 class DynamicDimensionWarning(UserWarning):
@@ -112,7 +126,7 @@ def check_at_import(module, proto: onnx.ModelProto, examples: dict[str, Any] | N
         if any(x is None for x in inputs.values()):
             return
         with mode, torch.no_grad():
-            module.run(inputs)
+            module.run(inputs, stand_ins=STAND_INS)
     except Exception:  # noqa: BLE001 - an example size the graph rejects, a data-dependent op
         return
 
@@ -134,3 +148,47 @@ def _fake_input(mode: FakeTensorMode, value: onnx.ValueInfoProto, dynamic: dict,
     kinds = [DimDynamic.DYNAMIC if i in dynamic else DimDynamic.STATIC for i in range(len(sizes))]
     context = StatelessSymbolicContext(dynamic_sizes=kinds)
     return mode.from_tensor(torch.zeros(sizes, dtype=dtype), symbolic_context=context)
+
+
+def _same(node, x, *rest):
+    """A unary op (or one whose other inputs are scalar bounds): the output is ``x``'s fake."""
+    return x if isinstance(x, torch.Tensor) and x.is_floating_point() else None
+
+
+def _same_single(node, x, *rest):
+    """A shape-preserving op over a fixed-size axis (normalisation over channels or the last
+    axis, softmax): ``x``'s fake, when the node has one output (not a training-mode form)."""
+    return _same(node, x) if len([o for o in node.outputs if o]) == 1 else None
+
+
+def _broadcast(node, a, b):
+    """A float binary op: an empty fake of the broadcast shape (None: run the op itself)."""
+    a, b = operand(a), operand(b)  # as the op's handler sees them
+    tensors = [v for v in (a, b) if isinstance(v, torch.Tensor)]
+    if len({v.dtype for v in tensors}) != 1 or not tensors[0].is_floating_point():
+        return None  # integer or mixed types: the op's own promotion decides
+    if any(isinstance(v, bool) or not isinstance(v, (torch.Tensor, int, float)) for v in (a, b)):
+        return None
+    shape = tensors[0].shape
+    if len(tensors) == 2 and not _same_sizes(shape, tensors[1].shape):
+        shape = torch.broadcast_shapes(shape, tensors[1].shape)
+    for t in tensors:  # the output is shaped like an input: that input's fake serves
+        if _same_sizes(shape, t.shape):
+            return t
+    return torch.empty(shape, dtype=tensors[0].dtype)
+
+
+def _same_sizes(a, b) -> bool:
+    """The same sizes, symbols compared by expression (no guard added)."""
+    key = lambda n: n.node.expr if isinstance(n, torch.SymInt) else n  # noqa: E731
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b, strict=True))
+
+
+# op type -> function(node, *inputs) giving the fake output, or None to run the op itself
+STAND_INS: dict[str, Any] = {
+    **{op: _same for op in ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+                            "LeakyRelu", "Elu", "Selu", "Gelu", "Mish", "Softplus", "Exp",
+                            "Sqrt", "Abs", "Neg", "Erf", "Reciprocal")},
+    **{op: _same_single for op in ("BatchNormalization", "LayerNormalization", "Softmax")},
+    **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div")},
+}  # fmt: skip

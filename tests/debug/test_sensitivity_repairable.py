@@ -1,0 +1,89 @@
+"""``sensitivity`` lists a layer whose ops all run float (a LayerNorm: its quantizers are its
+output where the next linear reads it) as not repairable, says which layers to repair instead,
+and leaves it out of the repair; the verified repair re-quantizes at most ``max_verify`` times.
+
+The model is test_sensitivity's outlier MLP with a LayerNorm before ``fc2``: ``fc2`` has one
+output channel ~1000x the others, so the repair keeps ``fc2`` and ``fc3`` (which reads that
+tensor) float."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quantbridge as qb
+from quantbridge.debug import sensitivity
+
+BUDGET = 0.999
+
+
+class NormOutlier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 32)
+        self.fc3, self.fc4 = nn.Linear(32, 32), nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fc2.weight[0] *= 1000.0
+            self.fc2.bias[0] = 1000.0
+            self.fc3.weight[:, 0] = 0.0
+
+    def forward(self, x):
+        h = self.ln(torch.relu(self.fc1(x)))
+        h = torch.relu(self.fc2(h))
+        h = torch.relu(self.fc3(h))
+        return self.fc4(h)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model = NormOutlier().eval()
+    x = torch.randn(64, 16)
+    return model, [x[:32]], [x[32:48], x[48:]]
+
+
+def _run(setup, **kwargs):
+    model, calib, evaluation = setup
+    return sensitivity(
+        model, calib, evaluation, metric="cosine", budget=BUDGET, progress=False, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def uncapped(setup):
+    return _run(setup, max_verify=10)
+
+
+def test_a_float_layer_is_listed_as_not_repairable_and_left_out_of_the_repair(setup, uncapped):
+    result = uncapped
+    layers = {s.name: s for s in result.layers}
+    assert "ln" in layers  # it owns a quantizer (its output, as fc2 reads it)
+    ln = layers["ln"]
+    assert not ln.repairable and "'fc2'" in ln.note
+    assert all(s.repairable and s.note == "" for name, s in layers.items() if name != "ln")
+    assert ln.rank == len(layers)  # after every repairable layer
+    assert "ln" not in result.keep_float and result.achieved >= BUDGET
+    data = result.to_json()
+    assert {r["name"]: r["repairable"] for r in data["layers"]}["ln"] is False
+    # independent of the library's reasoning: a rule naming ln places the same quantizers
+    model, calib, _ = setup
+    plain = qb.quantize(model, calib, "native", progress=False)
+    skip = qb.Recipe.preset("native").with_rules(qb.Rule(pattern="ln", skip=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ruled = qb.quantize(model, calib, skip, progress=False)
+    assert [p.attr for p in ruled.qb_points] == [p.attr for p in plain.qb_points]
+    assert any("matches no layer" in str(w.message) for w in caught)
+
+
+def test_pruning_stops_when_max_verify_is_spent(setup, uncapped):
+    """Growing takes two verifications here (``fc2`` alone misses; its reader ``fc3`` joins);
+    with room, pruning then tries both kept layers (neither can go back to int8: each alone
+    leaves the outlier tensor quantized): 4 in all. ``max_verify=3`` leaves one trial."""
+    assert uncapped.verified == 4 and uncapped.keep_float == ["fc2", "fc3"]
+    capped = _run(setup, max_verify=3)
+    assert capped.verified == 3 and capped.keep_float == ["fc2", "fc3"]
+    assert capped.achieved == pytest.approx(uncapped.achieved) and capped.achieved >= BUDGET
