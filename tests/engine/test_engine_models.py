@@ -150,10 +150,14 @@ def test_onnxruntime_device_choice(digits_q):
     fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="auto")
     y = fast(x)
     assert fast._session().device == ("cuda" if cuda else "cpu")
-    raw = ort.InferenceSession(fast.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    raw = ort.InferenceSession(
+        fast.onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     if not cuda:  # same session kind: bit-identical
         np.testing.assert_array_equal(y.numpy(), raw.run(None, {"x": x.numpy()})[0])
-        with pytest.raises(ValueError, match="no CUDAExecutionProvider .*pip install onnxruntime-gpu"):
+        with pytest.raises(
+            ValueError, match="no CUDAExecutionProvider .*pip install onnxruntime-gpu"
+        ):
             qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="cuda")(x)
     with pytest.raises(ValueError, match="device='tpu': use 'auto', 'cpu' or 'cuda'"):
         qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="tpu")(x)

@@ -19,7 +19,8 @@ from torch import nn
 
 import quantbridge as qb
 from quantbridge.torch._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
-from quantbridge.torch._placement import CONTAINER, constant_values
+from quantbridge.torch._nodes import constant_values
+from quantbridge.torch._placement import CONTAINER
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 aten = torch.ops.aten

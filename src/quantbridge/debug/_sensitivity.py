@@ -50,8 +50,8 @@ from tqdm.auto import tqdm
 
 from ..recipe import Recipe, Rule, TensorRecipe
 from ..torch import QuantModel, float_mode
+from ..torch._nodes import module_of
 from ..torch._ops import Role, op_role
-from ..torch._placement import module_of
 from ..torch._progress import progress_enabled, stage
 from ..torch._record import CONTAINER
 from ._sens_metrics import Outputs, metric_fn

@@ -31,7 +31,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..recipe import Rule
-from ._placement import constant_values, module_of
+from ._nodes import constant_values, module_of
 
 OUTLIER_RATIO = 16.0
 aten = torch.ops.aten

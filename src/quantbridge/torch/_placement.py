@@ -55,6 +55,7 @@ from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
 from ._capture import user_stacklevel
+from ._nodes import _is_float_tensor, constant_values, module_of
 from ._ops import (
     ARITHMETIC_OPS,
     CONSTANT_OPERAND_OPS,
@@ -80,47 +81,6 @@ from ._record import (
     quantize_new_bias,
     unique_attr,
 )
-
-
-def module_of(node: torch.fx.Node) -> tuple[str, str]:
-    """(module path, module class name) of the innermost user module that produced ``node``."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return "", ""
-    path, kind = list(stack.values())[-1]
-    type_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-    return path, type_name.rsplit(".", 1)[-1]
-
-
-def constant_values(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Nodes whose value depends on no graph input: parameters, buffers, and ops computing only
-    from them and from literals. A dependence on an input's shape (``sym_size`` under dynamic
-    shapes) counts as depending on the input; random ops (``randn``, ``dropout``: torch tags them
-    ``nondeterministic_seeded``) are sources of run-time values like an input."""
-    dependent: set[torch.fx.Node] = set()
-    constant: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "output":
-            continue
-        if node.op == "placeholder" or _is_random(node):
-            dependent.add(node)
-        elif any(a in dependent for a in node.all_input_nodes):
-            dependent.add(node)
-        else:
-            constant.add(node)
-    return constant
-
-
-def _is_random(node: torch.fx.Node) -> bool:
-    tags = getattr(node.target, "tags", ())
-    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
-
-
-def _is_float_tensor(node) -> bool:
-    if not isinstance(node, torch.fx.Node):
-        return False
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.is_floating_point()
 
 
 class _Planner:

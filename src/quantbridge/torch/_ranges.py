@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ._placement import constant_values
+from ._nodes import constant_values
 
 RANGE_RATIO = 16.0
 CONCAT_OPS = frozenset({torch.ops.aten.cat.default})

@@ -37,9 +37,10 @@ from ...torch._capture import capture
 from ...torch._dynamic import DynamicQuantizer
 from ...torch._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
 from ...torch._model import QuantModel
+from ...torch._nodes import module_of
 from ...torch._ops import WEIGHTED_OPS
 from ...torch._passes import own_parameters
-from ...torch._placement import CONTAINER, QuantPoint, module_of
+from ...torch._placement import CONTAINER, QuantPoint
 from ._module import OnnxModule
 from ._quantized import QuantRecord
 from ._site import DYNAMIC_SITE_TARGET, SITE_TARGET

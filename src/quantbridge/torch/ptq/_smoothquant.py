@@ -36,7 +36,7 @@ import torch
 
 from ...numerics import PerChannel, choose_qparams, fake_quantize
 from ...recipe import Recipe, TensorRecipe
-from .._placement import module_of
+from .._nodes import module_of
 from ._graph import attr_node, get_tensor, record, set_tensor, weight_and_bias
 
 aten = torch.ops.aten
