@@ -54,6 +54,7 @@ from ...torch._signature import check_call
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._relu_quant import relu_into_quantize
+from ._reuse import reused_program
 from ._torch_onnx import export_program
 
 
@@ -194,7 +195,8 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
             deadline(limit),
         ):
             warnings.simplefilter("ignore")
-            model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
+            program = reused_program(module, args, kwargs, dynamic)  # None: trace it
+            model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET), program)
     except CaptureTimeout:
         warnings.warn(fallback_message(shapes, limit, "export"), stacklevel=user_stacklevel())
         return _trace(module, call, opset, "batch")
