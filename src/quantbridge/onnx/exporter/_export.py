@@ -16,8 +16,10 @@ Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 Qu
 4-bit weights can be stored as INT4 (half the int8 file), else 18 (the torch exporter's native
 opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are reached by ``_opset.downgrade`` from 18.
 
-Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: one trace,
-no decomposition re-trace where the graph needs none); the quantizers
+Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: no
+decomposition re-trace where the graph needs none). The program it translates is written from the
+graph ``quantize`` captured (``_reuse``: no second trace) whenever that gives exactly what a trace
+would, else traced once; the quantizers
 are switched to export mode first (``quantbridge.torch._export_ops``), so the integers in the file
 are computed by the same ``numerics`` functions torch used.
 """
