@@ -31,6 +31,7 @@ Tests hold the two paths to the same ONNX file (``tests/onnx/test_one_trace_expo
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import sympy
@@ -168,7 +169,7 @@ def _build(module: torch.fx.GraphModule) -> torch.export.ExportedProgram:
     env: dict[torch.fx.Node, Any] = {}
     quantizers = {id(m) for m in quantizer_modules(module)}
     outputs: list[gs.OutputSpec] = []
-    for node in module.graph.nodes:
+    for node in _trace_order(module.graph):
         if node.op == "placeholder":
             env[node] = graph.placeholder(node.name)
             env[node].meta = dict(node.meta)
@@ -210,6 +211,21 @@ def _build(module: torch.fx.GraphModule) -> torch.export.ExportedProgram:
         module_call_graph=[torch.export.exported_program.ModuleCallEntry("", call)],
         constants=constants,
     )
+
+
+def _trace_order(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The captured nodes in the order the trace records them: the user inputs first, then the
+    size queries on them (``sym_size`` of an input: the trace puts them right after its inputs),
+    then the rest (placement put the weights' quantizers before the inputs)."""
+    nodes = list(graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    sizes = [
+        n
+        for n in nodes
+        if n.op == "call_function" and n.target in _SYMBOLIC and n.args[0] in inputs
+    ]
+    first = set(inputs + sizes)
+    return inputs + sizes + [n for n in nodes if n not in first]
 
 
 def _call(graph: torch.fx.Graph, target: Any, args: tuple, kwargs: dict) -> torch.fx.Node:
@@ -270,7 +286,7 @@ def _arg(node: torch.fx.Node) -> gs.TensorArgument:
 
 
 def _lift(graph: torch.fx.Graph, fake_mode, prefix: str, name: str, tensor: torch.Tensor):
-    node = graph.placeholder(prefix + name.replace(".", "_"))
+    node = graph.placeholder(prefix + re.sub(r"[^a-zA-Z0-9]", "_", name).lower())  # as export
     node.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True)
     return node
 
