@@ -12,6 +12,7 @@ test cannot pass by tracing after all.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import onnx
@@ -168,3 +169,18 @@ def test_reuse_is_refused_after_the_graph_changed():
     qmodel.recompile()
     why = _reuse.reuse_refusal(qmodel, (batch(2),), {}, "batch")
     assert why is not None and "no captured value" in why
+
+
+def test_copies_and_checkpoints_reuse_their_graph(tmp_path, monkeypatch):
+    """A deep copy keeps the captured graph and ranges; ``qb.load`` captures again: both export
+    the traced file without a second trace."""
+    qmodel, batch = _quantize("digits_cnn")
+    qb.save(qmodel, tmp_path / "q.pt")
+    loaded = qb.load(tmp_path / "q.pt", DigitsCNN().eval())
+    example = batch(1)
+    for i, model in enumerate((copy.deepcopy(qmodel), loaded)):
+        traced = _export_bytes(model, tmp_path / f"traced{i}.onnx", example, reuse=False)
+        with monkeypatch.context() as m:
+            m.setattr(torch.export, "export", _refuse)
+            reused = _export_bytes(model, tmp_path / f"reused{i}.onnx", example, reuse=True)
+        assert reused == traced
