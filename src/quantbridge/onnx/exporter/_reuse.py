@@ -3,20 +3,22 @@ graph ``quantize`` already captured instead of tracing the model a second time.
 
 ``quantize`` captures the user's model with ``torch.export`` (``torch._capture``); the QuantModel
 is that graph with one ``call_module`` node per quantizer. ``export`` used to trace the QuantModel
-again (``torch.export.export``, a third of ResNet-18-style's export time): that trace runs the
+again (``torch.export.export``, about 40% of ResNet-18-style's export time): that trace runs the
 graph's aten nodes on fake tensors and records them as they are, each quantizer's forward in
 export mode adding its one custom op (``torch._export_ops``). This module writes the same program
 directly:
 
-* parameters, then buffers (persistent first or not, in ``named_buffers`` order, as
-  ``torch.export`` lifts them), then the user inputs become placeholders, named as
-  ``torch.export`` names them (``p_<name>``, ``b_<name>``, the forward's argument names);
+* parameters, then buffers (persistent or not, in ``named_buffers`` order, as ``torch.export``
+  lifts them), then the user inputs become placeholders, named as ``torch.export`` names them
+  (``p_<name>``, ``b_<name>`` lowercased, the forward's argument names); the size queries on
+  the inputs (``sym_size``) follow them, as in the trace (``_trace_order``);
 * each ``get_attr`` node becomes its placeholder; each quantizer ``call_module`` node is replaced
   by the body of the quantizer's own forward, traced symbolically (``torch.fx``: no fake tensors,
   so the quantizer's export branch is the single source of what it emits); the capture's
   ``_guards_fn`` node is dropped, as the trace drops it;
-* every node keeps the fake value and metadata the capture gave it; a new node's value is its
-  operator run on the fake values of its inputs, as the trace computes it;
+* every node keeps the fake value and metadata the capture gave it; a quantizer's output
+  takes the value the capture recorded for its call (an export op returns what fake
+  quantization returns), any other new node its operator run on its inputs' fake values;
 * range constraints and the call's pytree structure are the capture's.
 
 It is used only when the result is the one the trace would give (``reuse_refusal`` says why
@@ -25,7 +27,10 @@ placeholders (same structure and dtypes, the same static sizes, dynamic sizes in
 ranges), every parameter and buffer the graph reads still has the captured shape and dtype (a
 replaced layer changes it), every node has a captured value, and every quantizer's export
 branch traces to plain operator calls. Otherwise ``export`` traces as before.
-Tests hold the two paths to the same ONNX file (``tests/onnx/test_one_trace_export.py``).
+Tests hold the two paths to the same ONNX file (``tests/onnx/test_one_trace_export.py``). Where
+the trace would also record and then drop symbolic-size arithmetic (``dynamic="all"``; MiniLM's
+attention), its later nodes carry a higher counter in their names (``add_2``,
+``sym_size_int_5``): the file is then the same up to those intermediate names.
 """
 
 from __future__ import annotations
