@@ -62,7 +62,9 @@ def main(argv: list[str]) -> int:
         import torch
         import torch._dynamo  # noqa: F401
         import torch.export  # noqa: F401
+        import torch.export._trace  # noqa: F401 - the tracer itself: ``torch.export`` loads it lazily
         import torch.onnx._internal.exporter._core  # noqa: F401
+        from onnxscript._framework_apis import torch_2_8  # noqa: F401 - the exporter's optimizer
 
         from quantbridge.zoo import resnet18_style
 

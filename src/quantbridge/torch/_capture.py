@@ -135,6 +135,7 @@ def capture(
         raise CaptureError(_explain(model, e)) from e
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
+    gm.qb_shape_ranges = dict(ep.range_constraints)  # export reuses the graph (one trace)
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm

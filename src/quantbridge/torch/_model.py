@@ -53,6 +53,8 @@ class QuantModel(torch.fx.GraphModule):
         self.qb_outputs = extra.get("qb_outputs") or output_quantizers(self)
         # how the model was captured (input spec, dynamic dims, BN folding): enough to redo it
         self.qb_capture = extra.get("qb_capture", {})
+        # the capture's dynamic-size ranges: export writes its program from this graph (one trace)
+        self.qb_shape_ranges = extra.get("qb_shape_ranges")
         # not a submodule: its float weights are not ours
         self.__dict__["_qb_source"] = source if source is not None else extra.get("_qb_source")
         # a layer replaced later (transfer learning) gets its quantizers re-set (``_replace``)

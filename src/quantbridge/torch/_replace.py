@@ -36,11 +36,19 @@ _CONV_DEFAULTS = {3: 1, 4: 0, 5: 1, 6: 1}  # aten.conv*d: stride, padding, dilat
 
 
 def record_weight_shapes(qmodel: nn.Module) -> None:
-    """Remember each quantized weight's shape (what its quantizer's parameters were set for)."""
+    """Remember each quantized weight's shape (what its quantizer's parameters were set for),
+    and on each ``get_attr`` node without a captured value (a bias that batch-norm folding
+    added) the shape and dtype the graph was built for: ``meta["qb_shape"]``, read by export's
+    one-trace check (``onnx.exporter._reuse``)."""
     for wq in _weight_quantizers(qmodel):
         param = _parameter(qmodel, wq.weight_name)
         if param is not None and "weight_shape" not in wq.__dict__:  # a copy keeps the original's
             wq.weight_shape = tuple(param.shape)
+    for node in qmodel.graph.nodes:
+        if node.op == "get_attr" and not {"val", "qb_shape"} & node.meta.keys():
+            tensor = _parameter(qmodel, node.target)
+            if tensor is not None:
+                node.meta["qb_shape"] = (tuple(tensor.shape), tensor.dtype)
 
 
 def adopt_replaced_layers(qmodel: nn.Module) -> None:

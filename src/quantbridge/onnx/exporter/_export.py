@@ -16,8 +16,10 @@ Opset: the recipe's or the caller's, else 21 when a 16-bit scheme needs int16 Qu
 4-bit weights can be stored as INT4 (half the int8 file), else 18 (the torch exporter's native
 opset; ONNX Runtime 1.20+ runs it). Opsets 13-17 are reached by ``_opset.downgrade`` from 18.
 
-Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: one trace,
-no decomposition re-trace where the graph needs none); the quantizers
+Export goes through torch's ONNX exporter with our translation table (``_torch_onnx``: no
+decomposition re-trace where the graph needs none). The program it translates is written from the
+graph ``quantize`` captured (``_reuse``: no second trace) whenever that gives exactly what a trace
+would, else traced once; the quantizers
 are switched to export mode first (``quantbridge.torch._export_ops``), so the integers in the file
 are computed by the same ``numerics`` functions torch used.
 """
@@ -54,6 +56,7 @@ from ...torch._signature import check_call
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._relu_quant import relu_into_quantize
+from ._reuse import reused_program
 from ._torch_onnx import export_program
 
 
@@ -194,7 +197,8 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
             deadline(limit),
         ):
             warnings.simplefilter("ignore")
-            model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET))
+            program = reused_program(module, args, kwargs, dynamic)  # None: trace it
+            model = export_program(module, args, kwargs, shapes, max(opset, DEFAULT_OPSET), program)
     except CaptureTimeout:
         warnings.warn(fallback_message(shapes, limit, "export"), stacklevel=user_stacklevel())
         return _trace(module, call, opset, "batch")

@@ -64,12 +64,17 @@ def export_program(
     kwargs: dict,
     dynamic_shapes: Any,
     opset: int,
+    program: torch.export.ExportedProgram | None = None,
 ) -> onnx.ModelProto:
-    """Trace ``module`` once and translate it to ONNX at ``opset`` (optimized, as torch does).
+    """Trace ``module`` once (unless ``program``, its trace, is given: ``_reuse``) and translate
+    it to ONNX at ``opset`` (optimized, as torch does).
 
     The call's signature (args, kwargs and output structure) goes into the model's metadata
     (``_signature``)."""
-    program = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    if program is None:
+        program = torch.export.export(
+            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
+        )
     model = _fast(program, opset) if FAST_PATH else None
     if model is None:
         onnx_program = torch.onnx.export(
