@@ -90,46 +90,6 @@ def _requant(a, m: str, n: str) -> str:
     return f"qb_requantize({{acc}}, {m}, {n}, {a['out_zero']}, {a['qmin']}, {a['qmax']})"
 
 
-@_register("conv")
-def _conv(c: _Ctx, k: str, step) -> str:
-    a = step.attrs
-    xs, ys = c.shapes[step.inputs[0]], c.shapes[step.output]
-    w = np.asarray(a["weight"])
-    strides, pads, dil = a["strides"], a["pads"], a["dilations"]
-    if w.ndim == 3:  # 1-D as 2-D with unit height
-        w, xs, ys = w[:, :, None], (*xs[:2], 1, xs[2]), (*ys[:2], 1, ys[2])
-        strides, dil, pads = (1, strides[0]), (1, dil[0]), (0, pads[0], 0, pads[1])
-    n, ch, h, wd = xs
-    o, cg, kh, kw = w.shape
-    oh, ow = ys[2], ys[3]
-    hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
-    wz = np.asarray(a["w_zero"], np.int64).reshape(-1, 1, 1, 1)
-    wc = (w.astype(np.int64) - wz).transpose(0, 2, 3, 1)  # [O][KH][KW][Cg], centered
-    c.decls.append(f"static int16_t {k}_xp[{n * hp * wp * ch}];")
-    c.const("int16_t", f"{k}_w", wc)
-    _layer_requant_consts(c, k, a)
-    x, y = c.names[step.inputs[0]], c.names[step.output]
-    return f"""    memset({k}_xp, 0, sizeof {k}_xp);
-    for (int n = 0; n < {n}; n++) for (int c = 0; c < {ch}; c++)
-        for (int h = 0; h < {h}; h++) for (int w = 0; w < {wd}; w++)
-            {k}_xp[((n * {hp} + h + {pads[0]}) * {wp} + w + {pads[1]}) * {ch} + c] =
-                (int16_t)({x}[((n * {ch} + c) * {h} + h) * {wd} + w] - {a["x_zero"]});
-    for (int n = 0; n < {n}; n++) for (int o = 0; o < {o}; o++)  /* o outside: its weights stay in L1 */
-    for (int oh = 0; oh < {oh}; oh++) for (int ow = 0; ow < {ow}; ow++) {{
-        const int g = o / {o // a["group"]};
-        int32_t acc = {k}_b[o];
-        for (int i = 0; i < {kh}; i++) for (int j = 0; j < {kw}; j++) {{
-            const int16_t *xr = {k}_xp + ((n * {hp} + oh * {strides[0]} + i * {dil[0]}) * {wp}
-                                 + ow * {strides[1]} + j * {dil[1]}) * {ch} + g * {cg};
-            const int16_t *wr = {k}_w + ((o * {kh} + i) * {kw} + j) * {cg};
-            for (int c = 0; c < {cg}; c++) acc += (int32_t)xr[c] * wr[c];
-        }}
-        {y}[((n * {o} + o) * {oh} + oh) * {ow} + ow] =
-            ({c.ctype(step.output)}){_requant(a, f"{k}_m[o]", f"{k}_n[o]").format(acc="acc")};
-    }}
-"""
-
-
 def _layer_requant_consts(c: _Ctx, k: str, a: dict) -> None:
     """A weighted layer's int32 bias and per-output-channel multiplier and shift, as arrays
     ``{k}_b``, ``{k}_m``, ``{k}_n`` (what ``_requant`` reads for channel ``o``)."""
