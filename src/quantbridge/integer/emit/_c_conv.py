@@ -89,12 +89,9 @@ def _block_sums(c: _Ctx, k: str, step, ob: int, kp: int, og: int, dims) -> str:
     a, y = step.attrs, c.names[step.output]
     _, o, oh, ow = dims
     pairs = [(i, j) for i in range(ob) for j in range(PB)]
-    weights = "\n".join(f"            const int16_t *w{i} = {k}_w + (o + {i}) * {kp};"
-                        for i in range(ob))  # fmt: skip
-    patches = "\n".join(f"            const int16_t *p{j} = {k}_p + (ow + {j}) * {kp};"
-                        for j in range(PB))  # fmt: skip
     accs = ", ".join(f"acc{i}{j} = 0" for i, j in pairs)
-    sums = "\n".join(f"                acc{i}{j} += (int32_t)w{i}[q] * p{j}[q];" for i, j in pairs)
+    sums = "\n".join(f"                acc{i}{j} += (int32_t)w[{i * kp} + q] * p[{j * kp} + q];"
+                     for i, j in pairs)  # fmt: skip
     stores = []
     for i, j in pairs:
         req = _requant(a, f"{k}_m[o + {i}]", f"{k}_n[o + {i}]")
@@ -106,8 +103,7 @@ def _block_sums(c: _Ctx, k: str, step, ob: int, kp: int, og: int, dims) -> str:
     return f"""        /* 3. {ob} output channels x {PB} pixels: {len(pairs)} dot products sharing their loads */
         for (int o = g * {og}; o < (g + 1) * {og}; o += {ob})
         for (int ow = 0; ow < {ow}; ow += {PB}) {{
-{weights}
-{patches}
+            const int16_t *w = {k}_w + o * {kp}, *p = {k}_p + ow * {kp};  /* row o, pixel ow */
             int32_t {accs};
             for (int q = 0; q < {kp}; q++) {{
 {sums}
