@@ -1,15 +1,17 @@
 """The C emitter's blocked convolution (``emit._c_conv``) compiled as shipped (gcc -O3, the
 vectorized build), bit-exact with the numpy executor on every layout it generates: blocks of
-4, 2 and 1 output channels, an odd output width (the last pixel block half used), asymmetric
-padding, strides, a dilated grouped patch (copied pixel by pixel), a 1x1 convolution whose
-reduction (8 codes) is padded to the vector width, and a batch of two."""
+8, 4, 2 and 1 output channels, by 1 pixel (the shipped shape) or 2 (with an odd output width,
+the last pixel block half used), asymmetric padding, strides, a dilated grouped patch (copied
+pixel by pixel), a 1x1 convolution whose reduction (8 codes) is padded to the vector width, and
+a batch of two."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import quantbridge as qb
-from quantbridge.integer.emit._c_conv import LANES
+from quantbridge.integer.emit import _c_conv
 
 
 def _conv(g, x, cin, cout, k, group=1, dtype=np.uint8, **attrs):
@@ -18,10 +20,13 @@ def _conv(g, x, cin, cout, k, group=1, dtype=np.uint8, **attrs):
     return g.quant(y, 0.25, 0 if dtype == np.int8 else 128, dtype)
 
 
-def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path):
+@pytest.mark.parametrize("channels, pixels", [((8, 4, 2, 1), 1), ((4, 2, 1), 2)])
+def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path, monkeypatch, channels, pixels):
+    monkeypatch.setattr(_c_conv, "OB_CHOICES", channels)
+    monkeypatch.setattr(_c_conv, "PB", pixels)
     g = qdq_graph((2, 8, 11, 13))
     outputs = [
-        # 8 output channels: blocks of 4; output width 7: the last block has one pixel
+        # 8 output channels: one block of 8 or two of 4; output width 7 (odd)
         _conv(g, g.x, 8, 8, (3, 3), pads=[1, 1, 2, 1], strides=[2, 2]),
         # 4 groups of 3 output channels: blocks of 1; dilated along W: pixel-by-pixel patches
         _conv(g, g.x, 8, 12, (3, 2), group=4, dilations=[1, 2], pads=[1, 0, 1, 0]),
@@ -30,7 +35,7 @@ def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path):
     ]
     prog = qb.lower(g.model(*outputs))
     convs = [s for s in prog.steps if s.op == "conv"]
-    assert len(convs) == 3 and 8 % LANES != 0
+    assert len(convs) == 3 and 8 % _c_conv.LANES != 0
     x = (np.random.default_rng(0).standard_normal((2, 8, 11, 13)) * 3).astype(np.float32)
     got = run_c(prog, {"x": x}, tmp_path, opt="-O3")
     expected = prog.run({"x": x}, integer=True)
