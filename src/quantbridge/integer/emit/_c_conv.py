@@ -78,8 +78,8 @@ def _conv(c: _Ctx, k: str, step) -> str:
                        {src} + j * {dil[1]}) * {ch} + g * {cg}, {cg} * sizeof(int16_t));"""
     req = _requant(a, "m", "shift").format(acc=f"{k}_acc[o * {owp} + ow] + {k}_b[o]")
     return f"""    /* 1. centered input, NHWC, zero padding (the border is never written) */
-    for (int n = 0; n < {n}; n++) for (int c = 0; c < {ch}; c++)
-        for (int h = 0; h < {h}; h++) for (int w = 0; w < {wd}; w++)
+    for (int n = 0; n < {n}; n++) for (int h = 0; h < {h}; h++)
+        for (int w = 0; w < {wd}; w++) for (int c = 0; c < {ch}; c++)
             {k}_xp[((n * {hp} + h + {pads[0]}) * {wp} + w + {pads[1]}) * {ch} + c] =
                 (int16_t)({x}[((n * {ch} + c) * {h} + h) * {wd} + w] - {a["x_zero"]});
     for (int n = 0; n < {n}; n++) for (int oh = 0; oh < {oh}; oh++) {{
