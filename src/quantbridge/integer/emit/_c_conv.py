@@ -70,12 +70,12 @@ def _conv(c: _Ctx, k: str, step) -> str:
     src = f"{k}_xp + ((n * {hp} + oh * {strides[0]} + i * {dil[0]}) * {wp} + ow * {strides[1]}"
     if dil[1] == 1 and group == 1:  # the KW pixels of a patch row are one contiguous run
         copy = f"""for (int i = 0; i < {kh}; i++)
-                memcpy({k}_p + ow * {kp} + i * {kw * cg}, {src}) * {ch},
-                       {kw * cg} * sizeof(int16_t));"""
+                    memcpy({k}_p + ow * {kp} + i * {kw * cg}, {src}) * {ch},
+                           {kw * cg} * sizeof(int16_t));"""
     else:
         copy = f"""for (int i = 0; i < {kh}; i++) for (int j = 0; j < {kw}; j++)
-                memcpy({k}_p + ow * {kp} + (i * {kw} + j) * {cg},
-                       {src} + j * {dil[1]}) * {ch} + g * {cg}, {cg} * sizeof(int16_t));"""
+                    memcpy({k}_p + ow * {kp} + (i * {kw} + j) * {cg},
+                           {src} + j * {dil[1]}) * {ch} + g * {cg}, {cg} * sizeof(int16_t));"""
     req = _requant(a, "m", "shift").format(acc=f"{k}_acc[o * {owp} + ow] + {k}_b[o]")
     return f"""    /* 1. centered input, NHWC, zero padding (the border is never written) */
     for (int n = 0; n < {n}; n++) for (int h = 0; h < {h}; h++)
@@ -99,19 +99,25 @@ def _conv(c: _Ctx, k: str, step) -> str:
 """
 
 
+def _plus(var: str, offset: int) -> str:
+    """C for ``var + offset``; ``var`` alone at offset 0."""
+    return f"{var} + {offset}" if offset else var
+
+
 def _block_sums(k: str, ob: int, kp: int, og: int, owp: int) -> str:
     """C of stage 3: the sums of group ``g``, ``ob`` output channels x ``PB`` pixels at a time,
     into ``{k}_acc[o][ow]``."""
     pairs = [(i, j) for i in range(ob) for j in range(PB)]
     accs = ", ".join(f"acc{i}{j} = 0" for i, j in pairs)
-    sums = "\n".join(f"                    acc{i}{j} += (int32_t)w[{i * kp} + q] * p[{j * kp} + q];"
-                     for i, j in pairs)  # fmt: skip
-    stores = "\n".join(f"                {k}_acc[(o + {i}) * {owp} + ow + {j}] = acc{i}{j};"
-                       for i, j in pairs)  # fmt: skip
-    return f"""            /* 3. {ob} output channels x {PB} pixels: {len(pairs)} dot products sharing loads */
+    sums = "\n".join(f"                    acc{i}{j} += (int32_t)w[{_plus('q', i * kp)}]"
+                     f" * p[{_plus('q', j * kp)}];" for i, j in pairs)  # fmt: skip
+    stores = "\n".join(f"                out[{i * owp + j}] = acc{i}{j};" for i, j in pairs)
+    pixels = "1 pixel" if PB == 1 else f"{PB} pixels"
+    return f"""            /* 3. {ob} output channels x {pixels}: {len(pairs)} dot products sharing loads */
             for (int o = g * {og}; o < (g + 1) * {og}; o += {ob})
             for (int ow = 0; ow < {owp}; ow += {PB}) {{
                 const int16_t *w = {k}_w + o * {kp}, *p = {k}_p + ow * {kp};  /* row o, pixel ow */
+                int32_t *out = {k}_acc + o * {owp} + ow;
                 int32_t {accs};
                 for (int q = 0; q < {kp}; q++) {{
 {sums}
