@@ -3,9 +3,12 @@ vectorized build), bit-exact with the numpy executor on every layout it generate
 8, 4, 2 and 1 output channels, by 1 pixel (the shipped shape) or 2 (with an odd output width,
 the last pixel block half used), asymmetric padding, strides, a dilated grouped patch (copied
 pixel by pixel), a 1x1 convolution whose reduction (8 codes) is padded to the vector width, and
-a batch of two."""
+a batch of two; and with ``-DQB_X86_CLONES`` (an AVX2 clone of each conv step)."""
 
 from __future__ import annotations
+
+import platform
+import sys
 
 import numpy as np
 import pytest
@@ -20,8 +23,19 @@ def _conv(g, x, cin, cout, k, group=1, dtype=np.uint8, **attrs):
     return g.quant(y, 0.25, 0 if dtype == np.int8 else 128, dtype)
 
 
-@pytest.mark.parametrize("channels, pixels", [((8, 4, 2, 1), 1), ((4, 2, 1), 2)])
-def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path, monkeypatch, channels, pixels):
+X86_LINUX = platform.machine() in ("x86_64", "AMD64") and sys.platform.startswith("linux")
+BUILDS = [
+    ("-O3", (8, 4, 2, 1), 1),
+    ("-O3", (4, 2, 1), 2),
+    # the AVX2 clones of the conv steps (chosen at load time on a CPU with AVX2), gcc + glibc
+    pytest.param("-O3 -DQB_X86_CLONES", (8, 4, 2, 1), 1,
+                 marks=pytest.mark.skipif(not X86_LINUX, reason="target_clones: x86-64 Linux")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("opt, channels, pixels", BUILDS)
+def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path, monkeypatch, opt, channels,
+                                      pixels):  # fmt: skip
     monkeypatch.setattr(_c_conv, "OB_CHOICES", channels)
     monkeypatch.setattr(_c_conv, "PB", pixels)
     g = qdq_graph((2, 8, 11, 13))
@@ -37,7 +51,7 @@ def test_blocked_conv_bit_exact_at_O3(qdq_graph, run_c, tmp_path, monkeypatch, c
     convs = [s for s in prog.steps if s.op == "conv"]
     assert len(convs) == 3 and 8 % _c_conv.LANES != 0
     x = (np.random.default_rng(0).standard_normal((2, 8, 11, 13)) * 3).astype(np.float32)
-    got = run_c(prog, {"x": x}, tmp_path, opt="-O3")
+    got = run_c(prog, {"x": x}, tmp_path, opt=opt)
     expected = prog.run({"x": x}, integer=True)
     assert len(expected) == 3
     for name, codes in expected.items():

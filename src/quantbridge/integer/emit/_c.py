@@ -31,6 +31,15 @@ PRELUDE = r"""#include <stdint.h>
 #include <string.h>
 #include "qb_model.h"
 
+/* Optional, gcc on x86-64 Linux (ifunc): -DQB_X86_CLONES builds each QB_VECTORIZED step twice,
+   for AVX2 and for baseline x86-64, and the CPU picks one at load time, so the binary still runs
+   on any x86-64 with AVX2 speed where there is AVX2. Without it: plain C99. */
+#ifdef QB_X86_CLONES
+#define QB_VECTORIZED __attribute__((target_clones("avx2", "default")))
+#else
+#define QB_VECTORIZED
+#endif
+
 /* floor(p / 2**n), n >= 1, without >> of a negative value (implementation-defined in C99) */
 static inline int64_t qb_floor_shift(int64_t p, int n) { return p >= 0 ? p >> n : ~(~p >> n); }
 
@@ -76,6 +85,7 @@ class _Ctx:
 
 StepGen = Callable[[_Ctx, str, Any], str]
 C_STEPS: dict[str, StepGen] = {}
+VECTORIZED: set[str] = set()  # steps whose functions are marked QB_VECTORIZED (see PRELUDE)
 
 
 def _register(*ops: str) -> Callable[[StepGen], StepGen]:
@@ -331,7 +341,8 @@ def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> lis
         gen = C_STEPS.get(step.op)
         if gen is None:
             raise ValueError(f"C emitter: no C for step {step.op!r}; known: {sorted(C_STEPS)}")
-        bodies.append(f"/* {step.op} {step.node} */\nstatic void s{i}(void) {{\n"
+        mark = "QB_VECTORIZED " if step.op in VECTORIZED else ""
+        bodies.append(f"/* {step.op} {step.node} */\n{mark}static void s{i}(void) {{\n"
                       f"{gen(c, f's{i}', step)}}}\n")  # fmt: skip
     tensors = []
     for name, cname in c.names.items():

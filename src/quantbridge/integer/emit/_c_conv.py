@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._c import _Ctx, _layer_requant_consts, _register, _requant
+from ._c import VECTORIZED, _Ctx, _layer_requant_consts, _register, _requant
 
 LANES = 16  # int16 lanes of a 256-bit vector: KP = K rounded up to this
 # Block shape, measured (user cycles, perf stat) on a conv stack in ResNet-18-style sizes, this
@@ -39,6 +39,9 @@ PB = 1  # output pixels per block
 def _block(n: int, choices: tuple[int, ...]) -> int:
     """The largest block size in ``choices`` that divides ``n``."""
     return next(b for b in choices if n % b == 0)
+
+
+VECTORIZED.add("conv")  # -DQB_X86_CLONES: an AVX2 clone of each conv step (emitter PRELUDE)
 
 
 @_register("conv")
