@@ -1,12 +1,18 @@
 """Integer-only program speed (issue 10): the numpy executor and the gcc -O3 C program against
 ONNX Runtime on the same quantized ResNet-18-style model, single thread.
 
-    python -m bench.integer_lower [--width 64] [--size 224] [--repeats 5] [--out results.json]
+    python -m bench.integer_lower [--width 64] [--size 224] [--repeats 5] [--rounds 3]
+                                  [--cflags gcc_O3 gcc_O3_x86_clones gcc_O3_march_native]
+                                  [--out results.json]
 
 ONNX Runtime runs the QDQ file with its default graph optimizations, which fuse every
-DQ -> Conv -> Q into QLinearConv (its QOperator kernels). Each engine is timed over ``repeats``
-calls after one warm-up; the median is reported, and the ratios to ORT carry the claim (the
-machine is shared). Threads: ORT intra_op 1, BLAS 1 (set before numpy loads), C single thread.
+DQ -> Conv -> Q into QLinearConv (its QOperator kernels). The C program is built three times:
+plain ``-O3`` (portable C99: SSE2 vectors on x86-64), ``-O3 -DQB_X86_CLONES`` (gcc on x86-64
+Linux: the conv steps also built for AVX2 and picked at load time; the binary still runs on any
+x86-64) and ``-O3 -march=native`` (AVX2 here; the binary only runs on CPUs like this one). Every engine is timed for ``repeats``
+calls after one warm-up, once per round; the median over all calls is reported with min / max,
+and the ratios to ORT (overall and per round) carry the claim, since the machine is shared.
+Threads: ORT intra_op 1, BLAS 1 (set before numpy loads), C single thread.
 """
 
 from __future__ import annotations
@@ -52,14 +58,38 @@ int main(int argc, char **argv) {
 """
 
 
-def _median_ms(fn, repeats: int) -> float:
+# The portable build (what any C99 compiler target gets) and one tuned to this CPU (AVX2 here)
+CFLAGS = {
+    "gcc_O3": ["-O3"],
+    "gcc_O3_x86_clones": ["-O3", "-DQB_X86_CLONES"],  # still any x86-64: AVX2 picked at load time
+    "gcc_O3_march_native": ["-O3", "-march=native"],
+}
+
+
+def _compile(cdir: Path, flags: list[str]) -> tuple[Path, float]:
+    """gcc ``flags`` -> (executable, seconds to compile)."""
+    exe = cdir / ("run" + "".join(flags).replace("-", "_").replace("=", "_"))
+    t0 = time.perf_counter()
+    subprocess.run(["gcc", "-std=c99", *flags, "-o", str(exe), str(cdir / "main.c"),
+                    str(cdir / "qb_model.c")], check=True)  # fmt: skip
+    return exe, time.perf_counter() - t0
+
+
+def _times_ms(fn, repeats: int) -> list[float]:
+    """``repeats`` timed calls of ``fn`` after one warm-up call, in ms."""
     fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+        times.append(1000 * (time.perf_counter() - t0))
+    return times
+
+
+def _c_times_ms(exe: Path, codes: bytes, repeats: int) -> tuple[list[float], bytes]:
+    """The C program's own timings of ``repeats`` calls (after one warm-up), and its output."""
+    run = subprocess.run([str(exe), str(repeats)], check=True, capture_output=True, input=codes)
+    return [1000 * float(t) for t in run.stdout.split()], run.stderr
 
 
 def main() -> None:
@@ -67,6 +97,19 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="time every engine once per round, `repeats` calls each",
+    )
+    parser.add_argument(
+        "--cflags",
+        nargs="+",
+        choices=sorted(CFLAGS),
+        default=list(CFLAGS),
+        help="C builds to time (default: all)",
+    )
     parser.add_argument("--work", help="keep the ONNX / C files here")
     parser.add_argument("--out", help="write the numbers as JSON here")
     args = parser.parse_args()
@@ -85,33 +128,57 @@ def main() -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    ort_ms = _median_ms(lambda: sess.run(None, {"x": x}), args.repeats)
-    numpy_ms = _median_ms(lambda: prog.run({"x": x}), args.repeats)
-
     cdir = work / "c"
     prog.emit_c(cdir, {"x": shape})
     (cdir / "main.c").write_text(C_MAIN)
-    t0 = time.perf_counter()
-    cmd = ["gcc", "-std=c99", "-O3", "-march=native", "-o", str(cdir / "run"),
-           str(cdir / "main.c"), str(cdir / "qb_model.c")]  # fmt: skip
-    subprocess.run(cmd, check=True)
-    compile_s = time.perf_counter() - t0
     codes = prog.run_integer({"x": x})
-    run = subprocess.run([str(cdir / "run"), str(args.repeats)], check=True, capture_output=True,
-                         input=codes[prog.inputs[0].tensor.name].tobytes())  # fmt: skip
-    c_ms = 1000 * statistics.median(float(t) for t in run.stdout.split())
-    out = prog.outputs[0].tensor.name
-    c_exact = bool(np.array_equal(np.frombuffer(run.stderr, np.uint8), codes[out].reshape(-1)))
+    in_codes = codes[prog.inputs[0].tensor.name].tobytes()
+    out_codes = codes[prog.outputs[0].tensor.name].reshape(-1)
+    builds = {name: _compile(cdir, CFLAGS[name]) for name in args.cflags}
+
+    # Every engine once per round, rounds repeated: a burst of load on the shared machine hits
+    # all engines alike, and each round gives one ratio (their spread is reported).
+    times = {"ort": [], "numpy": [], **{name: [] for name in builds}}
+    ratios = {name: [] for name in times if name != "ort"}
+    c_exact = dict.fromkeys(builds, True)
+    for _ in range(args.rounds):
+        t = {"ort": _times_ms(lambda: sess.run(None, {"x": x}), args.repeats),
+             "numpy": _times_ms(lambda: prog.run({"x": x}), args.repeats)}  # fmt: skip
+        for name, (exe, _) in builds.items():
+            t[name], out = _c_times_ms(exe, in_codes, args.repeats)
+            c_exact[name] &= bool(np.array_equal(np.frombuffer(out, np.uint8), out_codes))
+        for name, v in t.items():
+            times[name] += v
+            if name != "ort":
+                ratios[name].append(statistics.median(v) / statistics.median(t["ort"]))
+
+    def summary(name: str) -> dict:
+        v = times[name]
+        row = {
+            "median_ms": round(statistics.median(v), 2),
+            "min_max_ms": [round(min(v), 1), round(max(v), 1)],
+        }
+        if name != "ort":
+            row["over_ort_median"] = round(
+                statistics.median(times[name]) / statistics.median(times["ort"]), 2
+            )
+            row["over_ort_per_round"] = [round(r, 2) for r in ratios[name]]
+        return row
 
     result = {
         "model": f"resnet18_style width {args.width}, 1x3x{args.size}x{args.size}, 1 thread",
-        "ort_qdq_optimized_ms": round(ort_ms, 2),
-        "numpy_executor_ms": round(numpy_ms, 2),
-        "c_gcc_O3_ms": round(c_ms, 2),
-        "numpy_over_ort": round(numpy_ms / ort_ms, 2),
-        "c_over_ort": round(c_ms / ort_ms, 2),
-        "c_compile_s": round(compile_s, 1),
-        "c_bit_exact_with_numpy": c_exact,
+        "calls": f"{args.rounds} rounds x {args.repeats} calls per engine",
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "ort_qdq_optimized": summary("ort"),
+        "numpy_executor": summary("numpy"),
+        **{
+            f"c_{name}": {
+                **summary(name),
+                "compile_s": round(builds[name][1], 1),
+                "bit_exact_with_numpy": c_exact[name],
+            }
+            for name in builds
+        },  # fmt: skip
         "steps": prog.op_counts(),
     }
     print(json.dumps(result, indent=2))

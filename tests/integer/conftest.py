@@ -150,7 +150,7 @@ def run_c_program(prog, feeds: dict, directory: Path, opt: str = "-O0") -> dict:
                       *reads, f"qb_run({', '.join(args)});", *writes, "return 0; }"])  # fmt: skip
     (directory / "main.c").write_text(main)
     exe = directory / "run"
-    subprocess.run(["gcc", "-std=c99", opt, "-Wall", "-Werror", "-o", str(exe),
+    subprocess.run(["gcc", "-std=c99", *opt.split(), "-Wall", "-Werror", "-o", str(exe),
                     str(directory / "main.c"), str(directory / "qb_model.c")], check=True)  # fmt: skip
     stdin = b"".join(env[b.tensor.name].tobytes() for b in prog.inputs)
     out = subprocess.run([str(exe)], input=stdin, capture_output=True, check=True).stdout

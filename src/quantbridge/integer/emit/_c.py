@@ -5,7 +5,8 @@ tensor is a static array of its code type, every step a static function with its
 as literals (one registry entry per kernel op, ``C_STEPS``), every requantization the same
 ``qb_requantize`` as ``numerics.requantize`` (int64 product, one rounding, ties to even). Sums
 run in int32 (the lowering bounded them below 2**31) over centered int16 operands laid out so
-that the innermost loop is contiguous (gcc -O3 vectorizes it). Data movement that is not a
+that the innermost loop is contiguous (gcc -O3 vectorizes it; Conv's blocked sums are in
+``_c_conv``). ``qb_run`` runs the steps from a table. Data movement that is not a
 plain copy (Transpose, Slice, Resize, broadcasting) is a gather through an index map computed
 here by running the numpy kernel on ``arange``, so it matches the executor by construction.
 
@@ -29,6 +30,15 @@ CTYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "u
 PRELUDE = r"""#include <stdint.h>
 #include <string.h>
 #include "qb_model.h"
+
+/* Optional, gcc on x86-64 Linux (ifunc): -DQB_X86_CLONES builds each QB_VECTORIZED step twice,
+   for AVX2 and for baseline x86-64, and the CPU picks one at load time, so the binary still runs
+   on any x86-64 with AVX2 speed where there is AVX2. Without it: plain C99. */
+#ifdef QB_X86_CLONES
+#define QB_VECTORIZED __attribute__((target_clones("avx2", "default")))
+#else
+#define QB_VECTORIZED
+#endif
 
 /* floor(p / 2**n), n >= 1, without >> of a negative value (implementation-defined in C99) */
 static inline int64_t qb_floor_shift(int64_t p, int n) { return p >= 0 ? p >> n : ~(~p >> n); }
@@ -75,6 +85,7 @@ class _Ctx:
 
 StepGen = Callable[[_Ctx, str, Any], str]
 C_STEPS: dict[str, StepGen] = {}
+VECTORIZED: set[str] = set()  # steps whose functions are marked QB_VECTORIZED (see PRELUDE)
 
 
 def _register(*ops: str) -> Callable[[StepGen], StepGen]:
@@ -88,46 +99,6 @@ def _register(*ops: str) -> Callable[[StepGen], StepGen]:
 
 def _requant(a, m: str, n: str) -> str:
     return f"qb_requantize({{acc}}, {m}, {n}, {a['out_zero']}, {a['qmin']}, {a['qmax']})"
-
-
-@_register("conv")
-def _conv(c: _Ctx, k: str, step) -> str:
-    a = step.attrs
-    xs, ys = c.shapes[step.inputs[0]], c.shapes[step.output]
-    w = np.asarray(a["weight"])
-    strides, pads, dil = a["strides"], a["pads"], a["dilations"]
-    if w.ndim == 3:  # 1-D as 2-D with unit height
-        w, xs, ys = w[:, :, None], (*xs[:2], 1, xs[2]), (*ys[:2], 1, ys[2])
-        strides, dil, pads = (1, strides[0]), (1, dil[0]), (0, pads[0], 0, pads[1])
-    n, ch, h, wd = xs
-    o, cg, kh, kw = w.shape
-    oh, ow = ys[2], ys[3]
-    hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
-    wz = np.asarray(a["w_zero"], np.int64).reshape(-1, 1, 1, 1)
-    wc = (w.astype(np.int64) - wz).transpose(0, 2, 3, 1)  # [O][KH][KW][Cg], centered
-    c.decls.append(f"static int16_t {k}_xp[{n * hp * wp * ch}];")
-    c.const("int16_t", f"{k}_w", wc)
-    _layer_requant_consts(c, k, a)
-    x, y = c.names[step.inputs[0]], c.names[step.output]
-    return f"""    memset({k}_xp, 0, sizeof {k}_xp);
-    for (int n = 0; n < {n}; n++) for (int c = 0; c < {ch}; c++)
-        for (int h = 0; h < {h}; h++) for (int w = 0; w < {wd}; w++)
-            {k}_xp[((n * {hp} + h + {pads[0]}) * {wp} + w + {pads[1]}) * {ch} + c] =
-                (int16_t)({x}[((n * {ch} + c) * {h} + h) * {wd} + w] - {a["x_zero"]});
-    for (int n = 0; n < {n}; n++) for (int o = 0; o < {o}; o++)  /* o outside: its weights stay in L1 */
-    for (int oh = 0; oh < {oh}; oh++) for (int ow = 0; ow < {ow}; ow++) {{
-        const int g = o / {o // a["group"]};
-        int32_t acc = {k}_b[o];
-        for (int i = 0; i < {kh}; i++) for (int j = 0; j < {kw}; j++) {{
-            const int16_t *xr = {k}_xp + ((n * {hp} + oh * {strides[0]} + i * {dil[0]}) * {wp}
-                                 + ow * {strides[1]} + j * {dil[1]}) * {ch} + g * {cg};
-            const int16_t *wr = {k}_w + ((o * {kh} + i) * {kw} + j) * {cg};
-            for (int c = 0; c < {cg}; c++) acc += (int32_t)xr[c] * wr[c];
-        }}
-        {y}[((n * {o} + o) * {oh} + oh) * {ow} + ow] =
-            ({c.ctype(step.output)}){_requant(a, f"{k}_m[o]", f"{k}_n[o]").format(acc="acc")};
-    }}
-"""
 
 
 def _layer_requant_consts(c: _Ctx, k: str, a: dict) -> None:
@@ -370,7 +341,8 @@ def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> lis
         gen = C_STEPS.get(step.op)
         if gen is None:
             raise ValueError(f"C emitter: no C for step {step.op!r}; known: {sorted(C_STEPS)}")
-        bodies.append(f"/* {step.op} {step.node} */\nstatic void s{i}(void) {{\n"
+        mark = "QB_VECTORIZED " if step.op in VECTORIZED else ""
+        bodies.append(f"/* {step.op} {step.node} */\n{mark}static void s{i}(void) {{\n"
                       f"{gen(c, f's{i}', step)}}}\n")  # fmt: skip
     tensors = []
     for name, cname in c.names.items():
@@ -390,8 +362,13 @@ def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> lis
         copy_out.append(f"    memcpy(out{i}, {c.names[t]}, sizeof {c.names[t]});")
         header.append(_boundary_macros(f"OUT{i}", b, shapes[t]))
     signature = f"void qb_run({', '.join(params)})"
-    calls = "\n".join(f"    s{i}();" for i in range(len(program.steps)))
-    source = "\n".join([PRELUDE, *tensors, *c.decls, *bodies,
+    # The steps run from a table rather than as calls: compilers inline a static function called
+    # once, and gcc -O3 allocates registers badly in one function holding every loop of the
+    # network (the conv sums spilled to the stack: 382 -> 280 ms on a conv stack, -march=native)
+    table = ("/* the program: its steps in order */\nstatic void (*const qb_steps[])(void) = {"
+             + ", ".join(f"s{i}" for i in range(len(program.steps))) + "};\n")  # fmt: skip
+    calls = "    for (size_t i = 0; i < sizeof qb_steps / sizeof *qb_steps; i++) qb_steps[i]();"
+    source = "\n".join([PRELUDE, *tensors, *c.decls, *bodies, table,
                         f"{signature} {{", *copy_in, calls, *copy_out, "}", ""])  # fmt: skip
     guard = "#ifndef QB_MODEL_H\n#define QB_MODEL_H\n#include <stdint.h>\n"
     head = guard + "\n".join(header) + f"\n{signature};\n#endif\n"
