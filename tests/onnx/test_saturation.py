@@ -95,3 +95,16 @@ def test_native_preset_is_the_safe_one_here():
     assert native_preset() == expected
     assert Recipe.preset("native") == Recipe.preset(expected)
     assert Recipe.preset("int8_avx2").weights.scheme.qmax == 63
+
+
+@pytest.mark.parametrize(("preset", "warns"), [("int8_avx2", False), ("int8", True)])
+def test_imported_file_warns_by_its_codes_not_its_grid(exports, tmp_path, preset, warns):
+    """Regression: an imported file with 7-bit weight codes sits on the int8 grid its storage type
+    declares; the warning read the grid and said its codes go beyond +-63 (they do not)."""
+    path = exports[preset][0]
+    imported = qb.import_onnx(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qb.export(imported, tmp_path / "again.onnx", torch.randn(2, 3, 32, 32))
+    saturation = [w for w in caught if issubclass(w.category, SaturationWarning)]
+    assert len(saturation) == (1 if warns and u8s8_saturates() else 0)

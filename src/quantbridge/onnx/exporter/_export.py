@@ -229,13 +229,15 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
     if not u8s8_saturates():
         return []
     quantizers = qmodel.quantizers().values()
-    wide = [
+    bound = safe_weight_bound()
+    wide = [  # by the codes, not the grid: an imported file may hold 7-bit codes on an int8 grid
         q.name
         for q in quantizers
         if getattr(q, "kind", "") == "weight"
         and q.scheme.signed
         and q.scheme.bits == 8
-        and max(-q.qmin, q.qmax) > safe_weight_bound()
+        and max(-q.qmin, q.qmax) > bound
+        and _largest_code(qmodel, q) > bound
     ]
     # uint8 activations, and int8 ones: ONNX Runtime stores those as uint8 + 128 (QDQS8ToU8)
     eight_bit_inputs = any(
@@ -251,6 +253,17 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
         f"The file is right for CPUs with VNNI; to run it exactly here, quantize with "
         f"recipe='int8_avx2' (7-bit weights)."
     ]
+
+
+def _largest_code(qmodel: QuantModel, q) -> int:
+    """Largest |code| of a weight quantizer's integer weights (its grid's bound if the weight is
+    not a parameter of the model)."""
+    try:
+        w = qmodel.get_parameter(q.weight_name)
+    except (AttributeError, TypeError):
+        return max(-q.qmin, q.qmax)
+    with torch.no_grad():
+        return int(q.quantize_integers(w).abs().max())
 
 
 def _weight_bits(qmodel: QuantModel) -> dict[str, tuple[int, bool]]:
