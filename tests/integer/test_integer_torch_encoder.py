@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -104,11 +105,18 @@ def test_three_emitters_identical_on_the_encoder(encoder, run_c, tmp_path):
                                   prog.run({"src": x})[prog.outputs[0].name])  # fmt: skip
 
 
+def _ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """Node by node (the exact QDQ reference). Not ``conftest.ort_session``: a function-level
+    ``from conftest import`` gets whichever conftest the whole suite loaded last (regression)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray) -> np.ndarray:
     """ORT (node by node) computing the graph output from the program's own codes at every
     activation QuantizeLinear: the final float LayerNorm on exactly the program's input."""
-    from conftest import ort_session
-
     m = onnx.ModelProto()
     m.CopyFrom(model)
     env = prog.run_integer({"src": x})
@@ -120,7 +128,7 @@ def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray) -> np.n
             m.graph.input.append(onnx.helper.make_tensor_value_info(
                 n.output[0], onnx.helper.np_dtype_to_tensor_dtype(t.dtype), None))  # fmt: skip
             n.output[0] += "__ort"
-    sess = ort_session(m)
+    sess = _ort_session(m)
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
 
