@@ -198,6 +198,10 @@ def _per_channel_conv(qdq_graph, tail: str):
         y = g.node("Clip", [y, g.const(np.float32(0)), g.const(np.float32(6))])
     elif tail == "flatten":
         y = g.node("Flatten", [y])
+    elif tail == "transpose":
+        y = g.node("Transpose", [y], perm=[0, 2, 3, 1])
+    elif tail == "slice":  # channels 1..3
+        y = g.node("Slice", [y, *(g.const(np.array([v], np.int64)) for v in (1, 4, 1))])
     return g.model(y), y, (np.float64(0.05) * sw, 3 * 9)
 
 
@@ -219,15 +223,54 @@ def test_per_channel_conv_with_relu(qdq_graph, tmp_path, run_c):
     np.testing.assert_array_equal(from_c[name], codes)
 
 
+def test_per_channel_conv_flattened(qdq_graph):
+    """Flatten of a per-channel Conv output: the channel index still varies along one axis (36
+    positions per channel), so the scale moves with it, one value per flattened position."""
+    model, name, (acc_scale, k) = _per_channel_conv(qdq_graph, "flatten")
+    prog = qb.lower(model, float_outputs="dequantize")
+    (b,) = prog.outputs
+    assert b.axis == 1 and b.scale.shape == (5 * 36,)
+    np.testing.assert_array_equal(b.scale, np.repeat(acc_scale.astype(np.float32), 36))
+    x = np.random.default_rng(9).normal(0, 3, (2, 3, 6, 6)).astype(np.float32)
+    got = prog.run({"x": x})[name]
+    (want,) = _ort(model).run(None, {"x": x})
+    s_max = k * 255 * 63 + 2000
+    err = np.abs(got.astype(np.float64) - want) / np.repeat(acc_scale, 36).reshape(1, -1)
+    assert err.max() <= (_gamma(k + 3) + 2 * U) * s_max
+
+
 @pytest.mark.parametrize(
-    ("tail", "message"),
-    [("clip", "not quantized"), ("flatten", "not quantized")],
+    ("tail", "axis", "channels"), [("transpose", 3, [0, 1, 2, 3, 4]), ("slice", 1, [1, 2, 3])]
 )
-def test_per_channel_clip_and_movement_after_the_layer_stay_refused(qdq_graph, tail, message):
-    model, _, _ = _per_channel_conv(qdq_graph, tail)
-    with pytest.raises(qb.LoweringError, match=message) as e:
+def test_per_channel_scales_follow_the_channels(qdq_graph, tail, axis, channels):
+    model, name, (acc_scale, k) = _per_channel_conv(qdq_graph, tail)
+    prog = qb.lower(model, float_outputs="dequantize")
+    (b,) = prog.outputs
+    assert b.axis == axis
+    np.testing.assert_array_equal(b.scale, acc_scale[channels].astype(np.float32))
+    x = np.random.default_rng(10).normal(0, 3, (2, 3, 6, 6)).astype(np.float32)
+    got = prog.run({"x": x})[name]
+    (want,) = _ort(model).run(None, {"x": x})
+    shape = [-1 if i == axis else 1 for i in range(4)]
+    err = np.abs(got.astype(np.float64) - want) / acc_scale[channels].reshape(shape)
+    assert err.max() <= (_gamma(k + 3) + 2 * U) * (k * 255 * 63 + 2000)
+
+
+def test_per_channel_clip_after_the_layer_stays_refused(qdq_graph):
+    model, _, _ = _per_channel_conv(qdq_graph, "clip")
+    with pytest.raises(qb.LoweringError, match="not quantized") as e:
         qb.lower(model, float_outputs="dequantize")
     assert "float_outputs='dequantize'" not in str(e.value)  # the option was given: no advice
+
+
+def test_channels_split_over_two_axes_stay_refused(qdq_graph):
+    """``Linear(8, 10)`` output reshaped to (N, 2, 5) with per-channel weight scales: the
+    channel varies along two axes, which one per-channel scale axis cannot describe."""
+    g = qdq_graph((3, 8), scale=0.05, zero=3)
+    out = g.node("MatMul", [g.x, g.weight((8, 10), axis=1)])
+    y = g.node("Reshape", [out, g.const(np.array([-1, 2, 5], np.int64))])
+    with pytest.raises(qb.LoweringError, match="Reshape.*not quantized"):
+        qb.lower(g.model(y), float_outputs="dequantize")
 
 
 def test_matmul_with_a_bias_add(qdq_graph):
@@ -251,3 +294,36 @@ def test_matmul_with_a_bias_add(qdq_graph):
     s_max = 8 * 255 * 63 + 500
     err = np.abs(got.astype(np.float64) - want) / (0.05 * float(sw))
     assert err.max() <= (_gamma(8 + 3) + 2 * U) * s_max
+
+
+def test_per_tensor_linear_reshaped(qdq_graph, tmp_path, run_c):
+    """A Linear's float output reshaped (one weight scale: the accumulator moves with it); the
+    three emitters agree on the moved int32 codes."""
+    import onnxruntime as ort
+
+    g = qdq_graph((3, 8), scale=0.05, zero=3)
+    rng = np.random.default_rng(7)
+    wq = rng.integers(-63, 64, size=(6, 8)).astype(np.int8)
+    sw = np.float32(0.03)
+    bq = rng.integers(-500, 500, size=6).astype(np.int32)
+    w = g.node("DequantizeLinear", [g.const(wq), g.const(sw), g.const(np.int8(0))])
+    b = g.node("DequantizeLinear", [g.const(bq), g.const(np.float32(np.float32(0.05) * sw)),
+                                    g.const(np.int32(0))])  # fmt: skip
+    gemm = g.node("Gemm", [g.x, w, b], transB=1)
+    y = g.node("Reshape", [gemm, g.const(np.array([3, 2, 3], np.int64))])
+    model = g.model(y)
+    prog = qb.lower(model, float_outputs="dequantize")
+    x = np.random.default_rng(8).normal(0, 3, (3, 8)).astype(np.float32)
+    got = prog.run({"x": x})[y]
+    (want,) = _ort(model).run(None, {"x": x})
+    assert got.shape == want.shape == (3, 2, 3)
+    s_max = 8 * 255 * 63 + 500
+    err = np.abs(got.astype(np.float64) - want) / (0.05 * float(sw))
+    assert err.max() <= (_gamma(8 + 3) + 2 * U) * s_max
+    codes = prog.run({"x": x}, integer=True)[y]
+    np.testing.assert_array_equal(run_c(prog, {"x": x}, tmp_path / "c")[y], codes)
+    prog.save_onnx(tmp_path / "int.onnx", {"x": x.shape})
+    sess = ort.InferenceSession(str(tmp_path / "int.onnx"), providers=["CPUExecutionProvider"])
+    feeds = prog.run_integer({"x": x})
+    (from_onnx,) = sess.run(None, {b.tensor.name: feeds[b.tensor.name] for b in prog.inputs})
+    np.testing.assert_array_equal(from_onnx, codes)

@@ -18,8 +18,9 @@
   accumulator, bias included (identity requantization: multiplier 1, shift 0), and its float32
   scale ``s_x * s_w[c]``, per tensor or per output channel, is recorded in the ``Boundary``
   (``Boundary.scale``) and applied outside the program; a Relu after the layer clamps the codes
-  at 0 (a Clip to other bounds only with one scale for all channels). Movement ops between the
-  layer and the output are refused.
+  at 0 (a Clip to other bounds only with one scale for all channels). Data movement between the
+  layer and the output (a Linear's output reshaped) moves the accumulator, and per-channel
+  scales follow the channel axis where the movement keeps one (``_movement``).
 """
 
 from __future__ import annotations
