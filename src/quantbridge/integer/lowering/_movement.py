@@ -103,7 +103,7 @@ def _channel_map(shape, acc: Accumulator, op: str, attrs: dict) -> tuple[int, np
     with every unknown dimension 1 and once 2 (a reshape that mixes the batch into the channels
     then disagrees). ``(axis, channel at each position along it)``, or None when the channel
     index does not vary along one axis only."""
-    if shape is None:
+    if not shape:
         return None
     found = []
     for fill in (1, 2):
@@ -115,7 +115,7 @@ def _channel_map(shape, acc: Accumulator, op: str, attrs: dict) -> tuple[int, np
         index = np.arange(size).reshape([-1 if i == axis else 1 for i in range(len(dims))])
         try:
             moved = KERNELS[op](attrs, np.broadcast_to(index, dims).copy())
-        except (ValueError, IndexError):
+        except Exception:  # noqa: BLE001 - a move the map cannot follow leaves the output refused
             return None
         found.append(_varying_axis(moved))
     if found[0] is None or found[1] is None or found[0][0] != found[1][0]:
@@ -126,6 +126,7 @@ def _channel_map(shape, acc: Accumulator, op: str, attrs: dict) -> tuple[int, np
 
 
 def _varying_axis(m: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """``(k, m along axis k)`` when ``m`` is constant along every other axis, else None."""
     for k in range(m.ndim):
         line = m[tuple(slice(None) if i == k else 0 for i in range(m.ndim))]
         shape = [-1 if i == k else 1 for i in range(m.ndim)]
