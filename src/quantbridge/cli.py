@@ -231,7 +231,8 @@ def _parser() -> argparse.ArgumentParser:
         "--float-outputs", choices=("refuse", "dequantize"), default="refuse",
         help="dequantize: a float function of the last codes (a final Sigmoid) is a float table "
         "applied outside the program, which outputs the codes; a final layer norm outputs int16 "
-        "codes (default: refuse)",
+        "codes; a weighted layer's float output (quantize_outputs=False) outputs its int32 "
+        "accumulator, scaled outside (default: refuse)",
     )  # fmt: skip
     low.add_argument(
         "--accumulator-bits", type=int, default=32, choices=(32, 64),

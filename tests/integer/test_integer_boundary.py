@@ -54,12 +54,16 @@ def test_float_tail_as_a_table_agrees_with_onnx_runtime(qdq_graph, tmp_path):
         np.testing.assert_array_equal(again[name], got[name])
 
 
-def test_weighted_float_output_is_refused_even_with_dequantize(qdq_graph):
+def test_weighted_float_output_is_the_accumulator_with_dequantize(qdq_graph):
+    """A weighted layer's float output: refused by default (naming the option); with
+    ``float_outputs="dequantize"`` the int32 accumulator and its per-channel scale
+    (test_integer_accumulator_outputs.py checks the values)."""
     g = qdq_graph((1, 8))
     out = g.node("MatMul", [g.x, g.weight((8, 4), axis=1)])  # no QuantizeLinear after it
-    with pytest.raises(qb.LoweringError, match="not quantized") as e:
-        qb.lower(g.model(out), float_outputs="dequantize")
-    assert "float_outputs='dequantize'" not in str(e.value)  # not the advice for this case
+    with pytest.raises(qb.LoweringError, match="not quantized.*float_outputs='dequantize'"):
+        qb.lower(g.model(out))
+    (b,) = qb.lower(g.model(out), float_outputs="dequantize").outputs
+    assert b.tensor.dtype == np.int32 and b.scale.shape == (4,) and b.axis == -1
 
 
 def test_unknown_float_outputs_mode(qdq_graph):

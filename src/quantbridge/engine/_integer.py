@@ -22,8 +22,9 @@ none): train with fake quantization, check with ``integer_mode``.
 
 ``to_engine(qmodel, "integer")`` is the same program as an ``EngineModel`` kept beyond a block.
 Options: ``accumulator_bits`` (32 or 64) and ``float_outputs`` (``"dequantize"``: a final float
-function of the last codes, such as a detector's Sigmoid, is applied outside the program), as
-``qb.lower``. The program is lowered for each call's input shapes.
+function of the last codes, such as a detector's Sigmoid, is applied outside the program, and
+float logits of ``Recipe(quantize_outputs=False)`` are the last layer's int32 accumulator times
+its scale), as ``qb.lower``. The program is lowered for each call's input shapes.
 """
 
 from __future__ import annotations

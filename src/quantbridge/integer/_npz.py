@@ -1,6 +1,8 @@
 """The program as arrays (``.npz``): integer arrays under ``step{i}/{attr}`` and
-``const/{tensor}``, float output tables under ``output{i}/table``, everything else (tensor
-formats, steps, boundaries, scalar attributes) as one JSON document under ``program.json``. ``load_npz`` rebuilds an equal program."""
+``const/{tensor}``, float output tables under ``output{i}/table``, an accumulator output's
+float32 scale and its axis under ``output{i}/scale`` and ``output{i}/axis``, everything else
+(tensor formats, steps, boundaries, scalar attributes) as one JSON document under
+``program.json``. ``load_npz`` rebuilds an equal program."""
 
 from __future__ import annotations
 
@@ -60,6 +62,9 @@ def save_npz(program: IntegerProgram, path: str | os.PathLike) -> None:
     for i, b in enumerate(program.outputs):
         if b.table is not None:
             arrays[f"output{i}/table"] = b.table
+        if b.scale is not None:
+            arrays[f"output{i}/scale"] = b.scale
+            arrays[f"output{i}/axis"] = np.array(b.axis)
     doc = {
         "format": FORMAT,
         "tensors": [_tensor(t) for t in program.tensors.values()],
@@ -90,7 +95,8 @@ def load_npz(path: str | os.PathLike) -> IntegerProgram:
         steps.append(Step(s["op"], s["node"], tuple(s["inputs"]), s["output"], attrs))
     constants = {k[len("const/") :]: v for k, v in arrays.items() if k.startswith("const/")}
     inputs = [Boundary(n, tensors[t], f) for n, t, f in doc["inputs"]]
-    outputs = [Boundary(n, tensors[t], f, arrays.get(f"output{i}/table"))
+    outputs = [Boundary(n, tensors[t], f, arrays.get(f"output{i}/table"),
+                        arrays.get(f"output{i}/scale"), int(arrays.get(f"output{i}/axis", -1)))
                for i, (n, t, f) in enumerate(doc["outputs"])]  # fmt: skip
     shapes = {k: tuple(v) if v else None for k, v in doc["input_shapes"].items()}
     return IntegerProgram(inputs, outputs, steps, tensors, constants, doc["onnx_tensors"], shapes)

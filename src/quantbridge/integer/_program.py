@@ -80,17 +80,30 @@ class Boundary:
 
     ``table`` (outputs only, ``lower(..., float_outputs="dequantize")``): the float32 value of
     each code ``q`` at ``table[q - qmin]``, for an output that the ONNX graph computes in float
-    from the codes (a final Sigmoid); the conversion happens outside the integer program."""
+    from the codes (a final Sigmoid); the conversion happens outside the integer program.
+
+    ``scale`` (outputs only, same option): for an output that a weighted layer (Conv, Gemm,
+    MatMul) writes in float, the program outputs the layer's int32 accumulator (bias included)
+    and ``scale`` is its float32 scale, one value or one per channel along ``axis`` (1 for Conv,
+    -1 for MatMul / Gemm): ``real = scale * q``, computed in float64 and rounded to float32
+    once, outside the integer program. ``tensor.scale`` is then the largest channel scale."""
 
     name: str
     tensor: QTensor
     is_float: bool
     table: np.ndarray | None = dataclasses.field(default=None, compare=False)
+    scale: np.ndarray | None = dataclasses.field(default=None, compare=False)
+    axis: int = -1
 
     def to_float(self, q: np.ndarray) -> np.ndarray:
-        """The ONNX output's float value of the codes ``q``: the table, or dequantization."""
+        """The ONNX output's float value of the codes ``q``: the table, the accumulator scale,
+        or dequantization."""
         if self.table is not None:
             return self.table[q.astype(np.int64) - self.tensor.qmin]
+        if self.scale is not None:
+            axis = self.axis if self.scale.size > 1 else None
+            real = dequantize(q.astype(np.float64), self.scale.astype(np.float64), 0, axis)
+            return np.asarray(real).astype(np.float32)
         return np.asarray(dequantize(q, self.tensor.scale, self.tensor.zero_point))
 
 

@@ -11,7 +11,8 @@ plain copy (Transpose, Slice, Resize, broadcasting) is a gather through an index
 here by running the numpy kernel on ``arange``, so it matches the executor by construction.
 
 Entry point: ``void qb_run(const in_t *in0, ..., out_t *out0, ...)`` on integer codes; the
-header gives each boundary's scale and zero point for the caller's (float) side.
+header gives each boundary's scale and zero point for the caller's (float) side (an output
+that is a weighted layer's int32 accumulator: its scales, per channel along ``QB_OUTi_AXIS``).
 """
 
 from __future__ import annotations
@@ -381,6 +382,14 @@ def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> lis
 
 def _boundary_macros(prefix: str, b: Any, shape: tuple[int, ...]) -> str:
     t = b.tensor
+    if getattr(b, "scale", None) is not None:  # a weighted layer's accumulator (Boundary.scale)
+        scales = ", ".join(repr(float(v)) for v in np.asarray(b.scale).reshape(-1))
+        return (f"/* {b.name}: {np.dtype(t.dtype).name} accumulator codes; the float output is "
+                f"real = scale[c] * q along axis {b.axis} (one value: per tensor), computed "
+                "outside this program */\n"
+                f"#define QB_{prefix}_SIZE {int(np.prod(shape))}\n"
+                f"#define QB_{prefix}_AXIS {b.axis}\n"
+                f"#define QB_{prefix}_SCALES {{{scales}}}\n#define QB_{prefix}_ZERO_POINT 0")  # fmt: skip
     return (f"/* {b.name}: {np.dtype(t.dtype).name} codes, real = scale * (q - zero_point) */\n"
             f"#define QB_{prefix}_SIZE {int(np.prod(shape))}\n"
             f"#define QB_{prefix}_SCALE {t.scale!r}\n#define QB_{prefix}_ZERO_POINT {t.zero_point}")  # fmt: skip

@@ -11,6 +11,10 @@ Mul / Add / Sub, Div / Less / BitwiseAnd (the flooring, ties-to-even shift), Cli
     r  = floor((p + D/2 - 1 + (fl & 1)) / D)        (ties to even; D = 1 leaves p unchanged)
     y  = Cast(Clip(r + z, lo, hi))
 
+An output that is a weighted layer's int32 accumulator (``lower(..., float_outputs=
+"dequantize")``) is output as those int32 codes; its float scale (``Boundary.scale``) is applied
+outside the model, as a table tail's table is.
+
 ConvInteger / MatMulInteger run u8 x u8 (int8 operands shifted by 128 with their zero points):
 ONNX Runtime's u8 x s8 kernels on x86 without VNNI saturate pairs of products in int16
 (measured on the digits model: 58 of 4500 MatMulInteger sums wrong, 9 output codes off).

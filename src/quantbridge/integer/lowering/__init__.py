@@ -110,8 +110,10 @@ def lower(
     ``input_shapes`` (input name -> static shape): lower for these shapes (a global average
     pool over a dynamic H x W needs them). ``float_outputs="dequantize"``: an output computed in
     float from the last codes (a final Sigmoid) becomes those codes plus a float table applied
-    outside the program, and a final layer norm is realized on int16 codes dequantized outside
-    it (``lowering._outputs``); the default refuses both.
+    outside the program, a final layer norm is realized on int16 codes dequantized outside
+    it, and a float output written by a weighted layer (logits of
+    ``Recipe(quantize_outputs=False)``) is the layer's int32 accumulator with its float32
+    scale in ``Boundary.scale`` (``lowering._outputs``); the default refuses them all.
     LoweringError (a ValueError) for float models, ops with no lowering, mismatched Q/DQ pairs.
     """
     if accumulator_bits not in (32, 64):

@@ -71,16 +71,32 @@ Realize = Callable[["Builder", QTensor, int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
+class Accumulator:
+    """A weighted layer's accumulator as it stands before requantization: ``real[c] = scale[c]
+    * acc[c]`` along ``axis`` of the output (1: Conv, -1: MatMul / Gemm), ``|acc| <= bound``.
+    ``write(builder, out, qmin, qmax)`` adds the layer's step with the identity requantization
+    (multiplier 1, shift 0, zero point 0), so ``out`` holds the accumulator codes themselves
+    (a float graph output written by the layer, ``_outputs``)."""
+
+    scale: np.ndarray
+    axis: int
+    bound: float
+    write: Realize
+
+
+@dataclasses.dataclass(frozen=True)
 class Pending:
     """``realize(builder, out, qmin, qmax)`` adds the steps that write ``out``. ``bound``: a
     bound on ``|real value|`` where the op gives one (layer norm), so that a float graph output
-    can be realized on a grid the lowering picks (``_outputs``)."""
+    can be realized on a grid the lowering picks (``_outputs``). ``accumulator``: set on a
+    weighted layer's result (and kept through a Relu / Clip after it)."""
 
     node: str
     realize: Realize
     lo: float = -math.inf
     hi: float = math.inf
     bound: float | None = None
+    accumulator: Accumulator | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,7 +131,7 @@ def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> lis
     lo, hi = (0.0, math.inf) if node.op_type == "Relu" else _clip_bounds(node, ins)
     x = ins[0]
     if isinstance(x, Pending):
-        return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi), x.bound)]
+        return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi), x.bound, x.accumulator)]
     if node.op_type == "Clip" and isinstance(x, QValue) and x.integer:
         return [_clamp_codes(b, node, x.tensor, lo, hi)]
     composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))

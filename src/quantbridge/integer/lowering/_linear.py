@@ -20,6 +20,7 @@ import onnx
 from ...numerics import fixed_point_multipliers
 from .._program import QTensor
 from ._core import (
+    Accumulator,
     Builder,
     Elementwise,
     LoweringError,
@@ -84,14 +85,23 @@ def linear(
             qmin=qmin, qmax=qmax, dtype=out.dtype, bound=worst, **attrs,
         )  # fmt: skip
 
+    def write(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        ones = np.ones(acc_scale.size, np.int64)
+        builder.step(
+            op, name, inputs, out, multiplier=ones, shift=np.zeros_like(ones), out_zero=0,
+            qmin=qmin, qmax=qmax, dtype=out.dtype, bound=worst, **attrs,
+        )  # fmt: skip
+
+    acc = Accumulator(acc_scale, -1 if op == "matmul" else 1, worst, write)
     if op != "matmul":
-        return Pending(name, realize)
+        return Pending(name, realize, accumulator=acc)
 
     def with_bias(add: onnx.NodeProto, codes: np.ndarray) -> Pending:
         biased = {**attrs, "bias": np.asarray(attrs["bias"], np.int64) + codes}
         return linear(b, add, op, inputs, acc_scale, bound + np.abs(codes), **biased)
 
-    return LinearPending(name, realize, acc_scale=acc_scale, with_bias=with_bias, acc_bound=worst)
+    return LinearPending(name, realize, accumulator=acc, acc_scale=acc_scale, with_bias=with_bias,
+                         acc_bound=worst)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

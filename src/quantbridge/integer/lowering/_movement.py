@@ -5,7 +5,8 @@ MaxPool.
 ``moved`` applies one such op to any symbolic value: a program tensor gets a movement step
 (same scale and zero point), an integer constant is folded now, a pending kernel result is
 requantized first and moved after (the same codes, since requantization is elementwise and
-monotone), and a float function of one tensor moves its source.
+monotone; a weighted layer's accumulator moves too, for a float graph output),
+and a float function of one tensor moves its source.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._program import Boundary, QTensor
 from ..kernels import KERNELS
 from ..kernels._movement import COORDINATES
 from ._core import (
+    Accumulator,
     Builder,
     Const,
     Elementwise,
@@ -55,7 +57,9 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
             inner.realize(builder, before, qmin, qmax)
             builder.step(op, name, [before], out, **attrs)
 
-        return Pending(v.node, realize, v.lo, v.hi, v.bound)
+        return Pending(
+            v.node, realize, v.lo, v.hi, v.bound, _moved_accumulator(b, node, v, op, attrs)
+        )
     if isinstance(v, FloatInput):  # input -> Transpose -> QuantizeLinear: quantize, then move
 
         def realize_input(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -65,6 +69,70 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
 
         return Pending(name, realize_input)
     raise LoweringError(f"{describe_node(node)}: input is not quantized (no DequantizeLinear)")
+
+
+def _moved_accumulator(
+    b: Builder, node: onnx.NodeProto, v: Pending, op: str, attrs: dict
+) -> Accumulator | None:
+    """A weighted layer's accumulator moved by a data-movement op (a Linear's output reshaped),
+    for a float graph output: one scale moves as it is; per-channel scales follow the channel
+    axis (``_channel_map``), or the accumulator is dropped (the output is then refused).
+    MaxPool is excluded: the integer ONNX MaxPool has no int32 form."""
+    acc = v.accumulator
+    if acc is None or op == "maxpool":
+        return None
+    scale, axis = acc.scale, acc.axis
+    if np.unique(scale).size > 1:
+        mapped = _channel_map(b.shapes.get(node.input[0]), acc, op, attrs)
+        if mapped is None:
+            return None
+        axis, channels = mapped
+        scale = np.asarray(scale).reshape(-1)[channels]
+    name = node_name(node)
+
+    def write(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        before = builder.like(out.name + "_before_" + op, out)
+        acc.write(builder, before, qmin, qmax)
+        builder.step(op, name, [before], out, **attrs)
+
+    return Accumulator(scale, axis, acc.bound, write)
+
+
+def _channel_map(shape, acc: Accumulator, op: str, attrs: dict) -> tuple[int, np.ndarray] | None:
+    """Where the channels go: the movement kernel run on each element's channel index, once
+    with every unknown dimension 1 and once 2 (a reshape that mixes the batch into the channels
+    then disagrees). ``(axis, channel at each position along it)``, or None when the channel
+    index does not vary along one axis only."""
+    if not shape:
+        return None
+    found = []
+    for fill in (1, 2):
+        dims = tuple(fill if d is None else d for d in shape)
+        axis = acc.axis % len(dims)
+        size = np.asarray(acc.scale).size
+        if dims[axis] != size:
+            return None
+        index = np.arange(size).reshape([-1 if i == axis else 1 for i in range(len(dims))])
+        try:
+            moved = KERNELS[op](attrs, np.broadcast_to(index, dims).copy())
+        except Exception:  # noqa: BLE001 - a move the map cannot follow leaves the output refused
+            return None
+        found.append(_varying_axis(moved))
+    if found[0] is None or found[1] is None or found[0][0] != found[1][0]:
+        return None
+    if not np.array_equal(found[0][1], found[1][1]):
+        return None
+    return found[0]
+
+
+def _varying_axis(m: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """``(k, m along axis k)`` when ``m`` is constant along every other axis, else None."""
+    for k in range(m.ndim):
+        line = m[tuple(slice(None) if i == k else 0 for i in range(m.ndim))]
+        shape = [-1 if i == k else 1 for i in range(m.ndim)]
+        if m.size and np.array_equal(m, np.broadcast_to(line.reshape(shape), m.shape)):
+            return k, line
+    return None
 
 
 def _fold(node: onnx.NodeProto, v: QConst, op: str, attrs: dict) -> QConst:

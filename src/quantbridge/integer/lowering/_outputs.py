@@ -12,8 +12,15 @@
   integer kernel whose real range is bounded by its own constants (a final LayerNormalization:
   ``|y_i| <= |gamma_i| sqrt(N) + |beta_i|``, ``Pending.bound``; nn.TransformerEncoder ends with
   one) is realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
-  dequantized outside it; ``OUTPUT_BITS`` says why 16 bits. A float output computed by a
-  weighted layer (Conv with no QuantizeLinear after it) is refused either way.
+  dequantized outside it; ``OUTPUT_BITS`` says why 16 bits. A float output written by a weighted
+  layer (Conv, ConvTranspose, Gemm, MatMul with no QuantizeLinear after it: classification
+  logits of ``Recipe(quantize_outputs=False)``) ends the program at the layer's int32
+  accumulator, bias included (identity requantization: multiplier 1, shift 0), and its float32
+  scale ``s_x * s_w[c]``, per tensor or per output channel, is recorded in the ``Boundary``
+  (``Boundary.scale``) and applied outside the program; a Relu after the layer clamps the codes
+  at 0 (a Clip to other bounds only with one scale for all channels). Data movement between the
+  layer and the output (a Linear's output reshaped) moves the accumulator, and per-channel
+  scales follow the channel axis where the movement keeps one (``_movement``).
 """
 
 from __future__ import annotations
@@ -84,6 +91,27 @@ def _bounded_output(b: Builder, name: str, v: Pending) -> Boundary:
     return Boundary(name, out, True)
 
 
+def _accumulator_output(b: Builder, name: str, v: Pending) -> Boundary | None:
+    """The layer's int32 accumulator as the program output (module docstring); None when a
+    Clip after it is not expressible on the codes (per-channel scales, bounds other than 0)."""
+    acc = v.accumulator
+    scale = np.asarray(acc.scale, np.float64).reshape(-1).astype(np.float32)
+    top = 2**31 - 1
+    dtype = np.int32 if acc.bound <= top else np.int64  # accumulator_bits=64 (C refuses it)
+    if acc.bound > top:
+        top = 2**63 - 1
+    uniform = bool(np.all(scale == scale[0]))
+    scale = scale[:1] if uniform else scale  # per tensor: one value
+    if not uniform and (v.lo not in (-np.inf, 0.0) or v.hi != np.inf):
+        return None
+    out = b.tensor(name, dtype, float(scale.max()), 0)
+    step = np.float64(scale[0])
+    lo = -top if v.lo == -np.inf else max(-top, int(np.rint(v.lo / step)))
+    hi = top if v.hi == np.inf else min(top, int(np.rint(v.hi / step)))
+    acc.write(b, out, lo, max(lo, hi))
+    return Boundary(name, out, True, scale=scale, axis=acc.axis)
+
+
 def graph_outputs(
     graph: onnx.GraphProto,
     env: dict[str, Value],
@@ -99,16 +127,21 @@ def graph_outputs(
     for vi in graph.output:
         v = env.get(vi.name)
         bounded = isinstance(v, Pending) and v.bound is not None
+        weighted = isinstance(v, Pending) and v.accumulator is not None
         if isinstance(v, QValue):
             outputs.append(Boundary(vi.name, v.tensor, not v.integer))
         elif isinstance(v, Elementwise) and float_outputs == "dequantize":
             outputs.append(Boundary(vi.name, v.source, True, _float_table(v)))
         elif bounded and float_outputs == "dequantize" and builder is not None:
             outputs.append(_bounded_output(builder, vi.name, v))
+        elif (weighted and float_outputs == "dequantize" and builder is not None
+              and (acc := _accumulator_output(builder, vi.name, v)) is not None):  # fmt: skip
+            outputs.append(acc)
         else:
             node = producer.get(vi.name)
             source = f"{node_name(node)!r}, {node.op_type}" if node else "a graph input"
-            floats.append((f"{vi.name!r} (from {source})", isinstance(v, Elementwise) or bounded))
+            fixable = isinstance(v, Elementwise) or bounded or weighted
+            floats.append((f"{vi.name!r} (from {source})", fixable and float_outputs == "refuse"))
     if floats:
         names = ", ".join(f for f, _ in floats)
         tail = all(e for _, e in floats)
@@ -122,7 +155,8 @@ def graph_outputs(
             + (
                 "; or lower with float_outputs='dequantize' (`--float-outputs dequantize`): "
                 "the program then outputs codes (a final layer norm's on an int16 grid of its "
-                "range) and their float value (a function's table) is applied outside it"
+                "range, a weighted layer's int32 accumulator) and their float value (a "
+                "function's table, the accumulator's scale) is applied outside it"
                 if tail
                 else ""
             )
