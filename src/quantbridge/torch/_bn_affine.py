@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._passes import _NotFoldable, _owner, _param
+from ._passes import _NotFoldable, _owner, _param, finish
 
 aten = torch.ops.aten
 
@@ -46,11 +46,7 @@ def batchnorm_as_conv(gm: torch.fx.GraphModule) -> int:
         except _NotFoldable:
             continue
         done += 1
-    if done:
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
-    return done
+    return finish(gm, done)
 
 
 def _rewrite(gm: torch.fx.GraphModule, bn: torch.fx.Node, val: torch.Tensor) -> None:

@@ -40,6 +40,17 @@ aten = torch.ops.aten
 _CHANNELS_LAST_OPS = frozenset({aten.linear.default, aten.addmm.default, aten.baddbmm.default})
 
 
+def finish(gm: torch.fx.GraphModule, changed: int, dead_code: bool = True) -> int:
+    """The end of a graph pass: when it ``changed`` anything, drop dead nodes (unless a pass keeps
+    them), check the graph and regenerate its code. Returns ``changed``."""
+    if changed:
+        if dead_code:
+            gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return changed
+
+
 def functional_twin(target) -> object | None:
     """The functional overload of in-place aten op ``target`` (``add_.Tensor`` -> ``add.Tensor``),
     or None when ``target`` is not an in-place aten op whose only written argument is the first
@@ -98,10 +109,7 @@ def out_of_place(gm: torch.fx.GraphModule) -> int:
             if order[user] > order[node]:  # readers after the write saw the written value
                 user.replace_input_with(mutated, node)
         replaced += 1
-    if replaced:
-        gm.graph.lint()
-        gm.recompile()
-    return replaced
+    return finish(gm, replaced, dead_code=False)
 
 
 def own_parameters(gm: torch.fx.GraphModule) -> None:
@@ -168,11 +176,7 @@ def fold_batchnorm(gm: torch.fx.GraphModule, on_fold=None) -> int:
         if on_fold is not None:
             on_fold(producer, k)
         folded += 1
-    if folded:
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
-    return folded
+    return finish(gm, folded)
 
 
 def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:

@@ -28,6 +28,8 @@ import math
 import torch
 from torch._guards import detect_fake_mode
 
+from ._passes import finish
+
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
 
@@ -38,11 +40,7 @@ def decompose_sdpa(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is _SDPA and _rewrite(gm.graph, node):
             done += 1
-    if done:
-        gm.graph.eliminate_dead_code()
-        gm.graph.lint()
-        gm.recompile()
-    return done
+    return finish(gm, done)
 
 
 def _arguments(node: torch.fx.Node) -> dict:
