@@ -256,14 +256,15 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
 
 
 def _largest_code(qmodel: QuantModel, q) -> int:
-    """Largest |code| of a weight quantizer's integer weights (its grid's bound if the weight is
-    not a parameter of the model)."""
+    """Largest |code| of a weight quantizer's integer weights; its grid's bound where the codes
+    cannot be read (the weight is not a parameter, or a layer replaced since the last call still
+    has the old layer's scales: export re-sets them, or names what is wrong, right after)."""
     try:
         w = qmodel.get_parameter(q.weight_name)
-    except (AttributeError, TypeError):
+        with torch.no_grad():
+            return int(q.quantize_integers(w).abs().max())
+    except (AttributeError, TypeError, ValueError, RuntimeError):
         return max(-q.qmin, q.qmax)
-    with torch.no_grad():
-        return int(q.quantize_integers(w).abs().max())
 
 
 def _weight_bits(qmodel: QuantModel) -> dict[str, tuple[int, bool]]:
