@@ -40,7 +40,7 @@ def _is_random(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
 
 
-def _is_float_tensor(node) -> bool:
+def is_float_tensor(node) -> bool:
     if not isinstance(node, torch.fx.Node):
         return False
     val = node.meta.get("val")

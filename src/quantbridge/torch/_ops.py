@@ -137,25 +137,40 @@ KEEP_FLOAT_OUTPUT_OPS: frozenset = frozenset(
 FLOAT_INPUT_OPS: frozenset = KEEP_FLOAT_OUTPUT_OPS
 
 
+def _uses_end_in(node: torch.fx.Node, ends, passes) -> bool:
+    """Every use of ``node``, followed through the ops ``passes(user, value)`` accepts, is one that
+    ``ends(user, value)`` accepts (a use outside any call, or a value with no use, is neither).
+    One walk over the ops downstream, stopping at the first use that is neither."""
+    seen, stack = {node}, [node]
+    while stack:
+        value = stack.pop()
+        users = list(value.users)
+        if not users:
+            return False
+        for user in users:
+            if user.op != "call_function":
+                return False
+            if ends(user, value):
+                continue
+            if not passes(user, value):
+                return False
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return True
+
+
 def feeds_float_input_only(node: torch.fx.Node) -> bool:
     """Every use of ``node`` (through data-movement ops) is an input of a FLOAT_INPUT_OPS op."""
-    users = list(node.users)
-    if not users:
-        return False
-    for user in users:
-        if user.op != "call_function":
-            return False
-        if user.target in FLOAT_INPUT_OPS:
-            continue
-        if (
+    return _uses_end_in(
+        node,
+        ends=lambda user, value: user.target in FLOAT_INPUT_OPS,
+        passes=lambda user, value: (
             (user.target in DATA_MOVEMENT_OPS or user.target in IDENTITY_IN_EVAL_OPS)
-            and user.args
-            and user.args[0] is node
-            and feeds_float_input_only(user)
-        ):
-            continue
-        return False
-    return True
+            and bool(user.args)
+            and user.args[0] is value
+        ),
+    )
 
 
 # Ops that divide by an input: op -> the divisor's position (x / y, 1 / y, 1 / sqrt(y)). A divisor
@@ -194,28 +209,15 @@ def reads_as_divisor(user: torch.fx.Node, value: torch.fx.Node) -> bool:
 
 def feeds_divisor_only(node: torch.fx.Node) -> bool:
     """Every use of ``node`` ends as a divisor (see ``DIVISOR_INPUTS``), through ops of
-    ``_PASSES_DIVISOR_ON`` and clamps. One walk over the ops downstream, stopping at the first
-    use that is neither."""
-    seen, stack = {node}, [node]
-    while stack:
-        value = stack.pop()
-        users = list(value.users)
-        if not users:
-            return False
-        for user in users:
-            if user.op != "call_function":
-                return False
-            position = DIVISOR_INPUTS.get(user.target)
-            if position is not None:
-                if not reads_as_divisor(user, value):
-                    return False
-            elif user.target in _PASSES_DIVISOR_ON or user.target in FOLDABLE_ACTIVATIONS:
-                if user not in seen:
-                    seen.add(user)
-                    stack.append(user)
-            else:
-                return False
-    return True
+    ``_PASSES_DIVISOR_ON`` and clamps (a dividing op reading it otherwise ends the walk: no)."""
+    return _uses_end_in(
+        node,
+        ends=lambda user, value: user.target in DIVISOR_INPUTS and reads_as_divisor(user, value),
+        passes=lambda user, value: (
+            user.target not in DIVISOR_INPUTS
+            and (user.target in _PASSES_DIVISOR_ON or user.target in FOLDABLE_ACTIVATIONS)
+        ),
+    )
 
 
 # Ops whose output is their input's values (in eval): a softmax passed through them stays float.

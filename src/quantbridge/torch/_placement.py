@@ -55,7 +55,7 @@ from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
 from ._capture import user_stacklevel
-from ._nodes import _is_float_tensor, constant_values, module_of
+from ._nodes import constant_values, is_float_tensor, module_of
 from ._ops import (
     ARITHMETIC_OPS,
     CONSTANT_OPERAND_OPS,
@@ -152,7 +152,7 @@ class _Planner:
     ) -> None:
         """Quantize ``value`` where ``consumer`` reads it (one quantizer per value). A value that
         depends on no input stays float unless ``constant_too`` (a computed weight)."""
-        if not _is_float_tensor(value) or self.grid_of(consumer, value) is not None:
+        if not is_float_tensor(value) or self.grid_of(consumer, value) is not None:
             return
         if keeps_float_output(value) or (value in self.constant and not constant_too):
             return
@@ -170,7 +170,7 @@ class _Planner:
             if not is_epilogue(user, last):
                 break
             last = user
-        if not _is_float_tensor(last):
+        if not is_float_tensor(last):
             return None
         if not self.recipe.quantize_outputs and read_only_as_graph_output(last):
             return None
@@ -239,7 +239,7 @@ class _Planner:
         return isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim == 1
 
     def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
-        floats = [v for _, v in tensor_args(node) if _is_float_tensor(v)]
+        floats = [v for _, v in tensor_args(node) if is_float_tensor(v)]
         inputs = [v for v in floats if v not in self.constant]  # constants stay float
         if node.name in self.separate_concats:
             for v in inputs:  # each on its own grid; one output scale would wipe out the small
@@ -336,7 +336,7 @@ class _Planner:
     def data_movement(self, node: torch.fx.Node) -> None:
         src = node.args[0] if node.args else None
         spec = self.grid_of(node, src)
-        if spec is not None and _is_float_tensor(node):
+        if spec is not None and is_float_tensor(node):
             if src in self.scaled_in_training:  # after dropout: on the grid only in eval mode
                 self.identity_in_eval(node)
             else:
@@ -348,7 +348,7 @@ class _Planner:
         values are scaled by ``1 / (1 - p)`` and a re-quantization would clip them)."""
         src = node.args[0] if node.args else None
         spec = self.grid_of(node, src)
-        if spec is not None and _is_float_tensor(node):
+        if spec is not None and is_float_tensor(node):
             self.plan.grid[node] = spec
             self.scaled_in_training.add(node)
 
