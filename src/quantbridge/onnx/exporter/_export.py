@@ -141,9 +141,9 @@ def to_onnx(
         )
     for message in messages:
         warnings.warn(message, PerformanceWarning, stacklevel=user_stacklevel())
-    for message in saturation_warnings(qmodel):
-        warnings.warn(message, SaturationWarning, stacklevel=user_stacklevel())
     adopt_replaced_layers(qmodel)  # a layer replaced since the last call (transfer learning)
+    for message in saturation_warnings(qmodel):  # after: reads the weights' codes
+        warnings.warn(message, SaturationWarning, stacklevel=user_stacklevel())
     with quiet_torch():
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
@@ -256,15 +256,15 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
 
 
 def _largest_code(qmodel: QuantModel, q) -> int:
-    """Largest |code| of a weight quantizer's integer weights; its grid's bound where the codes
-    cannot be read (the weight is not a parameter, or a layer replaced since the last call still
-    has the old layer's scales: export re-sets them, or names what is wrong, right after)."""
+    """Largest |code| of a weight quantizer's integer weights (its grid's bound if the weight is
+    not a parameter of the model). Called after ``adopt_replaced_layers``: a replaced layer's
+    quantizer holds its new layer's scales by then."""
     try:
         w = qmodel.get_parameter(q.weight_name)
-        with torch.no_grad():
-            return int(q.quantize_integers(w).abs().max())
-    except (AttributeError, TypeError, ValueError, RuntimeError):
+    except AttributeError:
         return max(-q.qmin, q.qmax)
+    with torch.no_grad():
+        return int(q.quantize_integers(w).abs().max())
 
 
 def _weight_bits(qmodel: QuantModel) -> dict[str, tuple[int, bool]]:
