@@ -167,3 +167,30 @@ def run_c_program(prog, feeds: dict, directory: Path, opt: str = "-O0") -> dict:
 @pytest.fixture
 def run_c():
     return run_c_program
+
+
+def assert_three_emitters_agree(prog, feeds: dict, directory: Path, integer_only: bool = True):
+    """numpy, C (gcc) and the integer ONNX model in ONNX Runtime give the same output codes on
+    ``feeds``; with ``integer_only`` the ONNX model also holds no float initializer and none of the
+    float ops an integer program replaces."""
+    env = prog.run_integer(feeds)
+    expected = prog.run(feeds, integer=True)
+    got_c = run_c_program(prog, feeds, directory / "c")
+    shapes = {b.name: np.asarray(feeds[b.name]).shape for b in prog.inputs}
+    integer_model = prog.save_onnx(directory / "int.onnx", shapes)
+    if integer_only:
+        float_types = {1, 10, 11, 16}
+        assert all(t.data_type not in float_types for t in integer_model.graph.initializer)
+        assert {n.op_type for n in integer_model.graph.node}.isdisjoint(
+            {"Softmax", "LayerNormalization", "Sqrt", "Exp", "Erf", "QuantizeLinear"}
+        )
+    sess = ort.InferenceSession(str(directory / "int.onnx"), providers=["CPUExecutionProvider"])
+    got_onnx = sess.run(None, {b.tensor.name: env[b.tensor.name] for b in prog.inputs})
+    for b, codes in zip(prog.outputs, got_onnx, strict=True):
+        np.testing.assert_array_equal(codes, expected[b.name])
+        np.testing.assert_array_equal(got_c[b.name], expected[b.name])
+
+
+@pytest.fixture
+def three_emitters():
+    return assert_three_emitters_agree

@@ -70,20 +70,10 @@ def test_scores_are_float_in_the_model_and_int16_in_the_program(attention):
     assert all(np.dtype(t.dtype).kind in "iu" for t in prog.tensors.values())
 
 
-def test_three_emitters_identical(attention, run_c, tmp_path):
-    import onnxruntime as ort
-
+def test_three_emitters_identical(attention, three_emitters, tmp_path):
     _, _, prog = attention
     x = _inputs(1, batch=2) * 3  # beyond the calibrated range: saturation paths
-    env = prog.run_integer({"x": x})
-    expected = prog.run({"x": x}, integer=True)
-    got_c = run_c(prog, {"x": x}, tmp_path / "c")
-    prog.save_onnx(tmp_path / "int.onnx", {"x": x.shape})
-    sess = ort.InferenceSession(str(tmp_path / "int.onnx"), providers=["CPUExecutionProvider"])
-    got_onnx = sess.run(None, {b.tensor.name: env[b.tensor.name] for b in prog.inputs})
-    for b, codes in zip(prog.outputs, got_onnx, strict=True):
-        np.testing.assert_array_equal(codes, expected[b.name])
-        np.testing.assert_array_equal(got_c[b.name], expected[b.name])
+    three_emitters(prog, {"x": x}, tmp_path, integer_only=False)
 
 
 def test_agrees_with_onnx_runtime_layer_by_layer(attention, layerwise):
