@@ -194,3 +194,10 @@ def assert_three_emitters_agree(prog, feeds: dict, directory: Path, integer_only
 @pytest.fixture
 def three_emitters():
     return assert_three_emitters_agree
+
+
+@pytest.fixture
+def node_by_node():
+    """``ort_session`` (node by node unless ``optimize``) for test files: a function-level
+    ``from conftest import`` gets whichever conftest the whole suite loaded last."""
+    return ort_session

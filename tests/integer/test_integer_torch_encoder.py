@@ -90,16 +90,7 @@ def test_three_emitters_identical_on_the_encoder(encoder, three_emitters, tmp_pa
                                   prog.run({"src": x})[prog.outputs[0].name])  # fmt: skip
 
 
-def _ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """Node by node (the exact QDQ reference). Not ``conftest.ort_session``: a function-level
-    ``from conftest import`` gets whichever conftest the whole suite loaded last (regression)."""
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray) -> np.ndarray:
+def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray, session) -> np.ndarray:
     """ORT (node by node) computing the graph output from the program's own codes at every
     activation QuantizeLinear: the final float LayerNorm on exactly the program's input."""
     m = onnx.ModelProto()
@@ -113,12 +104,12 @@ def _ort_from_program_codes(model: onnx.ModelProto, prog, x: np.ndarray) -> np.n
             m.graph.input.append(onnx.helper.make_tensor_value_info(
                 n.output[0], onnx.helper.np_dtype_to_tensor_dtype(t.dtype), None))  # fmt: skip
             n.output[0] += "__ort"
-    sess = _ort_session(m)
+    sess = session(m)
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})[0]
 
 
-def test_encoder_agrees_with_onnx_runtime(encoder, layerwise):
+def test_encoder_agrees_with_onnx_runtime(encoder, layerwise, node_by_node):
     """Against ORT running the QDQ file node by node (float softmax, float layer norm).
 
     Layer-wise (each quantized tensor computed by ORT from the program's own input codes): as
@@ -133,7 +124,6 @@ def test_encoder_agrees_with_onnx_runtime(encoder, layerwise):
 
     Whole encoder (each layer fed its own previous results): flipped codes travel through two
     layers; reported, and bounded in steps of the last LayerNorm's 8-bit input grid."""
-    import onnxruntime as ort
 
     _, model, prog = encoder
     x = _inputs(2, batch=16)
@@ -145,7 +135,7 @@ def test_encoder_agrees_with_onnx_runtime(encoder, layerwise):
     (out,) = prog.outputs
     got = prog.run({"src": x})[out.name]
     step = out.tensor.scale
-    last = np.abs(got - _ort_from_program_codes(model, prog, x)) / step
+    last = np.abs(got - _ort_from_program_codes(model, prog, x, node_by_node)) / step
     print(f"final layer norm on the program's codes: max {last.max():.3f} int16 steps "
           f"(step {step:.3g})")  # fmt: skip
     assert last.max() <= 1.0
