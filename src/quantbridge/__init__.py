@@ -11,7 +11,7 @@ from .debug import CompareResult, compare, sensitivity
 from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export, fold, import_onnx, quantize_onnx
+from .onnx import export, fold, import_onnx, openvino_layout, quantize_onnx
 from .recipe import AdaRound, Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -58,6 +58,7 @@ __all__ = [
     "load",
     "local_statistics",
     "lower",
+    "openvino_layout",
     "prepare_qat",
     "quantize",
     "quantize_onnx",

@@ -3,7 +3,8 @@
 - ``exporter``: QDQ export of torch models (the canonical form);
 - ``importer``: ONNX graphs as trainable torch modules;
 - ``inspector``: what a file holds and what an engine will run in int8;
-- ``passes``: ONNX-to-ONNX graph passes (``fold``: QDQ -> ONNX integer operators);
+- ``passes``: ONNX-to-ONNX graph passes (``fold``: QDQ -> ONNX integer operators;
+  ``openvino_layout``: Q/DQ pairs only where OpenVINO runs int8);
 - ``quantizer``: a float ONNX file in, a calibrated QDQ file out (``quantize_onnx``).
 
 Public names are re-exported from ``quantbridge``.
@@ -20,7 +21,7 @@ from .exporter import (
 )
 from .importer import OnnxModule, import_onnx, supported_ops
 from .inspector import inspect_model
-from .passes import FoldQOperator, fold
+from .passes import FoldQOperator, fold, openvino_layout
 from .quantizer import quantize_onnx
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "fold",
     "import_onnx",
     "inspect_model",
+    "openvino_layout",
     "quantize_onnx",
     "slow_form_warnings",
     "supported_ops",

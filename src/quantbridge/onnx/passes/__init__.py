@@ -1,4 +1,5 @@
 """ONNX-to-ONNX graph passes. ``FoldQOperator`` (``fold``): QDQ ONNX -> ONNX integer operators.
+``openvino_layout``: a QDQ model with Q/DQ pairs only where OpenVINO runs int8 (``_openvino``).
 
 A pass is stateless and follows one contract, ``Pass()(model) -> PassResult(model, modified)``.
 Fold handlers live in a registry keyed by op type (``@register_fold("Conv")``, ``_registry``).
@@ -32,6 +33,7 @@ most one output step at float rounding ties.
 
 from ._fold import FoldQOperator, PassResult, check_foldable, fold
 from ._normalize import INTEGER_DATA_MOVEMENT
+from ._openvino import openvino_layout
 from ._registry import foldable_ops, register_fold
 
 __all__ = [
@@ -41,5 +43,6 @@ __all__ = [
     "check_foldable",
     "fold",
     "foldable_ops",
+    "openvino_layout",
     "register_fold",
 ]
