@@ -4,7 +4,8 @@ A hand-made QDQ graph with the detector's patterns (PP-OCRv4: a conv, a squeeze-
 ``x * sigmoid(mean(x))``, an element-wise op with a constant, the next conv, a float output):
 
 * pairs read by Conv, by ReduceMean, of a constant, that are graph outputs, or whose DQ has other
-  parameters stay; the pairs read only by element-wise ops (Sigmoid, Add) go;
+  parameters stay; the pairs read only by element-wise ops (Sigmoid, Add) go; an integer constant
+  read by a Mul becomes the float initializer DequantizeLinear makes of it;
 * OpenVINO still runs both convolutions of the result in u8, and its output agrees with ONNX
   Runtime running the same file node by node (optimizations off: the file's own arithmetic).
 
@@ -79,7 +80,12 @@ def _model() -> onnx.ModelProto:
     grid("three", 0.05, 0)  # a quantized constant: its pair stays (engines fold it)
     inits.append(_init("three.v", np.float32(3.0)))
     nodes += _qdq("three.v", "three", 0.05, 0)
-    nodes.append(helper.make_node("Add", ["se.dq", "three.dq"], ["h"]))
+    nodes.append(helper.make_node("Add", ["se.dq", "three.dq"], ["h0"]))
+    # a constant on an integer grid read by a Mul: becomes the float initializer it dequantizes to
+    inits += [_init("k.q", RNG.integers(-127, 128, (C, 1, 1)).astype(np.int8)),
+              _init("k.s", np.float32(0.01)), _init("k.z", np.int8(0))]  # fmt: skip
+    nodes.append(helper.make_node("DequantizeLinear", ["k.q", "k.s", "k.z"], ["k.dq"], name="DQ_k"))
+    nodes.append(helper.make_node("Mul", ["h0", "k.dq"], ["h"]))
     grid("h", 0.06, 60)
     nodes += _qdq("h", "h", 0.06, 60)  # read by Conv: stays
     conv("h.dq", "conv_b", C)
@@ -116,18 +122,21 @@ def test_removes_only_pairs_no_int8_kernel_reads():
     before = {n.name for n in model.graph.node if n.op_type == "QuantizeLinear"}
     after = {n.name for n in out.graph.node if n.op_type == "QuantizeLinear"}
     assert before - after == {"Q_r", "Q_se"}
-    assert {n.name for n in model.graph.node if n.op_type == "DequantizeLinear"} - {
-        n.name for n in out.graph.node if n.op_type == "DequantizeLinear"
-    } == {"DQ_r", "DQ_se"}
+    dqs = {n.name for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    assert dqs - {n.name for n in out.graph.node if n.op_type == "DequantizeLinear"} == {
+        "DQ_r",
+        "DQ_se",
+        "DQ_k",
+    }
     readers = {n.op_type: list(n.input) for n in out.graph.node if n.op_type in ("Sigmoid", "Add")}
     assert readers["Sigmoid"] == ["mean"] and readers["Add"][0] == "se"
-    assert len(model.graph.node) == len(out.graph.node) + 4  # the input model is unchanged
-    assert {t.name for t in out.graph.initializer} == {t.name for t in model.graph.initializer} - {
-        "r.s",
-        "r.z",
-        "se.s",
-        "se.z",
-    }
+    assert len(model.graph.node) == len(out.graph.node) + 5  # the input model is unchanged
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    gone = {"r.s", "r.z", "se.s", "se.z", "k.q", "k.s", "k.z"}
+    assert set(inits) == {t.name for t in model.graph.initializer} - gone | {"k.dq"}
+    k = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "k.q")
+    assert inits["k.dq"].dtype == np.float32
+    np.testing.assert_array_equal(inits["k.dq"], k.astype(np.float32) * np.float32(0.01))
     x = RNG.normal(size=(1, 3, 16, 16)).astype(np.float32)
     assert _node_by_node(out, x).shape == _node_by_node(model, x).shape
 
