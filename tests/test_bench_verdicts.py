@@ -166,6 +166,27 @@ def test_wrong_engine_outputs_are_flagged_before_a_time_counts():
     assert "minilm batch 32 ov/float : ov/ours: wrong outputs" in flagged[1]
 
 
+def test_openvino_layout_pair_is_judged_on_its_own():
+    # ours in qb.openvino_layout beats OpenVINO float while the ONNX Runtime layout does not: two
+    # verdicts, each from its own pair; a median at or below 1 is not met
+    ok = {"ov/float": {"ok": True}, "ov/ours": {"ok": True}, "ov/ours_ov": {"ok": True}}
+
+    def results(layout_median: float) -> dict:
+        ratios = {
+            "ov/float : ov/ours": {"median": 0.68, "min": 0.55, "max": 0.86, "n": 9},
+            "ov/float : ov/ours_ov": {"median": layout_median, "min": 0.9, "max": 1.7, "n": 9},
+        }
+        batch = {"ratios": ratios, "calls_per_sample": {}, "outputs": ok}
+        return {"workloads": {"ocr_det": {"speed": {"batches": {"batch 1": batch}}}}}
+
+    rows = {t[0]: t for t in verdicts.speed_targets(results(1.34))}
+    assert rows["OpenVINO: ours faster than OpenVINO float (default precision)"][2] == "**not met**"
+    layout = "OpenVINO: ours in qb.openvino_layout faster than OpenVINO float (default precision)"
+    assert rows[layout][2] == "met" and "ocr_det batch 1 **1.34** [0.90-1.70]" in rows[layout][1]
+    rows = {t[0]: t for t in verdicts.speed_targets(results(1.0))}
+    assert rows[layout][2] == "**not met**"
+
+
 def test_interleave_same_calls_gives_every_form_the_same_count():
     runners = {"fast": lambda: None, "slow": lambda: time.sleep(0.03)}
     apart = interleave(runners, rounds=1, warmup=1, gap_s=0.0)
