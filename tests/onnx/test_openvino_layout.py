@@ -26,7 +26,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
 
-RNG = np.random.default_rng(0)
 C = 8
 
 
@@ -48,6 +47,7 @@ def _qdq(x: str, name: str, scale: float, zp: int, dq_scale: float | None = None
 
 
 def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
     inits, nodes = [], []
 
     def grid(name, scale, zp, dq_scale=None):
@@ -57,10 +57,10 @@ def _model() -> onnx.ModelProto:
 
     def conv(x, name, cin):
         # 7-bit weights: OpenVINO's u8 x s8 kernels saturate full-range int8 on AVX2 without VNNI
-        w = RNG.integers(-63, 64, (C, cin, 3, 3)).astype(np.int8)
+        w = rng.integers(-63, 64, (C, cin, 3, 3)).astype(np.int8)
         inits.extend([_init(f"{name}.w", w), _init(f"{name}.ws", np.full(C, 0.01, np.float32)),
                       _init(f"{name}.wz", np.zeros(C, np.int8)),
-                      _init(f"{name}.b", RNG.normal(size=C).astype(np.float32))])  # fmt: skip
+                      _init(f"{name}.b", rng.normal(size=C).astype(np.float32))])  # fmt: skip
         nodes.append(helper.make_node("DequantizeLinear", [f"{name}.w", f"{name}.ws", f"{name}.wz"], [f"{name}.wd"], axis=0))  # fmt: skip
         nodes.append(helper.make_node("Conv", [x, f"{name}.wd", f"{name}.b"], [name], pads=[1] * 4, name=name))  # fmt: skip
 
@@ -82,7 +82,7 @@ def _model() -> onnx.ModelProto:
     nodes += _qdq("three.v", "three", 0.05, 0)
     nodes.append(helper.make_node("Add", ["se.dq", "three.dq"], ["h0"]))
     # a constant on an integer grid read by a Mul: becomes the float initializer it dequantizes to
-    inits += [_init("k.q", RNG.integers(-127, 128, (C, 1, 1)).astype(np.int8)),
+    inits += [_init("k.q", rng.integers(-127, 128, (C, 1, 1)).astype(np.int8)),
               _init("k.s", np.float32(0.01)), _init("k.z", np.int8(0))]  # fmt: skip
     nodes.append(helper.make_node("DequantizeLinear", ["k.q", "k.s", "k.z"], ["k.dq"], name="DQ_k"))
     nodes.append(helper.make_node("Mul", ["h0", "k.dq"], ["h"]))
@@ -137,8 +137,34 @@ def test_removes_only_pairs_no_int8_kernel_reads():
     k = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "k.q")
     assert inits["k.dq"].dtype == np.float32
     np.testing.assert_array_equal(inits["k.dq"], k.astype(np.float32) * np.float32(0.01))
-    x = RNG.normal(size=(1, 3, 16, 16)).astype(np.float32)
+    x = np.random.default_rng(2).normal(size=(1, 3, 16, 16)).astype(np.float32)
     assert _node_by_node(out, x).shape == _node_by_node(model, x).shape
+
+
+def test_int8_inputs_read_through_data_movement_stay():
+    # x -> Q/DQ -> Reshape -> MatMul <- Transpose <- DQ(int8 weight): OpenVINO quantizes the
+    # MatMul's inputs through the data movement, so neither the pair nor the weight changes
+    w = np.random.default_rng(1).integers(-63, 64, (C, 8)).astype(np.int8)
+    inits = [_init("in.s", np.float32(0.02)), _init("in.z", np.uint8(128)), _init("w", w),
+             _init("w.s", np.float32(0.01)), _init("w.z", np.int8(0)),
+             _init("shape", np.array([4, 8], np.int64))]  # fmt: skip
+    nodes = _qdq("x", "in", 0.02, 128) + [
+        helper.make_node("Reshape", ["in.dq", "shape"], ["flat"]),
+        helper.make_node("DequantizeLinear", ["w", "w.s", "w.z"], ["w.dq"], name="DQ_w"),
+        helper.make_node("Transpose", ["w.dq"], ["w.t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["flat", "w.t"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, C])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    out = qb.openvino_layout(model)
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in model.graph.node]
+    assert {t.name for t in out.graph.initializer} == {t.name for t in model.graph.initializer}
 
 
 def test_float_model_and_bad_input():
@@ -164,13 +190,18 @@ def _census(compiled) -> collections.Counter:
 def test_openvino_runs_it_in_int8():
     ov = pytest.importorskip("openvino")
     out = qb.openvino_layout(_model())
-    x = RNG.normal(size=(1, 3, 16, 16)).astype(np.float32)
+    x = np.random.default_rng(2).normal(size=(1, 3, 16, 16)).astype(np.float32)
     core = ov.Core()
     compiled = core.compile_model(core.read_model(out.SerializeToString(), b""), "CPU")
     census = _census(compiled)
     assert census["Convolution:u8"] == 2, census
     run = np.asarray(compiled({"x": x})[0])
-    # OpenVINO against ONNX Runtime node by node on the same file, in output steps (0.05): the
-    # int8 convolutions agree exactly with 7-bit weights; float element-wise ops (sigmoid, the
-    # fused dequantization) may differ at rounding ties of the requantized conv_b input: 2 steps
-    assert np.max(np.abs(run - _node_by_node(out, x))) <= 2 * 0.05 + 1e-6
+    # OpenVINO against ONNX Runtime node by node on the same file. The int8 convolutions agree
+    # exactly (7-bit weights); the float element-wise ops between them (sigmoid, mul, add) may
+    # round differently and flip a code of h's requantization at a tie. One flipped h code moves
+    # conv_b by at most 63 * 0.01 * 0.06 = 0.038, two in one 3x3 window 0.076: less than one step
+    # of m (0.1), so at most one m step, which m's other DQ scale makes 0.2 in the output
+    diff = np.abs(run - _node_by_node(out, x))
+    assert diff.max() <= 0.2 + 1e-6
+    # flips are rare, not a systematic difference: 0.3-1.1% of elements over input seeds 0-5
+    assert np.mean(diff == 0) >= 0.98

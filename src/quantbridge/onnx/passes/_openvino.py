@@ -15,8 +15,9 @@ The pass removes every activation ``QuantizeLinear -> DequantizeLinear`` pair no
 DequantizeLinear readers is in ``KEEP``; those readers then read the QuantizeLinear's float input.
 ``KEEP``:
 
-* ``Conv``, ``ConvTranspose``, ``MatMul``, ``Gemm``: the inputs OpenVINO quantizes. (Weights are
-  untouched: their DequantizeLinear reads an initializer, not a QuantizeLinear.)
+* ``Conv``, ``ConvTranspose``, ``MatMul``, ``Gemm``: the inputs OpenVINO quantizes, also when
+  read through data movement (``INTEGER_DATA_MOVEMENT``: ``DQ -> Reshape -> Transpose -> MatMul``).
+  Weights are untouched: their DequantizeLinear reads an initializer, and is read by a kept op.
 * ``ReduceMean``, ``GlobalAveragePool``: a squeeze-excitation mean that reads an int8 Conv's float
   output directly makes OpenVINO 2026.4 compute that Conv wrongly (the detector's RSE layers,
   ``x + x * se(x)``: SQNR 0 dB against ONNX Runtime node by node; NNCF's ONNX export of the
@@ -45,6 +46,8 @@ import os
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from ._normalize import INTEGER_DATA_MOVEMENT
 
 KEEP = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "ReduceMean", "GlobalAveragePool"})
 
@@ -115,6 +118,16 @@ def openvino_layout(
     return out
 
 
+def _read_by(tensor: str, readers: dict[str, list[onnx.NodeProto]], keep: frozenset[str]) -> bool:
+    """Whether an op in ``keep`` reads ``tensor``, directly or through data movement."""
+    for r in readers.get(tensor, []):
+        if r.op_type in keep:
+            return True
+        if r.op_type in INTEGER_DATA_MOVEMENT and any(_read_by(t, readers, keep) for t in r.output):
+            return True
+    return False
+
+
 def _removable(
     q: onnx.NodeProto,
     dqs: list[onnx.NodeProto],
@@ -132,7 +145,7 @@ def _removable(
             return False
         if not _same_params(q, dq, consts):
             return False
-        if any(r.op_type in keep for r in readers.get(dq.output[0], [])):
+        if _read_by(dq.output[0], readers, keep):
             return False
     return True
 
@@ -151,8 +164,7 @@ def _constant_dq(
         return False  # blocked quantization: left to the engine
     if not all(t in consts for t in dq.input if t):
         return False
-    users = readers.get(dq.output[0], [])
-    return bool(users) and not any(r.op_type in keep for r in users)
+    return bool(readers.get(dq.output[0])) and not _read_by(dq.output[0], readers, keep)
 
 
 def _dequantize(dq: onnx.NodeProto, consts: dict[str, onnx.TensorProto]) -> np.ndarray:
