@@ -8,8 +8,9 @@ run in float, fused into the kernel's post-ops where they form a chain. A Q/DQ p
 element-wise op's output becomes a stand-alone float FakeQuantize layer, and the next float op
 dequantizes again (Convert u8 -> f32, Subtract zero point). Measured on the PP-OCRv4 detector
 (1x3x480x480, OpenVINO 2026.4, AMD EPYC AVX2 without VNNI, 2 threads; ``python -m
-bench.ov_layout``): our QDQ file ran 88 float FakeQuantize layers and 47 Converts, 0.67x
-OpenVINO's own float speed; in this layout 1.34x, with NNCF's INT8 (OpenVINO IR) at 1.25x.
+bench.ov_layout``, load 12-14): our QDQ file ran 88 float FakeQuantize layers and 47 Converts,
+0.64x OpenVINO's own float speed; in this layout 1.22x, NNCF's INT8 (OpenVINO IR) 1.23x
+(``docs/openvino.md``).
 
 The pass removes every activation ``QuantizeLinear -> DequantizeLinear`` pair none of whose
 DequantizeLinear readers is in ``KEEP``; those readers then read the QuantizeLinear's float input.
