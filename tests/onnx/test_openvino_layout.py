@@ -167,6 +167,43 @@ def test_int8_inputs_read_through_data_movement_stay():
     assert {t.name for t in out.graph.initializer} == {t.name for t in model.graph.initializer}
 
 
+def test_a_pair_that_is_the_only_clamp_becomes_a_clip():
+    # ONNX Runtime's quantizer deletes Clip(0, 6) in hard-swish and lets the Q's range [0, 6]
+    # clamp: x * clip(x + 3) / 6 keeps its clamp as Clip(0, top of the grid). A chained
+    # Q -> DQ -> Q -> DQ after it is removed whole; readers end on the Clip's output
+    inits = [_init("three", np.float32(3.0)), _init("six", np.float32(6.0)),
+             _init("c.s", np.float32(6.0 / 255)), _init("c.z", np.uint8(0)),
+             _init("d.s", np.float32(0.05)), _init("d.z", np.uint8(0))]  # fmt: skip
+    nodes = [helper.make_node("Add", ["x", "three"], ["x3"])]
+    nodes += _qdq("x3", "c", 6.0 / 255, 0)
+    nodes += _qdq("c.dq", "d", 0.05, 0)
+    nodes += [
+        helper.make_node("Mul", ["x", "d.dq"], ["xm"]),
+        helper.make_node("Div", ["xm", "six"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "hswish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    out = qb.openvino_layout(model)
+    onnx.checker.check_model(out)
+    assert [n.op_type for n in out.graph.node] == ["Add", "Clip", "Mul", "Div"]
+    clip = out.graph.node[1]
+    inits = {t.name: float(numpy_helper.to_array(t)) for t in out.graph.initializer}
+    assert list(clip.input[:1]) == ["x3"] and inits[clip.input[1]] == 0.0
+    assert inits[clip.input[2]] == pytest.approx(6.0, rel=1e-6)
+    assert out.graph.node[2].input[1] == clip.output[0]
+    x = np.linspace(-8, 8, 64, dtype=np.float32).reshape(1, 64)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    y = ort.InferenceSession(out.SerializeToString(), so).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x * np.clip(x + 3, 0, 6) / 6, rtol=1e-5, atol=1e-6)
+
+
 def test_float_model_and_bad_input():
     model = _model()
     float_nodes = [n for n in model.graph.node if n.op_type != "QuantizeLinear"]
