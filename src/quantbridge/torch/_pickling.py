@@ -182,8 +182,8 @@ def _meta(meta: dict, ranges: dict) -> dict:
     """The picklable part of a node's metadata, fake values encoded."""
     out = {}
     for key, value in meta.items():
-        encoded = _encode(value, ranges)
         try:
+            encoded = _encode(value, ranges)
             pickle.dumps(encoded)
         except Exception:  # noqa: BLE001 - an entry torch or a pass added that cannot travel
             continue
@@ -217,10 +217,10 @@ def _encode(value: Any, ranges: dict) -> Any:
         )
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple (TensorMetadata)
         return _Named((type(value), tuple(_encode(v, ranges) for v in value)))
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):
         return type(value)(_encode(v, ranges) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, _encode(v, ranges)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _encode(v, ranges) for k, v in value.items()}
     return value
 
 
@@ -277,10 +277,10 @@ def _decode(value: Any, mode: FakeTensorMode) -> Any:
     if isinstance(value, _Named):
         kind, fields = value
         return kind(*(_decode(v, mode) for v in fields))
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+    if type(value) in (list, tuple):
         return type(value)(_decode(v, mode) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, _decode(v, mode)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _decode(v, mode) for k, v in value.items()}
     return value
 
 
