@@ -30,12 +30,12 @@ import time
 import warnings
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
 
 import quantbridge as qb
+from bench.suite import engines
 from quantbridge import zoo
 
 # ORT kernel -> (family, runs in int8)
@@ -93,17 +93,11 @@ def measure(name: str, rounds: int, work: Path) -> dict:
 
 
 def optimized_session(path: Path) -> tuple[ort.InferenceSession, collections.Counter]:
-    """ORT (all optimizations, 1 thread) on ``path`` and the kernel counts of its optimized graph."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.optimized_model_filepath = str(path.with_suffix(".ort.onnx"))
-    so.log_severity_level = 3  # not the "hardware specific optimizations" notice on every save
-    so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    kernels = collections.Counter(
-        n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node
-    )
-    return sess, kernels
+    """The suite's ORT session (all optimizations) on 1 thread on ``path``, and the kernel
+    counts of its optimized graph."""
+    optimized = path.with_suffix(".ort.onnx")
+    sess = engines.ort_session(path, optimized_path=optimized, threads=1)
+    return sess, engines.kernel_counts(optimized)
 
 
 def census(kernels: collections.Counter) -> dict:

@@ -21,21 +21,16 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 import quantbridge as qb
+from bench.suite import engines
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ort(path: Path, x: np.ndarray, optimize: bool) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(
-        None, {"x": x}
-    )[0]
+    session = engines.ort_session(path, optimize=optimize, threads=1)
+    return session.run(None, {"x": x})[0]
 
 
 def main() -> None:

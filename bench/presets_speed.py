@@ -29,6 +29,7 @@ import torch
 
 import quantbridge as qb
 from bench.int8_coverage import census, optimized_session, timed
+from bench.suite import engines
 from quantbridge import zoo
 from quantbridge.demo import exact_here
 
@@ -40,9 +41,7 @@ MODELS = {
 
 
 def _within_1_lsb(path: Path, feeds: dict, fused: list[np.ndarray], scale: float | None) -> float:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = engines.ort_session(path, optimize=False).run(None, feeds)  # node by node: exact
     if scale is None:
         return float("nan")
     return float(np.mean(np.abs(ref[0] - fused[0]) <= scale * (1 + 1e-3)))

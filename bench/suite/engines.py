@@ -24,13 +24,15 @@ INT8_ORT_OPS = set(INTEGER_OPS)  # ONNX Runtime's integer operators (quantbridge
 FLOAT_COMPUTE_OPS = set(WEIGHTED_OPS) | ORT_FUSED_WEIGHTED_OPS
 
 
-def ort_session(path: Path, optimized_path: Path | None = None, optimize: bool = True):
+def ort_session(
+    path: Path, optimized_path: Path | None = None, optimize: bool = True, threads: int = THREADS
+):
     """The suite's session; ``optimize=False``: graph optimizations off, so QDQ models run node
     by node (the reference engine outputs are checked against: exact with any weights)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = THREADS
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = (
@@ -56,10 +58,16 @@ def ort_outputs(session, batches: list[dict[str, np.ndarray]]) -> np.ndarray:
     return np.concatenate(run)
 
 
+def kernel_counts(model_path: Path) -> collections.Counter:
+    """How many nodes of each op type the main graph of ``model_path`` has (for an ORT-optimized
+    graph: the kernels it runs)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
 def compute_ops(model_path: Path) -> dict[str, int]:
     """Integer and float compute ops of an (ORT-optimized) graph: what ran in int8."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    c = collections.Counter(n.op_type for n in model.graph.node)
+    c = kernel_counts(model_path)
     keep = INT8_ORT_OPS | FLOAT_COMPUTE_OPS | {"QuantizeLinear", "DequantizeLinear"}
     return {k: v for k, v in sorted(c.items()) if k in keep}
 

@@ -1,9 +1,8 @@
 """``qb.sensitivity`` on a model with one deliberately sensitive layer, and the recipe it writes.
 
-``Outlier``: four linears; ``fc2`` has one output channel about 1000x the others (weight row and
-bias scaled up), which ``fc3`` does not read (its weight column is 0), so the float function is
-an ordinary MLP, while one uint8 scale for ``fc2``'s output (range ~[0, 3000], step ~12) rounds
-every other channel of it to zero. ``fc2`` must rank first, and the recipe must keep that tensor
+``Outlier`` (``outlier_mlp``): four linears; ``fc2`` has one output channel about 1000x the others,
+which ``fc3`` does not read, so the float function is an ordinary MLP, while one uint8 scale for
+``fc2``'s output (range ~[0, 3000], step ~12) rounds every other channel of it to zero. ``fc2`` must rank first, and the recipe must keep that tensor
 float: skipping ``fc2`` alone is not enough (``fc3`` then quantizes the same tensor as its input),
 so the verified recipe skips ``fc2`` and ``fc3``; with ``wider="int16"`` ``fc2`` alone suffices.
 Metrics are recomputed here in float64 from the model outputs (independent of the library's
@@ -19,30 +18,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from torch import nn
+from outlier_mlp import Outlier
 
 import quantbridge as qb
 from quantbridge.cli import main
 from quantbridge.debug import SensitivityResult, sensitivity
 
 BUDGET = 0.999
-
-
-class Outlier(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 32)
-        self.fc3, self.fc4 = nn.Linear(32, 32), nn.Linear(32, 8)
-        with torch.no_grad():
-            self.fc2.weight[0] *= 1000.0
-            self.fc2.bias[0] = 1000.0
-            self.fc3.weight[:, 0] = 0.0
-
-    def forward(self, x):
-        h = torch.relu(self.fc1(x))
-        h = torch.relu(self.fc2(h))
-        h = torch.relu(self.fc3(h))
-        return self.fc4(h)
 
 
 def cosine(a, b) -> float:

@@ -2,7 +2,7 @@
 output where the next linear reads it) as not repairable, says which layers to repair instead,
 and leaves it out of the repair; the verified repair re-quantizes at most ``max_verify`` times.
 
-The model is test_sensitivity's outlier MLP with a LayerNorm before ``fc2``: ``fc2`` has one
+The model is test_sensitivity's outlier MLP with a LayerNorm before ``fc2`` (``outlier_mlp``): ``fc2`` has one
 output channel ~1000x the others, so the repair keeps ``fc2`` and ``fc3`` (which reads that
 tensor) float."""
 
@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
+from outlier_mlp import Outlier
 
 import quantbridge as qb
 from quantbridge.debug import sensitivity
@@ -20,27 +20,10 @@ from quantbridge.debug import sensitivity
 BUDGET = 0.999
 
 
-class NormOutlier(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.ln, self.fc2 = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 32)
-        self.fc3, self.fc4 = nn.Linear(32, 32), nn.Linear(32, 8)
-        with torch.no_grad():
-            self.fc2.weight[0] *= 1000.0
-            self.fc2.bias[0] = 1000.0
-            self.fc3.weight[:, 0] = 0.0
-
-    def forward(self, x):
-        h = self.ln(torch.relu(self.fc1(x)))
-        h = torch.relu(self.fc2(h))
-        h = torch.relu(self.fc3(h))
-        return self.fc4(h)
-
-
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    model = NormOutlier().eval()
+    model = Outlier(norm=True).eval()
     x = torch.randn(64, 16)
     return model, [x[:32]], [x[32:48], x[48:]]
 

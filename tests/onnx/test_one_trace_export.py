@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import export_cases
 import onnx
 import onnxruntime as ort
 import pytest
@@ -23,21 +24,7 @@ from torch import nn
 
 import quantbridge as qb
 from quantbridge.onnx.exporter import _reuse
-from quantbridge.zoo import (
-    DigitsCNN,
-    TinyTransformer,
-    TwoInputConcat,
-    mobilenetv2_style,
-    resnet18_style,
-)
-
-
-def _image(n):
-    return torch.randn(n, 3, 32, 32)
-
-
-def _two(n):
-    return {"image": torch.randn(n, 3, 8, 8), "extra": torch.randn(n, 6), "scale": torch.rand(n, 1)}
+from quantbridge.zoo import DigitsCNN
 
 
 class ConstantHead(nn.Module):
@@ -54,11 +41,7 @@ class ConstantHead(nn.Module):
 
 
 CASES = {  # name: (model, batch of n, dynamic)
-    "resnet18_style": (lambda: resnet18_style(num_classes=10, width=8), _image, "batch"),
-    "mobilenetv2_style": (lambda: mobilenetv2_style(num_classes=10, width=0.25), _image, "batch"),
-    "tiny_transformer": (TinyTransformer, lambda n: torch.randint(0, 100, (n, 16)), "batch"),
-    "two_input_concat": (TwoInputConcat, _two, "batch"),
-    "digits_cnn": (DigitsCNN, lambda n: torch.randn(n, 1, 8, 8), "batch"),
+    **{name: (*case, "batch") for name, case in export_cases.CASES.items()},
     "constant_head_static": (ConstantHead, lambda n: torch.randn(n, 3, 8, 8), "none"),
     "constant_head_all": (ConstantHead, lambda n: torch.randn(n, 3, 8, 8), "all"),
 }

@@ -15,34 +15,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from export_cases import CASES
 from onnx import numpy_helper
 
 import quantbridge as qb
 from quantbridge.onnx.exporter import _torch_onnx
-from quantbridge.zoo import (
-    DigitsCNN,
-    TinyTransformer,
-    TwoInputConcat,
-    mobilenetv2_style,
-    resnet18_style,
-)
-
-
-def _image(n):
-    return torch.randn(n, 3, 32, 32)
-
-
-def _two(n):
-    return {"image": torch.randn(n, 3, 8, 8), "extra": torch.randn(n, 6), "scale": torch.rand(n, 1)}
-
-
-CASES = {
-    "resnet18_style": (lambda: resnet18_style(num_classes=10, width=8), _image),
-    "mobilenetv2_style": (lambda: mobilenetv2_style(num_classes=10, width=0.25), _image),
-    "tiny_transformer": (TinyTransformer, lambda n: torch.randint(0, 100, (n, 16))),
-    "two_input_concat": (TwoInputConcat, _two),
-    "digits_cnn": (DigitsCNN, lambda n: torch.randn(n, 1, 8, 8)),
-}
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -201,3 +201,30 @@ def test_conv_output_read_by_a_divisor_and_a_conv():
     assert head.target is aten.conv2d.default
     with torch.no_grad():
         assert torch.isfinite(qmodel(calib[0] * 0)).all()  # y = relu(bias) may hold zeros
+
+
+class MixedReadersView(MixedReaders):
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        return self.head(y.view(y.shape[0], 4, 36).view(y.shape)) + x / (y + 1e-6)
+
+
+def test_data_movement_after_a_value_also_read_by_a_divisor_keeps_its_grid():
+    """The conv's output quantizer serves its non-divisor readers per read (no ``plan.grid``
+    entry for the value): a view chain after it still lies on that grid, as data movement does
+    (the same quantizer again, ``observe=False``), so the head conv reads int8 codes, not float."""
+    g = torch.Generator().manual_seed(3)
+    calib = [torch.randn(2, 4, 6, 6, generator=g) for _ in range(2)]
+    qmodel = qb.quantize(MixedReadersView().eval(), calib, "native", progress=False)
+    relu = next(n for n in qmodel.graph.nodes if n.target is aten.relu.default)
+    (grid,) = [u for u in relu.users if u.op == "call_module"]
+    assert [u.target for u in relu.users if u.op == "call_function"] == [aten.add.Tensor]
+    node = grid
+    for _ in range(2):  # each view: the same quantizer again, without observing
+        (view,) = node.users
+        assert view.target is aten.view.default
+        (node,) = view.users
+        assert node.op == "call_module" and node.target == grid.target
+        assert node.kwargs.get("observe") is False
+    (head,) = node.users
+    assert head.target is aten.conv2d.default

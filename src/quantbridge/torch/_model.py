@@ -25,6 +25,7 @@ from ..recipe import Recipe
 from ._errors import CheckpointError
 from ._fakequant import BiasQuantizer, Quantizer
 from ._passes import set_graph_training
+from ._pickling import reduce_quant_model
 from ._placement import CONTAINER, QuantPoint, output_quantizers
 from ._replace import adopt_hook, record_weight_shapes
 
@@ -63,6 +64,11 @@ class QuantModel(torch.fx.GraphModule):
 
     def _deepcopy_init(self):
         return QuantModel.__init__  # GraphModule.__deepcopy__ re-initialises through this
+
+    def __reduce__(self):
+        """``pickle`` / ``torch.save``: the graph with its captured values, not fx's re-trace
+        of the code (``_pickling``)."""
+        return reduce_quant_model(self, QuantModel)
 
     @property
     def training(self) -> bool:

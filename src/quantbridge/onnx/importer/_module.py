@@ -54,25 +54,41 @@ class OnnxOp(nn.Module):
 
     def __init__(self, node: OnnxNode, handler: OpHandler):
         super().__init__()
-        self.node, self.fn = node, handler.fn
+        self.node, self.handler = node, handler
 
     def forward(self, *args):
-        return self.fn(self.node, *args)
+        return self.handler.fn(self.node, *args)
 
     def extra_repr(self) -> str:
         return repr(self.node.name)
+
+    def __reduce_ex__(self, protocol):
+        """Pickled with its op type: its class is made at import (``_op_class``)."""
+        return _restore, (_op_class, (self.node.op_type,)), self.__dict__
 
 
 _OP_CLASSES: dict[str, type] = {}
 
 
+def _op_class(op_type: str) -> type:
+    """The ``OnnxOp`` subclass named ``op_type`` (one per op type and process)."""
+    cls = _OP_CLASSES.get(op_type)
+    if cls is None:
+        cls = type(op_type, (OnnxOp,), {"__module__": __name__})
+        _OP_CLASSES[op_type] = cls
+    return cls
+
+
 def _op_scope(node: OnnxNode, handler: OpHandler) -> OnnxOp:
     """An ``OnnxOp`` whose class is named after the op type (rules' ``module_type="Add"``)."""
-    cls = _OP_CLASSES.get(node.op_type)
-    if cls is None:
-        cls = type(node.op_type, (OnnxOp,), {"__module__": __name__})
-        _OP_CLASSES[node.op_type] = cls
-    return cls(node, handler)
+    return _op_class(node.op_type)(node, handler)
+
+
+def _restore(make_class, key: tuple) -> nn.Module:
+    """Unpickling an ``OnnxOp`` or ``OnnxModule``: an empty instance of its class, made again
+    from ``key``; pickle then sets its state."""
+    cls = make_class(*key)
+    return cls.__new__(cls)
 
 
 @dataclass
@@ -117,6 +133,10 @@ class OnnxModule(nn.Module):
         _schedule_release(self._steps, set(graph.outputs))
         del self._taken, self._buffer_of, self._integer_consts
         self.eval()
+
+    def __reduce_ex__(self, protocol):
+        """Pickled with its argument names: its class is made at import (``_module_class``)."""
+        return _restore, (_module_class, (tuple(self.arg_names),)), self.__dict__
 
     def _plan(self, node, graph, layer, attr, host_values: set) -> _Step:
         """How ``node`` runs: as a layer, in numpy on sizes (all its data inputs are constants
@@ -277,9 +297,21 @@ def new_module(graph, layers: dict, integer_consts: frozenset[str] = frozenset()
     and ``qb.quantize(..., dynamic=...)`` key dynamic dimensions by argument name).
     ``integer_consts``: constants a quantized file stores as integers; they are buffers even when
     of size 1 (a python scalar could not carry the file's grid, ``_qmodel``)."""
-    forward = _forward_function(_identifiers(graph.inputs))
-    cls = type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
-    return cls(graph, layers, integer_consts)
+    return _module_class(tuple(_identifiers(graph.inputs)))(graph, layers, integer_consts)
+
+
+_MODULE_CLASSES: dict[tuple[str, ...], type] = {}
+
+
+def _module_class(arg_names: tuple[str, ...]) -> type:
+    """The ``OnnxModule`` subclass whose ``forward`` takes ``arg_names`` (one per tuple of names
+    and process)."""
+    cls = _MODULE_CLASSES.get(arg_names)
+    if cls is None:
+        forward = _forward_function(list(arg_names))
+        cls = type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
+        _MODULE_CLASSES[arg_names] = cls
+    return cls
 
 
 def _identifiers(names: list[str]) -> list[str]:

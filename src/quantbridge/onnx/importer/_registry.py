@@ -78,6 +78,12 @@ class OpHandler:
     check: Callable[[OnnxNode], None] | None = None
     always_host: bool = False  # Shape, Size: a tensor in, python sizes out
 
+    def __reduce_ex__(self, protocol):
+        """A registered handler pickles as its key (its functions may be closures)."""
+        if any(e is self for e in _REGISTRY.get(self.op_type, ())):
+            return _registered, (self.op_type, self.since)
+        return super().__reduce_ex__(protocol)
+
 
 _REGISTRY: dict[str, list[OpHandler]] = {}
 
@@ -96,6 +102,10 @@ def register(op_types: str | tuple[str, ...], since: int = 1, **options) -> Call
         return fn
 
     return decorate
+
+
+def _registered(op_type: str, since: int) -> OpHandler:
+    return next(e for e in _REGISTRY[op_type] if e.since == since)
 
 
 def lookup(op_type: str, opset: int) -> OpHandler | None:

@@ -5,15 +5,16 @@ identity, recorded by ``torch.export`` as the custom op ``quantbridge_import::si
 ``_qmodel`` finds every site in the captured graph and puts the grid's quantizer there.
 
 ``DynamicSite(x)`` is ``DynamicQuantizeLinear`` (scale and zero point from each call's range) and
-its dequantization: the custom op ``quantbridge_import::dynamic_site``, which ``_qmodel`` replaces
-by a ``DynamicQuantizer`` (``torch/_dynamic.py``) of the ``QuantModel``.
+its dequantization: the custom op ``quantbridge::dynamic_quantize_dequantize`` of
+``torch/_dynamic.py`` (the export op of ``DynamicQuantizer``; one op for both), which ``_qmodel``
+replaces by a ``DynamicQuantizer`` of the ``QuantModel``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...torch._dynamic import dynamic_fake_quantize
+from ...torch._dynamic import dynamic_quantize_dequantize
 from ._registry import OnnxNode, OpHandler
 
 
@@ -41,24 +42,11 @@ SITE_HANDLER = OpHandler("Site", 1, _run)
 
 
 # -- dynamic quantization ----------------------------------------------------------------------
-@torch.library.custom_op("quantbridge_import::dynamic_site", mutates_args=())
-def dynamic_site(x: torch.Tensor) -> torch.Tensor:
-    """The float import's dynamic quantization (identity gradient: the range covers every value)."""
-    return dynamic_fake_quantize(x)
-
-
-@dynamic_site.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-dynamic_site.register_autograd(lambda ctx, grad: grad)
-
-DYNAMIC_SITE_TARGET = torch.ops.quantbridge_import.dynamic_site.default
+DYNAMIC_SITE_TARGET = torch.ops.quantbridge.dynamic_quantize_dequantize.default
 
 
 def _run_dynamic(node: OnnxNode, x: torch.Tensor) -> torch.Tensor:
-    return dynamic_site(x)
+    return dynamic_quantize_dequantize(x)
 
 
 DYNAMIC_SITE_HANDLER = OpHandler("DynamicSite", 1, _run_dynamic)

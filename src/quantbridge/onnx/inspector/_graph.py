@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from ...optables import DATA_MOVEMENT_OPS, DEQUANTIZE_TRANSPARENT_OPS, QUANTIZED_OUTPUT_OPS
+from .._graph_index import GraphIndex
 
 FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
@@ -48,23 +49,13 @@ def bits_for_range(lo: int, hi: int) -> int:
 
 
 # -- graph facts --------------------------------------------------------------------------------
-class Graph:
+class Graph(GraphIndex):
     """Producers, consumers, constants and element types of one graph's tensors."""
 
     def __init__(self, model: onnx.ModelProto):
         graph = model.graph
-        self.nodes = list(graph.node)
-        self.outputs = {o.name for o in graph.output}
-        self.producer = {t: n for n in self.nodes for t in n.output if t}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in self.nodes:
-            for t in n.input:
-                if t:
-                    self.consumers.setdefault(t, []).append(n)
-        self.constants = {init.name: init for init in graph.initializer}
-        for n in self.nodes:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.constants[n.output[0]] = n.attribute[0].t
+        initializers = {init.name: init for init in graph.initializer}
+        super().__init__(list(graph.node), initializers, (o.name for o in graph.output))
         self.dtype: dict[str, int] = {t: c.data_type for t, c in self.constants.items()}
         for v in value_infos(model):
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
@@ -83,10 +74,6 @@ class Graph:
             elif n.op_type in DATA_MOVEMENT_OPS and n.input and n.input[0] in self.dtype:
                 for out in n.output:
                     self.dtype.setdefault(out, self.dtype[n.input[0]])
-
-    def array(self, name: str) -> np.ndarray | None:
-        c = self.constants.get(name)
-        return None if c is None else numpy_helper.to_array(c)
 
     def quantize_type(self, node: onnx.NodeProto) -> int:
         """Integer type a QuantizeLinear produces: its zero point's, ``output_dtype``, or uint8."""

@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .._graph_index import GraphIndex
+
 MS_DOMAIN = "com.microsoft"  # where ONNX Runtime defines QLinearAdd, QGemm, QLinearConcat, ...
 
 
@@ -60,7 +62,7 @@ class Rewrite:
     initializers: list[TensorProto] = field(default_factory=list)
 
 
-class GraphView:
+class GraphView(GraphIndex):
     """Read-only facts about ``nodes`` in a graph (rebuilt after every applied rewrite)."""
 
     def __init__(
@@ -72,19 +74,9 @@ class GraphView:
         opset: int,
         names: set[str],
     ):
-        self.nodes, self.initializers, self.graph = nodes, initializers, graph
+        super().__init__(nodes, initializers, (o.name for o in graph.output))
+        self.initializers, self.graph = initializers, graph
         self.shapes, self.opset, self._names = shapes, opset, names
-        self.outputs = {o.name for o in graph.output}
-        self.producer = {t: n for n in nodes for t in n.output if t}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in nodes:
-            for t in n.input:
-                if t:
-                    self.consumers.setdefault(t, []).append(n)
-        self.constants = dict(initializers)
-        for n in nodes:
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.constants[n.output[0]] = n.attribute[0].t
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> GraphView:
@@ -133,10 +125,6 @@ class GraphView:
 
     def constant(self, base: str, value: np.ndarray) -> TensorProto:
         return numpy_helper.from_array(np.asarray(value), self.fresh(base))
-
-    def array(self, name: str) -> np.ndarray | None:
-        c = self.constants.get(name)
-        return None if c is None else numpy_helper.to_array(c)
 
     def rank(self, tensor: str) -> int | None:
         shape = self.shapes.get(tensor)
