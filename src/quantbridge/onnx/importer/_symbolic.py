@@ -12,7 +12,11 @@ dimension, so a specialisation is never silent.
 ``check_at_import`` runs that watch once inside ``import_onnx``, on fake tensors (no data, no
 ``torch.export``): each declared-dynamic dimension is a fresh symbol (example sizes from
 ``example_inputs``, else 2 for the first dimension and 64 + i for the others), so the warning
-comes at import, before any quantization. Where the fake run cannot finish (an example size
+comes at import, before any quantization. It runs under torch's python dispatcher, as
+torch.export's trace does: composite ops then take their python decompositions, which keep a
+symbolic batch, where the C++ kernels of ``constant_pad_nd`` and ``upsample_*`` guard it to the
+example's size (that named pins quantize never makes: EfficientViT-B's ``Pad``, PP-OCRv4 det's
+``p2o.Resize.0``). Where the fake run cannot finish (an example size
 the graph rejects, a data-dependent op) nothing is said there; the trace in ``quantize`` still
 watches.
 
