@@ -41,6 +41,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch._export.verifier import SpecViolationError
 from torch.export import graph_signature as gs
 from torch.utils import _pytree as pytree
 
@@ -65,7 +66,8 @@ def reused_program(
         return None
     try:
         return _build(module)
-    except _Refused as e:
+    except (_Refused, SpecViolationError) as e:  # the verifier: a captured in-place op (the
+        # detach_ of torch.tensor(sizes) in an imported graph under dynamic="all")
         log.debug("one-trace export not taken: %s", e)
         return None
 

@@ -158,13 +158,23 @@ _UNARY = {
     "Sin": torch.sin,
     "Cos": torch.cos,
     "Sign": torch.sign,
-    "Not": torch.logical_not,
     "Softsign": F.softsign,
     "Softplus": F.softplus,
 }
 for _op, _torch_fn in _UNARY.items():
     register(_op)(lambda node, x, _f=_torch_fn: _f(as_tensor(x)))
 register("Neg", host=lambda node, x: np.negative(x))(lambda node, x: -as_tensor(x))
+
+
+def _host_not(node, x):
+    """``Not`` of a size comparison (legacy ``torch.div(h, 2, rounding_mode="floor")`` writes
+    ``Div, Mod, Less, Xor, Not, And, Where``) stays python, so the sizes after it do too."""
+    if x.dtype == object:  # SymBools under torch.export
+        return np.asarray(np.frompyfunc(torch.sym_not, 1, 1)(x), dtype=object)
+    return np.logical_not(x)
+
+
+register("Not", host=_host_not)(lambda node, x: torch.logical_not(as_tensor(x)))
 register("IsNaN", since=9, host=lambda node, x: np.isnan(x))(
     lambda node, x: torch.isnan(as_tensor(x))
 )

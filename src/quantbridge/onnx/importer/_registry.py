@@ -152,7 +152,9 @@ def as_tensor(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype == object:  # sizes under torch.export: python ints and SymInts
             return torch.tensor(value.tolist(), dtype=torch.int64)
-        value = np.ascontiguousarray(value)
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d, so a scalar size
+        # became shape (1,) in torch and its Unsqueeze (1, 1): EfficientViT, issue 12)
+        value = np.require(value, requirements="C")
         return torch.from_numpy(value if value.flags.writeable else value.copy())
     if isinstance(value, (bool, int, float)):
         return torch.tensor(value)

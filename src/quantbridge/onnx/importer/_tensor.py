@@ -278,24 +278,32 @@ def _check_pad(node: OnnxNode) -> None:
         )
 
 
-def _pad(node, x, pads, value=0.0, axes=None):
+def torch_pads(rank: int, pads, axes=None) -> list:
+    """``F.pad``'s list (last dimension first, down to the first padded one) for ONNX ``pads``
+    (all begins, then all ends) over ``axes``; empty when nothing is padded. A symbolic amount
+    counts as padded (testing it for zero would guard on, and pin, the size it comes from)."""
     pads = ints(pads)
-    rank = node.rank(0, x)
     half = len(pads) // 2
     axes = normalize_axes(ints(axes), rank) if axes is not None else list(range(rank - half, rank))
     begin = dict(zip(axes, pads[:half], strict=True))
     end = dict(zip(axes, pads[half:], strict=True))
-    first = min((a for a in axes if begin[a] or end[a]), default=rank)
-    torch_pads: list = []
+    padded = lambda v: not isinstance(v, int) or v != 0  # noqa: E731
+    first = min((a for a in axes if padded(begin[a]) or padded(end[a])), default=rank)
+    out: list = []
     for a in reversed(range(first, rank)):
-        torch_pads += [begin.get(a, 0), end.get(a, 0)]
-    if not torch_pads:
+        out += [begin.get(a, 0), end.get(a, 0)]
+    return out
+
+
+def _pad(node, x, pads, value=0.0, axes=None):
+    amounts = torch_pads(node.rank(0, x), pads, axes)
+    if not amounts:
         return x
     mode = _PAD_MODES[node.attr("mode", "constant")]
     if mode != "constant":
-        return F.pad(x, torch_pads, mode=mode)
-    value = value.item() if isinstance(value, torch.Tensor) else np.asarray(value).reshape(-1)
-    return F.pad(x, torch_pads, value=float(value[0]) if len(value) else 0.0)
+        return F.pad(x, amounts, mode=mode)
+    fill = floats(value) if value is not None else []  # constant_value may be left empty ("")
+    return F.pad(x, amounts, value=fill[0] if fill else 0.0)
 
 
 @register("Pad", since=2, check=_check_pad)
