@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.suite import report, verdicts  # noqa: E402
+from bench.suite import cost, report, verdicts  # noqa: E402
 from bench.suite.speed import check_output  # noqa: E402
 from bench.suite.timing import interleave  # noqa: E402
 
@@ -195,9 +195,11 @@ def test_interleave_same_calls_gives_every_form_the_same_count():
     assert same["fast"]["calls"] == same["slow"]["calls"] == apart["fast"]["calls"]
 
 
-def _cost(speedup, process, memory):
+def _cost(speedup, process, memory, memory_quantize=None):
     r = lambda m: {"median": m, "min": m, "max": m, "n": 1}  # noqa: E731
     s = {"speedup": r(speedup), "memory_ratio": r(memory), "process_speedup": r(process)}
+    if memory_quantize is not None:
+        s["memory_quantize_ratio"] = r(memory_quantize)
     return {"cost": {"workload": "resnet18", "samples": 64, "summary": {"percentile": s}}}
 
 
@@ -207,7 +209,39 @@ def test_cost_is_judged_in_process_and_as_whole_process():
     assert rows["Cost, ResNet-18 percentile: in-process >= 2x faster than ORT quantize_static"][2] == "met"  # fmt: skip
     whole = rows["Cost, ResNet-18 percentile: whole process (imports included) no slower than ORT's"]  # fmt: skip
     assert whole[2] == "**not met**" and "0.80" in whole[1]
-    assert rows["Cost, ResNet-18 percentile: <= half ORT's peak memory"][2] == "met"
+    assert rows["Cost, ResNet-18 percentile: <= half ORT's peak memory (whole process)"][2] == "met"
+
+
+def test_cost_memory_is_judged_as_quantizings_increment_and_as_the_whole_process():
+    # torch + the model push our whole-process peak over half ORT's while quantizing itself
+    # adds 0.38x of what ORT's quantize_static adds: two rows, two verdicts
+    rows = {t[0]: t for t in verdicts.cost_targets(_cost(1.0, 0.5, 0.87, 0.38))}
+    whole = rows["Cost, ResNet-18 percentile: <= half ORT's peak memory (whole process)"]
+    assert whole[2] == "**not met**" and "0.87" in whole[1]
+    inc = rows["Cost, ResNet-18 percentile: quantizing's memory (peak over setup) <= half ORT's"]
+    assert inc[2] == "met" and "0.38" in inc[1]
+    over = {t[0]: t for t in verdicts.cost_targets(_cost(1.0, 0.5, 0.87, 0.51))}
+    assert over[inc[0]][2] == "**not met**"
+    # results written before the increment was measured: only the whole-process row
+    old = [t[0] for t in verdicts.cost_targets(_cost(1.0, 0.5, 0.87))]
+    assert not any("peak over setup" in label for label in old)
+
+
+def test_cost_summary_pairs_each_runs_increment_over_its_setup():
+    run = lambda peak, setup, rep: {  # noqa: E731
+        "seconds": 1.0, "steps_s": {"total_s": 1.0}, "peak_mib": peak, "setup_peak_mib": setup,
+        "setup_s": 0.1, "process_wall_s": 2.0, "repeat": rep,
+    }  # fmt: skip
+    runs = {
+        "ours/percentile": [run(660.0, 426.0, 0), run(700.0, 430.0, 1)],
+        "ort/percentile": [run(750.0, 140.0, 0), run(760.0, 160.0, 1)],
+    }
+    s = cost.summarize(runs, ("percentile",), 0.0)["percentile"]
+    assert s["ours_quantize_mib"]["median"] == (234.0 + 270.0) / 2
+    assert s["ort_quantize_mib"]["median"] == (610.0 + 600.0) / 2
+    assert s["memory_quantize_ratio"]["min"] == 234.0 / 610.0  # paired within a repeat
+    assert s["memory_quantize_ratio"]["max"] == 270.0 / 600.0
+    assert s["memory_ratio"]["min"] == 660.0 / 750.0
 
 
 def test_qat_ratio_against_pytorch_needs_like_with_like():

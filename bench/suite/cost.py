@@ -11,9 +11,13 @@ from start to exit, imports and setup included (``process_wall_s``).
 What is timed: calibration + export from the torch model for ours; ``quantize_static`` from the
 float ONNX file for ONNX Runtime (the float export it needs is timed once apart and reported
 beside, since a torch user pays it too). For the OCR detector, an ONNX model, both start from
-the same file: ours' time includes ``qb.import_onnx``. Peak memory includes each process's baseline: torch
-(imported by ours, not by the ONNX Runtime child) and the calibration arrays; the baseline after
-setup is reported too.
+the same file: ours' time includes ``qb.import_onnx``.
+
+Two memory figures. The whole process's peak includes each process's baseline: torch (imported
+by ours, not by the ONNX Runtime child), the model, the calibration arrays. Quantizing's own
+memory is the peak minus the peak after setup (``memory_quantize_ratio``): what the call adds
+to a process that already holds its libraries and model. Issue 14's "peak memory <= 0.5x" is
+judged on that one (``bench/README.md``); the whole-process ratio is judged and shown beside it.
 """
 
 from __future__ import annotations
@@ -165,6 +169,11 @@ def summarize(runs: dict[str, list[dict]], methods, float_export_s: float) -> di
         memory = paired_ratio(
             [a["peak_mib"] for a, _ in matched], [b["peak_mib"] for _, b in matched]
         )
+        # what quantizing itself costs: each process's peak over its own peak after setup
+        # (ours: torch, the libraries and the model already loaded; ORT: onnx, onnxruntime)
+        memory_quantize = paired_ratio(
+            [_increment(a) for a, _ in matched], [_increment(b) for _, b in matched]
+        )
         out[method] = {
             "ours_s": _stats([r["seconds"] for r in ours]),
             "ort_s": _stats([r["seconds"] for r in ort]),
@@ -181,8 +190,16 @@ def summarize(runs: dict[str, list[dict]], methods, float_export_s: float) -> di
             "ort_process_s": _stats([r["process_wall_s"] for r in ort]),
             "process_speedup": process,  # ORT process wall / ours, per repeat
             "memory_ratio": memory,  # our peak / ORT's peak, per repeat
+            "ours_quantize_mib": _stats([_increment(r) for r in ours]),
+            "ort_quantize_mib": _stats([_increment(r) for r in ort]),
+            "memory_quantize_ratio": memory_quantize,  # our peak over setup / ORT's, per repeat
         }
     return out
+
+
+def _increment(run: dict) -> float:
+    """MiB the timed part added to the process's peak (peak minus the peak after setup)."""
+    return run["peak_mib"] - run["setup_peak_mib"]
 
 
 def _stats(values: list[float]) -> dict[str, float]:

@@ -250,7 +250,9 @@ COST_KEYS = ("cost", "cost_ocr_det")  # figure 3 runs: ResNet-18-style, then the
 
 def cost_targets(results: dict) -> list[tuple[str, str, str]]:
     """Issue 14 part 5: in-process time <= 0.5x ORT's (speed-up >= 2), whole-process wall time
-    incl. imports <= ORT's (speed-up >= 1), peak memory <= 0.5x ORT's."""
+    incl. imports <= ORT's (speed-up >= 1), peak memory <= 0.5x ORT's: judged as the increment
+    over each process's own setup (what quantizing costs) and, beside it, as the whole
+    process's peak (torch and the model included)."""
     out = []
     for key in COST_KEYS:
         cost = results.get(key)
@@ -271,8 +273,12 @@ def cost_targets(results: dict) -> list[tuple[str, str, str]]:
             if proc:
                 out.append((f"Cost, {label}: whole process (imports included) no slower than ORT's",
                             f"{_ratio(proc)}x (ORT process wall / ours)", "met" if proc["median"] >= 1 else "**not met**"))  # fmt: skip
-            out.append((f"Cost, {label}: <= half ORT's peak memory",
+            out.append((f"Cost, {label}: <= half ORT's peak memory (whole process)",
                         f"{_ratio(mem)} (our peak / ORT's)", "met" if mem["median"] <= 0.5 else "**not met**"))  # fmt: skip
+            inc = s.get("memory_quantize_ratio")
+            if inc:  # the issue's target: what quantizing adds over each tool's own setup
+                out.append((f"Cost, {label}: quantizing's memory (peak over setup) <= half ORT's",
+                            f"{_ratio(inc)} (our increment / ORT's)", "met" if inc["median"] <= 0.5 else "**not met**"))  # fmt: skip
     return out
 
 

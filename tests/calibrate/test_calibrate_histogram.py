@@ -183,3 +183,27 @@ def test_torch_extrema_propagate_nan_like_numpy() -> None:
     with pytest.raises(ValueError, match="1 NaN"):
         obs.update(data)
     assert obs.values_seen == 0
+
+
+@pytest.mark.parametrize("num_bins", [64, 8192, 1 << 16])  # int16 indices, and int32 above 2**15
+@pytest.mark.parametrize("exact_offset_bins", [1 << 24, 32])  # 32: the int64 path of huge N
+def test_torch_counting_in_slices_equals_np_histogram(monkeypatch, num_bins, exact_offset_bins):
+    # a batch counted a slice at a time (the last one short) gives the counts of the whole
+    pytest.importorskip("torch")
+    from quantbridge.calibrate import _histogram
+
+    monkeypatch.setattr(_histogram, "_SLICE", 4_099)
+    monkeypatch.setattr(_histogram, "_EXACT_OFFSET_BINS", exact_offset_bins)
+    tiny = np.float32(1.4e-45)
+    rng = np.random.default_rng(num_bins)
+    data = np.concatenate(
+        [
+            rng.laplace(0.0, 3.0, 70_000).astype(np.float32),
+            np.resize(np.array([-tiny, tiny, -0.0, 0.0, -1.0], dtype=np.float32), 1_000),
+        ]
+    )
+    hist = fed([data[:20_000], data[20_000:]], num_bins)
+    np.testing.assert_array_equal(hist.counts, reference_counts(data, hist))
+    wide = data.astype(np.float64) * 2.0**100  # float64, and x / w scales by 2**-k, k > 0
+    hist = fed([wide], num_bins)
+    np.testing.assert_array_equal(hist.counts, reference_counts(wide, hist))

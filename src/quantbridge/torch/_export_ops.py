@@ -125,3 +125,27 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
         m.export_axis = 0 if scale.numel() > 1 else None
         return ["export_qbias", "export_scale", "export_zero_point"]
     return []
+
+
+def code_extremes(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
+    """The codes ``quantizer.quantize_integers(x)`` holds at its extremes: per channel (or per
+    tensor) the code of the smallest and of the largest value, flattened.
+
+    Exact without quantizing ``x``: ``quantize`` is monotone non-decreasing in ``x`` (a correctly
+    rounded division by a positive scale, round half to even, an exact zero-point addition, a
+    clip), so the smallest and largest codes are those of the smallest and largest values. One
+    reduction over ``x`` instead of a quantization of it (the export's saturation check read every
+    weight's codes: 21 full quantizations of a ResNet-18's 11.7M weights). NaN is the exception
+    (it quantizes to the zero point, not as an extreme): a tensor holding one is quantized whole.
+    """
+    axis = quantizer.axis
+    dims = [] if axis is None else [d for d in range(x.ndim) if d != axis % x.ndim]
+    if x.numel() == 0 or (axis is not None and not dims):
+        return quantizer.quantize_integers(x).reshape(-1)
+    if axis is None:
+        lo, hi = torch.aminmax(x)
+    else:
+        lo, hi = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
+    if torch.isnan(lo).any() or torch.isnan(hi).any():
+        return quantizer.quantize_integers(x).reshape(-1)
+    return torch.cat([quantizer.quantize_integers(v).reshape(-1) for v in (lo, hi)])

@@ -12,7 +12,9 @@
   2. otherwise (a view or an input is mutated, a view of the value is read later, dtypes differ):
      the op is left as captured (it then runs in float, as any op outside the tables).
 * ``own_parameters`` - give the captured module its own copies of parameters and buffers, so
-  passes that rewrite weights (BN folding) never touch the user's float model.
+  passes that rewrite weights never touch the user's float model. BN folding never writes a
+  tensor (it makes new ones), so ``quantize`` folds first and copies only what the capture
+  shares with the user's model afterwards (``tensor_storages``): one copy of the weights less.
 * ``fold_batchnorm`` - fold an inference-mode ``batch_norm`` into the conv/linear before it:
 
   .. math::
@@ -112,13 +114,27 @@ def out_of_place(gm: torch.fx.GraphModule) -> int:
     return finish(gm, replaced, dead_code=False)
 
 
-def own_parameters(gm: torch.fx.GraphModule) -> None:
+def own_parameters(gm: torch.fx.GraphModule, shared: set[int] | None = None) -> None:
+    """Replace every parameter and buffer of ``gm`` by a copy, or only those whose storage is
+    in ``shared`` (``tensor_storages`` taken before passes that create new tensors: a folded
+    weight is ``gm``'s own already, and copying it would only add a copy of the model)."""
     for name, p in list(gm.named_parameters()):
-        owner, attr = _owner(gm, name)
-        setattr(owner, attr, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+        if shared is None or _storage(p) in shared:
+            owner, attr = _owner(gm, name)
+            setattr(owner, attr, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
     for name, b in list(gm.named_buffers()):
-        owner, attr = _owner(gm, name)
-        owner.register_buffer(attr, b.detach().clone())
+        if shared is None or _storage(b) in shared:
+            owner, attr = _owner(gm, name)
+            owner.register_buffer(attr, b.detach().clone())
+
+
+def tensor_storages(gm: nn.Module) -> set[int]:
+    """The storages of ``gm``'s parameters and buffers (those it may share with the user's model)."""
+    return {_storage(t) for t in (*gm.parameters(), *gm.buffers())}
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _owner(gm: nn.Module, fqn: str) -> tuple[nn.Module, str]:
@@ -201,7 +217,7 @@ def _fold_one(gm: torch.fx.GraphModule, conv, bn) -> torch.Tensor:
             raise _NotFoldable  # grouped transposed conv: out channels are not one weight axis
         shape = [1] * w.ndim
         shape[axis] = -1
-        new_w = (w.double() * k.reshape(shape)).to(w.dtype)
+        new_w = (w * k.reshape(shape)).to(w.dtype)  # float64 product (promotion)
         b0 = b.double() if b is not None else torch.zeros_like(mean, dtype=torch.float64)
         new_b = (b0 - mean.double()) * k + (beta.double() if beta is not None else 0.0)
     owner, attr = _owner(gm, w_node.target)

@@ -18,7 +18,7 @@ from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
 from ._outliers import outlier_residuals, outlier_rules
-from ._passes import fold_batchnorm, own_parameters
+from ._passes import fold_batchnorm, own_parameters, tensor_storages
 from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
@@ -81,10 +81,11 @@ def prepare(
             gm = capture(model, example_args, example_kwargs, dynamic)
     finally:
         model.train(was_training)
-    own_parameters(gm)
-    if fold_bn:
+    shared = tensor_storages(gm)  # the capture's tensors are the user's model's
+    if fold_bn:  # folding writes new tensors, never the captured ones
         fold_batchnorm(gm)
         batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
+    own_parameters(gm, shared)  # a copy of what is still shared (a folded weight is not)
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)

@@ -46,7 +46,7 @@ from ...torch._capture import (
     widen_batch,
 )
 from ...torch._deadline import CaptureTimeout, capture_budget, deadline
-from ...torch._export_ops import export_mode
+from ...torch._export_ops import code_extremes, export_mode
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
 from ...torch._progress import stage
@@ -264,7 +264,7 @@ def _largest_code(qmodel: QuantModel, q) -> int:
     except AttributeError:
         return max(-q.qmin, q.qmax)
     with torch.no_grad():
-        return int(q.quantize_integers(w).abs().max())
+        return int(code_extremes(q, w).abs().max())
 
 
 def _weight_bits(qmodel: QuantModel) -> dict[str, tuple[int, bool]]:
