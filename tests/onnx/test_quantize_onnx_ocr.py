@@ -5,8 +5,8 @@ rendered text (``ocr_data``; calibration and evaluation from separate seeds), th
 by ONNX Runtime node by node and fused (see ``_ort``) against the float file:
 
 * detector: text-mask IoU (probability > 0.3); target 0.97, measured 0.943-0.948 (not met);
-* recognizer: lines read exactly (greedy CTC); target 91%, measured 98.4% / 96.9% fused with
-  ``--method mse --recipe int8_avx2`` (met; 82.8% with the default minmax);
+* recognizer: lines read exactly (greedy CTC); target 91%, NOT met: with ``--method mse --recipe
+  int8_avx2`` 90.6% / 93.8% fused on the 64 test lines, ~90% on 256 lines (see the test);
 * direction classifier: same label as float (half of the lines upside down); target 99%,
   measured 99.2% node by node and fused with ``--method mse --recipe int8_avx2`` (met).
 
@@ -71,7 +71,18 @@ def test_detector_mask_iou(tmp_path, _):
     """8 calibration / 8 evaluation pages of 160 x 160; IoU of all text pixels together.
 
     Target 0.97 NOT met: measured 0.948 node by node, 0.943 fused (minmax, float head); 7-bit
-    weights 0.948 / 0.948. The bound is the measured level less a margin for other CPUs."""
+    weights 0.948 / 0.948. Other general settings (stop 10, node by node / fused, IoU and SQNR):
+    --method mse 0.947 / 0.943, 14.04 / 13.77 dB; --method mse --recipe int8_avx2 0.952 / 0.953,
+    14.71 / 14.76 dB (the best); bias correction 0.939 / 0.932, 13.66 / 13.21 dB; --method
+    percentile 0.944 / 0.938, 13.67 / 13.16 dB; the head's first two layers float as well: 0.952 /
+    0.953. Where the loss is (torch fake quant, int8 minmax, 0.948 / 14.52 dB as in ONNX Runtime;
+    quantizers switched off after calibration): the first 32 of 260 quantized layers and ops (the
+    backbone's stem) kept float give 0.975 / 19.27 dB, any other eighth of the graph kept float
+    <= 0.953; quantized alone, the stem's p2o.Conv.2 and the scalar affine after it
+    (PP-LCNetV3's learnable affine block: p2o.Mul.6, p2o.Add.10) each cost most (18.7-19.3 dB):
+    their activation grids (steps 0.41 and 0.78: a range of ~100-200 that outlier channels set),
+    not the weights (30.8 dB) or the constants (46.7 dB).
+    The bound is the measured level less a margin for other CPUs."""
     out = _quantize(tmp_path, DET, ocr_data.pages(range(8), 160, 160))
     x = ocr_data.pages(range(1000, 1008), 160, 160)
     expected = _ort(DET, {"x": x}) > 0.3
@@ -91,13 +102,18 @@ def test_detector_mask_iou(tmp_path, _):
 def test_recognizer_reads_lines(tmp_path, _):
     """32 calibration / 64 evaluation lines, 48 x 320; float reads all 64.
 
-    Target 91% (issue 9) NOT met by one line of 64 on this tree: with MSE calibration of the
-    activations and 7-bit weights (``--method mse --recipe int8_avx2``) measured 90.6% node by
-    node, 93.8% fused (stop 10; stop 8 measured 98.4% / 96.9%; a Div's divisor kept float reads
-    92.2% / 93.8%: the 64-line figure moves by a line or two with any change upstream). With the
-    default minmax: 82.8% (int8 and int8_avx2 alike; the misreads are mostly spaces between words
-    dropped), 84.4% / 79.7% with bias correction, 51.6% with percentile. Bound: the measured
-    level less one line (57/64 = 0.89), so that a real regression fails it."""
+    Target 91% (issue 9) NOT met. With MSE calibration of the activations and 7-bit weights
+    (``--method mse --recipe int8_avx2``) measured 90.6% node by node, 93.8% fused (stop 10).
+    Stop 8's 98.4% / 96.9% was no better model, only a lucky 64-line sample: its file and this
+    tree's differ in the 10 quantizers of the layer norms' variance only (kept float since the
+    Div-divisor rule) and in scales in the 4th digit, and on 256 lines (seeds 1000-1255) both
+    read the same: stop 8 90.6% / 89.5% fused, this tree 90.2% / 89.5% (captured with
+    dynamic='batch' and with dynamic='all' alike), while on the first 64 lines stop 8 read 63
+    and reruns of this tree 58 (stop 10) and 61. These 64 lines move by 3-5 lines with 4th-digit
+    changes of the scales; the model's level is ~90%, just under the target.
+    With the default minmax: 82.8% (int8 and int8_avx2 alike; the misreads are mostly spaces
+    between words dropped), 84.4% / 79.7% with bias correction, 51.6% with percentile. Bound: the
+    measured level less one line (57/64 = 0.89), so that a real regression fails it."""
     calib, _texts = ocr_data.lines(range(32))
     out = _quantize(tmp_path, REC, calib, "--method", "mse", "--recipe", "int8_avx2")
     x, texts = ocr_data.lines(range(1000, 1064))
