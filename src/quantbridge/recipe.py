@@ -52,6 +52,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._platform import u8s8_saturates
+from ._recipe_parts import AdaRound
+from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerChannel, PerTensor, QScheme
 
 _METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
@@ -148,55 +150,6 @@ class Rule:
             if a is not None
             else None,
         )
-
-
-@dataclass(frozen=True)
-class AdaRound:
-    """AdaRound (Nagel et al. 2020): learn each weight's rounding, floor or ceil, layer by layer
-    (``quantbridge.torch.ptq``). ``Recipe(adaround=AdaRound())``; in a dict ``"adaround": true``
-    or the fields below. Scales stay as calibrated; only the integer weights change.
-
-    ``iterations`` Adam steps per layer on batches of ``batch_rows`` sampled rows (a conv's
-    im2col patches, a linear's tokens) out of ``rows`` cached per layer from at most
-    ``calib_batches`` calibration batches; ``reg_weight`` weights the rounding regulariser,
-    whose ``beta`` anneals from ``beta_start`` to ``beta_end`` after the first ``warmup``
-    fraction of the steps (regulariser off before); ``lr`` is Adam's step size."""
-
-    iterations: int = 300
-    batch_rows: int = 256
-    rows: int = 4096
-    calib_batches: int = 16
-    reg_weight: float = 5.0
-    beta_start: float = 20.0
-    beta_end: float = 2.0
-    warmup: float = 0.2
-    lr: float = 5e-2
-
-    def __post_init__(self) -> None:
-        for name in ("iterations", "batch_rows", "rows", "calib_batches"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"AdaRound.{name} must be a positive integer, got {v!r}")
-        if not 0.0 <= self.warmup < 1.0:
-            raise ValueError(f"AdaRound.warmup must lie in [0, 1), got {self.warmup!r}")
-        for name in ("reg_weight", "beta_start", "beta_end", "lr"):
-            if not float(getattr(self, name)) > 0:
-                raise ValueError(f"AdaRound.{name} must be positive, got {getattr(self, name)!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
-
-    @classmethod
-    def from_value(cls, value: Any, where: str) -> AdaRound | None:
-        """``True`` -> the defaults, ``False`` / ``None`` -> off, a mapping -> those fields."""
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        _check_keys(value, set(cls.__dataclass_fields__), where)
-        return cls(**value)
 
 
 def _default_weights() -> TensorRecipe:
@@ -391,14 +344,7 @@ class Recipe:
         return replace(self, rules=self.rules + tuple(rules))
 
 
-def _check_keys(d: Any, allowed: set[str], where: str) -> None:
-    if not isinstance(d, dict):
-        raise TypeError(f"{where} must be a mapping, got {type(d).__name__}")
-    for key in d:
-        if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed keys: {sorted(allowed)}")
-
-
+DEFAULT = "default"  # the preset used when no recipe is given
 _SYM8 = QScheme(8, True, True, False, PerTensor())
 PRESETS: dict[str, Recipe] = {
     "int8": Recipe(),
@@ -427,6 +373,11 @@ PRESETS: dict[str, Recipe] = {
         activations=TensorRecipe(QScheme(8, True, True, False, PerTensor(), "pow2"), "minmax"),
     ),
 }
+# The default recipe (``qb.quantize`` / ``quantize_onnx`` / ``quantbridge quantize`` without one),
+# chosen by measurement: see "The default" in the module docstring for the table and command.
+PRESETS[DEFAULT] = replace(
+    PRESETS["int8_avx2"], quantize_outputs=False, equalize=True, bias_correction=True
+)
 
 
 def native_preset() -> str:
@@ -436,9 +387,10 @@ def native_preset() -> str:
 
 
 def resolve_recipe(recipe: Recipe | str | dict | None) -> Recipe:
-    """Accept a Recipe, a preset name, a dict (``to_dict`` form) or None (the ``int8`` preset)."""
+    """Accept a Recipe, a preset name, a dict (``to_dict`` form) or None (the ``default`` preset,
+    see the module docstring; ``Recipe()`` itself is the ``int8`` preset)."""
     if recipe is None:
-        return PRESETS["int8"]
+        return PRESETS[DEFAULT]
     if isinstance(recipe, Recipe):
         return recipe
     if isinstance(recipe, str):
