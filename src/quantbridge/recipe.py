@@ -10,7 +10,10 @@ and impossible combinations raise ``ValueError`` naming the key.
 
 Presets (``Recipe.preset(name)``, or pass the name to ``quantize``):
 
-* ``"int8"`` (default): weights int8 symmetric narrow range ([-127, 127]) per output channel;
+* ``"default"``: what ``qb.quantize``, ``qb.quantize_onnx`` and ``quantbridge quantize`` use
+  without a recipe - ``int8_avx2`` (7-bit weights) with float graph outputs, cross-layer
+  equalization and bias correction; see "The default" below for why.
+* ``"int8"`` (also ``Recipe()``): weights int8 symmetric narrow range ([-127, 127]) per output channel;
   activations uint8 asymmetric per tensor, minmax; bias int32 with scale = input x weight scale.
   uint8 activations because x86 engines run u8 x s8 kernels (VNNI ``vpdpbusd``): ONNX Runtime runs
   a QDQ ResNet-18 about 3x faster with uint8 than with int8 activations on this machine.
@@ -42,6 +45,40 @@ e.g. ``dataclasses.replace(Recipe.preset("native"), equalize=True, bias_correcti
 Every preset also puts the constant operand of a quantized add / mul (``x * 0.1666``, ``x + 3.0``,
 ``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
 does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
+
+The default (issue 14), by measurement: ``python -m bench --quick --only W --figures accuracy``'s
+workloads and scoring (``bench.suite.accuracy``), each candidate exported and run in ONNX Runtime
+fused (the engine users run) / node by node (exact QDQ arithmetic: what a VNNI CPU computes), on
+an AVX2 CPU without VNNI, 2026-12-01 (peers: the bench's default rows, same day):
+
+===================  ==============  ============  ============  ============  ===============
+workload (metric)    ``int8`` (old)  7b, float out  + equalize   + bias corr.  + both (default)
+===================  ==============  ============  ============  ============  ===============
+digits (top-1 %)     98.00 / 97.78   97.78         97.78         97.78         97.78 / 97.78
+ResNet-18-st. (dB)   36.58 / 40.13   39.61         -             TBDR18        44.68 / 44.74
+MobileNetV2-st. dB   25.40 / 39.92   40.74         40.44         TBDMNV2       49.68 / 49.64
+OCR det (dB, IoU)    12.40, 0.930    12.75, 0.935  -             TBDOCR        12.24, 0.927
+MiniLM (cosine)      TBDMINI
+===================  ==============  ============  ============  ============  ===============
+
+Peers' defaults: digits 97.78 (ONNX Runtime, NNCF, ModelOpt, PyTorch FX; float 97.78);
+ResNet-18-style NNCF 43.17, ORT 36.65, FX 34.38, ModelOpt 8.62 dB; MobileNetV2-style ORT
+30.67, FX 32.97, NNCF 25.97, ModelOpt 0.51 dB; OCR det ORT 10.04 dB, IoU 0.887 (full run).
+Only bias correction beats NNCF on ResNet-18 (it also removes the mean error of 7-bit weights).
+TBDWHY Cost: equalization and bias correction are one float pass each over the calibration
+data: ResNet-18-style quantize + export 128 -> 202 s (1.6x; calibration 76 -> 161 s) in one
+run at load ~12 on 2 cores; MobileNetV2-style 165 -> 118-140 s (noise at that load).
+
+Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
+with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
+CPU without VNNI (``quantbridge._platform``), and ``native`` would make the same call write a
+different file per machine. 7-bit weights run exactly on every x86 CPU and cost almost nothing
+with bias correction: node by node (VNNI-exact) ResNet-18-style 44.74 dB vs 44.77 with 8-bit
+weights, which score 38.01 dB fused here. Pass ``recipe="int8"`` (or ``"native"`` on a VNNI
+machine) for full-range weights and quantized outputs. Float outputs: the logits are the last
+layer's output dequantized, not rounded to a 256-step grid; ``qb.lower`` / ``integer_mode``
+end the integer program at that layer's int32 accumulator (``float_outputs="dequantize"``,
+their default).
 """
 
 from __future__ import annotations
@@ -174,29 +211,18 @@ class Recipe:
     # in ONNX Runtime's quantizer: the export then fuses into QLinearAdd / QLinearMul
     quantize_constants: bool = True
     # False: a value read only as a graph output (through flatten / reshape / dropout) stays
-    # float (ResNet-18-style logits, ORT node-by-node: 40.13 -> 43.22 dB). True by default:
-    # integer-only lowering (``qb.lower``, ``integer_mode``, emitted C) needs integer outputs.
+    # float (ResNet-18-style logits, ORT node-by-node: 40.13 -> 43.22 dB); the "default" preset.
+    # ``qb.lower`` then ends the program at the last layer's int32 accumulator.
     quantize_outputs: bool = True
     # post-training accuracy methods (``quantbridge.torch.ptq``): cross-layer equalization of
     # conv/linear pairs through ReLU; SmoothQuant outlier migration into linears, alpha a number
     # in [0, 1] or "auto" (searched per layer); empirical bias correction, True (one float pass,
     # each layer's own error) or "sequential" (layer by layer, upstream drift too).
-    # Off by default, by measurement (bench workloads at quick sizes, evaluated in ORT;
-    # 2026-12-01, /tmp script over bench.suite, numbers in the i14-methods report):
-    # equalize: MobileNetV2-style 25.40 -> 29.20 dB (int8), ResNet-18-style 36.58 -> 36.59,
-    # digits 0.98 -> 0.98, no pairs in MiniLM: never lost, so a candidate default, not yet one:
-    # the OCR detector is unmeasured and a preset change moves every saved result;
-    # smoothquant "auto": MiniLM 0.9890 -> 0.9932 cosine (native, residual adds float, every
-    # Linear int8) but MobileNetV2-style 25.40 -> 25.24 dB and 2-3x the quantize time;
-    # bias_correction True: ResNet-18-style 36.58 -> 36.84 dB, MobileNetV2-style 25.40 -> 25.48
-    # (with equalize 29.20 -> 29.08) for ~1.5-2x the quantize time; "sequential": 25.45 dB on
-    # MobileNetV2-style for ~10x (O(layers) passes).
-    # Re-measured for issue 14 (bench quick, ORT optimized / node-by-node, AVX2 without VNNI):
-    # the ORT gap to NNCF is u8s8 saturation of 8-bit weights plus the rounded logits, not the
-    # methods. ResNet-18-style int8 36.58 / 40.13 dB; 7-bit + equalize + bias_correction + float
-    # logits 44.68 / 44.74 (NNCF 43.17 / 43.19); MobileNetV2-style 25.40 -> 49.68 / 49.64 (NNCF
-    # 25.97 / 45.47); digits 98.00 % -> 97.78 %. Still off: equalize also runs in QAT's prepare,
-    # and both move every result built on the default; bench.suite.peers.best_recipe uses them.
+    # Off in ``Recipe()`` and every preset but "default" (module docstring: where they pay).
+    # Alone, at quick bench sizes in ORT (8-bit weights, 2026-12-01): equalize MobileNetV2-style
+    # 25.40 -> 29.20 dB, ResNet-18-style 36.58 -> 36.59; smoothquant "auto" MiniLM 0.9890 ->
+    # 0.9932 cosine but MobileNetV2-style 25.40 -> 25.24 dB at 2-3x the quantize time;
+    # bias_correction "sequential" ~10x the time of True for no gain (25.45 vs 25.48 dB).
     equalize: bool = False
     smoothquant: float | str | None = None
     bias_correction: bool | str = False
