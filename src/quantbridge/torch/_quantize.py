@@ -143,9 +143,9 @@ def quantize(
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
 
     ``recipe``: a ``Recipe``, its dict, or a preset name; the ``"default"`` preset (7-bit
-    per-channel weights, uint8 activations, float logits, cross-layer equalization and bias
-    correction) was chosen by measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the
-    plain 8-bit preset with quantized outputs.
+    per-channel weights, uint8 activations, float logits, bias correction) was chosen by
+    measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
+    quantized outputs.
 
     Under ``torch.distributed`` (a process group of more than one rank), call it on every rank
     with that rank's shard of the data: the ranks' statistics are combined before the scales are
