@@ -72,8 +72,8 @@ IoU 0.887 (full run, 2026-11-30); MiniLM ORT 0.35 (quick run, 2026-11-30). So th
 7-bit weights + float outputs + bias correction: the only column at or above every peer's
 default everywhere (bias correction alone beats NNCF on ResNet-18: it also removes the mean
 error of 7-bit weights), at 0.35 dB of the detector's best column. Equalization is left out:
-+0.27 dB on MobileNetV2-style, -0.05 on ResNet-18-style, -0.16 on the detector, and it rescales
-the model's own float weights. Cost: bias correction is one more float and quantized pass over
+on top of bias correction +0.27 dB on MobileNetV2-style, -0.05 on ResNet-18-style, -0.16 on the
+detector, and it rescales the model's own float weights. Cost: bias correction is one more float and quantized pass over
 the calibration data; ResNet-18-style calibration 76 -> 110 s (1.45x; with equalization too
 161 s), quantize + export 128 -> 135 s, in one job at load ~15 on 2 cores.
 
