@@ -74,8 +74,8 @@ IoU 0.887 (full run, 2026-11-30); MiniLM ORT 0.35 (quick run, 2026-11-30). So th
 default on every bench workload (bias correction alone beats NNCF on ResNet-18: it also
 removes the mean error of 7-bit weights), at 0.35 dB of the detector's best column.
 Equalization is left out: on top of bias correction +0.27 dB on MobileNetV2-style, -0.05 on
-ResNet-18-style, -0.16 on the detector, and it rescales the model's own float weights. [1] ``test_quantize_onnx_ocr``'s
-figure, not re-measured. The recognizer and classifier (not bench workloads; ``quantbridge
+ResNet-18-style, -0.16 on the detector, and it rescales the model's own float weights.
+[1] ``test_quantize_onnx_ocr``'s figure, not re-measured. The recognizer and classifier (not bench workloads; ``quantbridge
 quantize``, float head) miss their targets (91 % / 99 %) with minmax activations under every
 recipe here; ``method="mse"`` (``--method mse``) meets them (issue 9) and is not the default:
 unmeasured on the other workloads. Cost: bias correction is one more float and quantized pass
