@@ -75,13 +75,14 @@ default on every bench workload (bias correction alone beats NNCF on ResNet-18: 
 removes the mean error of 7-bit weights), at 0.35 dB of the detector's best column.
 Equalization is left out: on top of bias correction +0.27 dB on MobileNetV2-style, -0.05 on
 ResNet-18-style, -0.16 on the detector, and it rescales the model's own float weights.
-[1] ``test_quantize_onnx_ocr``'s figure, not re-measured. The recognizer and classifier (not bench workloads; ``quantbridge
-quantize``, float head) miss their targets (91 % / 99 %) with minmax activations under every
-recipe here; ``method="mse"`` (``--method mse``) meets them (issue 9) and is not the default:
-unmeasured on the other workloads. Cost: bias correction is one more float and quantized pass
-over the calibration data: calibration ResNet-18-style 76 -> 110 s (1.45x; with equalization
-161 s), MiniLM 99 -> 217 s (2.2x; equalization finds no pairs there); quantize + export
-ResNet-18-style 128 -> 135 s, MiniLM 330 -> 462 s (1.4x); one job each, load ~15 on 2 cores.
+[1] ``test_quantize_onnx_ocr``'s figure, not re-measured. The recognizer and classifier (not
+bench workloads; ``quantbridge quantize``, float head) miss their targets (91 % / 99 %) with
+minmax activations under every recipe here; ``method="mse"`` (``--method mse``) meets them
+(issue 9) and is not the default: unmeasured on the other workloads. Cost: bias correction
+is one more float and quantized pass over the calibration data: calibration ResNet-18-style
+76 -> 110 s (1.45x; with equalization 161 s), MiniLM 99 -> 217 s (2.2x; equalization finds no
+pairs there); quantize + export ResNet-18-style 128 -> 135 s, MiniLM 330 -> 462 s (1.4x); one
+job each, load ~15 on 2 cores.
 
 Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
 with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
