@@ -79,10 +79,9 @@ Equalization costs the recognizer 9 points of lines read. The recognizer and cla
 bench workloads; ``quantbridge quantize``, float head) miss their targets (91 % / 99 %) with
 minmax activations under every recipe here; ``method="mse"`` (``--method mse``) meets them
 (issue 9) and is not the default: unmeasured on the other workloads. Cost: bias correction
-is one more float and quantized pass over the calibration data: calibration ResNet-18-style
-76 -> 110 s (1.45x; with equalization 161 s), MiniLM 99 -> 217 s (2.2x; equalization finds no
-pairs there); quantize + export ResNet-18-style 128 -> 135 s, MiniLM 330 -> 462 s (1.4x); one
-job each, load ~15 on 2 cores.
+is one more float and quantized pass over the calibration data: quantize + export, same process
+alternating, load ~1.3 (``tools.quantize_ours``, 16 calibration images): ResNet-18-style 5.2-5.6
+-> 9.4-9.5 s, MobileNetV2-style 7.1-8.2 -> 12.3-12.7 s (``int8`` -> default, 1.5-1.8x).
 
 Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
 with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
