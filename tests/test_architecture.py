@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "numerics": 0,
     "calibrate": 1,
     "recipe": 2,
+    "_recipe_parts": 2,  # AdaRound and the dict key check, re-exported by recipe
     "torch": 3,
     "zoo": 3,
     "onnx": 4,

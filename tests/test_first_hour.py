@@ -55,7 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _linear_qmodel() -> qb.QuantModel:
-    return qb.quantize(nn.Sequential(nn.Linear(4, 4)).eval(), [torch.randn(2, 4)], progress=False)
+    return qb.quantize(
+        nn.Sequential(nn.Linear(4, 4)).eval(), [torch.randn(2, 4)], progress=False, recipe="int8"
+    )
 
 
 class SmallCNN(nn.Module):
@@ -72,14 +74,16 @@ class SmallCNN(nn.Module):
 def cnn_q():
     torch.manual_seed(0)
     model = SmallCNN().eval()
-    return model, qb.quantize(model, [torch.randn(4, 3, 32, 32) for _ in range(2)], progress=False)
+    return model, qb.quantize(
+        model, [torch.randn(4, 3, 32, 32) for _ in range(2)], progress=False, recipe="int8"
+    )
 
 
 # -- part 1 ------------------------------------------------------------------------------------------
 def test_dataloader_of_inputs_and_labels_names_the_transform():
     loader = DataLoader(TensorDataset(torch.randn(16, 3, 32, 32), torch.randint(0, 4, (16,))), 4)
     with pytest.raises(TypeError) as info:
-        qb.quantize(SmallCNN().eval(), loader, progress=False)
+        qb.quantize(SmallCNN().eval(), loader, progress=False, recipe="int8")
     message = str(info.value)
     assert message.startswith(
         "calibration batch 0 (float32[4, 3, 32, 32], int64[4]) does not fit SmallCNN.forward(x): "
@@ -87,7 +91,9 @@ def test_dataloader_of_inputs_and_labels_names_the_transform():
     )
     assert "pass transform=lambda b: b[0]" in message
     assert "torch.export" not in message and ".item()" not in message  # no capture advice
-    qmodel = qb.quantize(SmallCNN().eval(), loader, transform=lambda b: b[0], progress=False)
+    qmodel = qb.quantize(
+        SmallCNN().eval(), loader, transform=lambda b: b[0], progress=False, recipe="int8"
+    )
     assert qmodel(torch.randn(2, 3, 32, 32)).shape == (2, 4)
 
 
@@ -113,13 +119,15 @@ def test_export_with_another_image_size_gives_the_same_line(cnn_q, tmp_path):
 def test_calibration_batch_of_another_size_names_batch_and_input():
     data = [torch.randn(4, 3, 32, 32), torch.randn(4, 3, 64, 64)]
     with pytest.raises(ValueError) as info:
-        qb.quantize(SmallCNN().eval(), data, progress=False)
+        qb.quantize(SmallCNN().eval(), data, progress=False, recipe="int8")
     assert str(info.value) == f"calibration batch 1: {WRONG_SIZE}"
     assert "s7" not in str(info.value) and "Guard" not in str(info.value)
 
 
 def test_wrong_rank_and_dtype_at_call_time(cnn_q):
-    qmodel = qb.quantize(cnn_q[0], [torch.randn(4, 3, 32, 32)], progress=False, dynamic="all")
+    qmodel = qb.quantize(
+        cnn_q[0], [torch.randn(4, 3, 32, 32)], progress=False, dynamic="all", recipe="int8"
+    )
     with pytest.raises(ValueError) as info:
         qmodel(torch.randn(3, 32, 32))
     assert str(info.value) == "input 'x': expected 4 dimensions [batch, *, *, *], got 3 [3, 32, 32]"
@@ -132,7 +140,9 @@ def test_wrong_rank_and_dtype_at_call_time(cnn_q):
 
 
 def test_static_capture_suggests_the_batch_option(cnn_q):
-    qmodel = qb.quantize(cnn_q[0], [torch.randn(4, 3, 32, 32)], progress=False, dynamic="none")
+    qmodel = qb.quantize(
+        cnn_q[0], [torch.randn(4, 3, 32, 32)], progress=False, dynamic="none", recipe="int8"
+    )
     with pytest.raises(
         ValueError, match=r'dimension 0 is fixed to 4; quantize with dynamic="batch"'
     ):
@@ -150,11 +160,11 @@ def test_loaded_model_checks_its_inputs_too(cnn_q, tmp_path):
 def test_float64_calibration_data_is_cast_and_said_once(cnn_q):
     data = [torch.randn(4, 3, 32, 32, dtype=torch.float64) for _ in range(3)]
     with pytest.warns(UserWarning, match="casting the batches to float32") as caught:
-        qmodel = qb.quantize(cnn_q[0], data, progress=False)
+        qmodel = qb.quantize(cnn_q[0], data, progress=False, recipe="int8")
     ours = [w for w in caught if "casting the batches" in str(w.message)]
     assert len(ours) == 1 and ours[0].filename == __file__  # points at the quantize call
     x = data[0].float()
-    reference = qb.quantize(cnn_q[0], [d.float() for d in data], progress=False)
+    reference = qb.quantize(cnn_q[0], [d.float() for d in data], progress=False, recipe="int8")
     torch.testing.assert_close(qmodel(x), reference(x), rtol=0, atol=0)  # same scales, same ints
 
 
@@ -178,7 +188,7 @@ def _dims(values) -> dict[str, list]:
 def test_export_keeps_the_dynamic_image_size_quantize_captured(tmp_path):
     torch.manual_seed(0)
     calib = [torch.randn(2, 3, 32, 32) for _ in range(2)]
-    qmodel = qb.quantize(Segmenter().eval(), calib, dynamic="all", progress=False)
+    qmodel = qb.quantize(Segmenter().eval(), calib, dynamic="all", progress=False, recipe="int8")
     proto = qb.export(qmodel, tmp_path / "seg.onnx", example_inputs=calib[0])  # no dynamic=
     assert _dims(proto.graph.input) == {"x": ["batch", 3, "height", "width"]}
     assert _dims(proto.graph.output) == {"sigmoid": ["batch", 1, "height", "width"]}
@@ -193,7 +203,9 @@ def test_export_keeps_the_dynamic_image_size_quantize_captured(tmp_path):
 
 
 def test_export_of_a_batch_only_capture_stays_fixed_size(tmp_path):
-    qmodel = qb.quantize(Segmenter().eval(), [torch.randn(2, 3, 32, 32)], progress=False)
+    qmodel = qb.quantize(
+        Segmenter().eval(), [torch.randn(2, 3, 32, 32)], progress=False, recipe="int8"
+    )
     proto = qb.export(qmodel, tmp_path / "seg.onnx", example_inputs=torch.randn(2, 3, 32, 32))
     assert _dims(proto.graph.input) == {"x": ["batch", 3, 32, 32]}
 
@@ -260,7 +272,7 @@ def test_runtime_shape_error_names_the_onnx_node_as_onnxruntime_does(tmp_path):
 def test_each_long_step_reports_one_line_on_stderr(tmp_path, capfd):
     calib = [torch.randn(4, 3, 32, 32) for _ in range(3)]
     capfd.readouterr()
-    qmodel = qb.quantize(SmallCNN().eval(), calib)
+    qmodel = qb.quantize(SmallCNN().eval(), calib, recipe="int8")
     qb.export(qmodel, tmp_path / "m.onnx", example_inputs=calib[0])
     out, err = capfd.readouterr()
     lines = err.splitlines()
@@ -279,11 +291,11 @@ def test_each_long_step_reports_one_line_on_stderr(tmp_path, capfd):
 def test_progress_switches_off(tmp_path, capfd):
     calib = [torch.randn(4, 3, 32, 32)]
     capfd.readouterr()
-    qb.quantize(SmallCNN().eval(), calib, progress=False)
+    qb.quantize(SmallCNN().eval(), calib, progress=False, recipe="int8")
     assert capfd.readouterr().err == ""
     qb.set_progress(False)
     try:
-        qmodel = qb.quantize(SmallCNN().eval(), calib)
+        qmodel = qb.quantize(SmallCNN().eval(), calib, recipe="int8")
         qb.export(qmodel, tmp_path / "m.onnx", example_inputs=calib[0])
     finally:
         qb.set_progress(True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import quantbridge as qb
@@ -26,11 +28,20 @@ def test_recipe_with_rules_round_trips():
     assert Recipe.from_yaml(r.to_yaml()) == r
 
 
-def test_default_recipe_is_the_int8_preset():
+def test_default_recipe_is_the_measured_default_preset():
+    """What qb.quantize / quantize_onnx / `quantbridge quantize` use without a recipe (chosen by
+    measurement, quantbridge.recipe): 7-bit per-channel weights on every CPU, uint8 activations
+    (minmax), float graph outputs and bias correction (no equalization). ``Recipe()``
+    itself stays the plain ``int8`` preset."""
     r = resolve_recipe(None)
-    assert r == Recipe.preset("int8")
-    assert (r.weights.scheme.qmin, r.weights.scheme.qmax) == (-127, 127)
+    assert r == Recipe.preset("default") == resolve_recipe("default")
+    assert (r.weights.scheme.qmin, r.weights.scheme.qmax) == (-63, 63)
     assert (r.activations.scheme.qmin, r.activations.scheme.qmax) == (0, 255)
+    assert (r.quantize_outputs, r.equalize, r.bias_correction) == (False, False, True)
+    assert Recipe() == Recipe.preset("int8")
+    assert (Recipe().weights.scheme.qmin, Recipe().quantize_outputs) == (-127, True)
+    for fn in (qb.quantize, qb.quantize_onnx):
+        assert inspect.signature(fn).parameters["recipe"].default == "default"
 
 
 @pytest.mark.parametrize(

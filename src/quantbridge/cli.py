@@ -228,11 +228,12 @@ def _parser() -> argparse.ArgumentParser:
         help="static input shape to lower for (default: the model's, symbolic dims = 1 in onnx/c)",
     )  # fmt: skip
     low.add_argument(
-        "--float-outputs", choices=("refuse", "dequantize"), default="refuse",
+        "--float-outputs", choices=("refuse", "dequantize"), default="dequantize",
         help="dequantize: a float function of the last codes (a final Sigmoid) is a float table "
         "applied outside the program, which outputs the codes; a final layer norm outputs int16 "
         "codes; a weighted layer's float output (quantize_outputs=False) outputs its int32 "
-        "accumulator, scaled outside (default: refuse)",
+        "accumulator, scaled outside (the default: qb.quantize's default keeps logits float); "
+        "refuse: every output must be quantized",
     )  # fmt: skip
     low.add_argument(
         "--accumulator-bits", type=int, default=32, choices=(32, 64),
@@ -251,9 +252,10 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="output file")
     quant.add_argument(
         "--recipe",
-        default="int8",
+        default="default",
         metavar="NAME|FILE",
-        help="recipe preset (int8, int8_symmetric, w4a8, pow2) or a .yaml/.json recipe file",
+        help="recipe preset (default, int8, int8_avx2, int8_symmetric, w4a8, pow2, native) or a "
+        ".yaml/.json recipe file (default: 'default', see quantbridge.recipe)",
     )
     quant.add_argument(
         "--method",

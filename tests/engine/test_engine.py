@@ -45,7 +45,7 @@ def data():
 def qmodel(data):
     x, mask = data
     torch.manual_seed(0)
-    return qb.quantize(Nested().eval(), [{"x": x, "mask": mask}])
+    return qb.quantize(Nested().eval(), [{"x": x, "mask": mask}], recipe="int8")
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def test_nested_inputs_and_a_list_output(tmp_path):
 
 def test_all_dynamic_dims_follow_the_quantmodels_capture(data):
     x, mask = data
-    qmodel = qb.quantize(Nested().eval(), [(x, mask)], dynamic="all")
+    qmodel = qb.quantize(Nested().eval(), [(x, mask)], dynamic="all", recipe="int8")
     fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=(x, mask), threads=1)
     assert "float32[batch, " in fast.signature and ", 12, 12]" not in fast.signature
     bigger = torch.randn(2, 3, 20, 16)  # another image size: only "all" accepts it

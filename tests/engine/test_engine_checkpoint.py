@@ -28,7 +28,7 @@ class Small(nn.Module):
 def saved(tmp_path_factory):
     torch.manual_seed(0)
     x, bias = torch.randn(5, 6), torch.randn(5, 3)
-    qmodel = qb.quantize(Small().eval(), [(x, bias)])
+    qmodel = qb.quantize(Small().eval(), [(x, bias)], recipe="int8")
     fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=(x, bias), threads=1)
     path = tmp_path_factory.mktemp("engine") / "m.qb"
     qb.save(fast, path)
@@ -92,7 +92,7 @@ def test_load_refuses_mismatches(saved, tmp_path):
 def test_a_quantmodel_checkpoint_still_needs_its_model(tmp_path):
     torch.manual_seed(0)
     x, bias = torch.randn(5, 6), torch.randn(5, 3)
-    qmodel = qb.quantize(Small().eval(), [(x, bias)])
+    qmodel = qb.quantize(Small().eval(), [(x, bias)], recipe="int8")
     qb.save(qmodel, tmp_path / "q.qb")
     with pytest.raises(TypeError, match="needs a fresh instance of your float model class"):
         qb.load(tmp_path / "q.qb")

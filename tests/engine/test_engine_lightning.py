@@ -37,7 +37,7 @@ def setup():
     torch.manual_seed(0)
     x = torch.rand(40, 1, 8, 8)
     y = torch.randint(0, 10, (40,))
-    qmodel = qb.quantize(DigitsCNN().eval(), [x[:16]])
+    qmodel = qb.quantize(DigitsCNN().eval(), [x[:16]], recipe="int8")
     fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x[:16], threads=1)
     return fast, DataLoader(TensorDataset(x, y), batch_size=16)
 

@@ -39,7 +39,7 @@ def bert():
         "attention_mask": torch.ones(4, 10, dtype=torch.long),
     }
     batch["attention_mask"][1, 7:] = 0
-    qmodel = qb.quantize(model, [batch])
+    qmodel = qb.quantize(model, [batch], recipe="int8")
     return model, qmodel, batch
 
 
@@ -114,7 +114,7 @@ def digits_q():
     torch.manual_seed(0)
     model = DigitsCNN().eval()
     x = torch.rand(16, 1, 8, 8)
-    return model, qb.quantize(model, [x]), x
+    return model, qb.quantize(model, [x], recipe="int8"), x
 
 
 def test_openvino_int8_is_a_hand_made_compiled_model_and_fp32_follows_torch(digits_q):

@@ -101,10 +101,11 @@ def _last_gemm_float64(model: onnx.ModelProto, prog, feeds: dict):
     return exact, s_abs, sx * sw, wc.shape[1]
 
 
-def test_default_still_refuses_and_names_the_option(digits):
+def test_refuse_names_the_option(digits):
+    # "refuse" was lower's default until qb.quantize's default recipe kept the logits float
     _, path, _ = digits
     with pytest.raises(qb.LoweringError, match="Gemm.*not quantized.*float_outputs='dequantize'"):
-        qb.lower(path)
+        qb.lower(path, float_outputs="refuse")
 
 
 def test_digits_logits_agree_with_float64_and_onnx_runtime(digits):
@@ -175,8 +176,10 @@ def test_integer_mode_is_bit_identical_with_lower_run(digits):
     assert got.dtype == torch.float32
     np.testing.assert_array_equal(got.numpy(), want)
     with pytest.raises(qb.LoweringError, match="float_outputs='dequantize'"):
-        with qb.integer_mode(qmodel) as m, torch.no_grad():
+        with qb.integer_mode(qmodel, float_outputs="refuse") as m, torch.no_grad():
             m(x)
+    with qb.integer_mode(qmodel) as m, torch.no_grad():  # the default: "dequantize"
+        np.testing.assert_array_equal(m(x).numpy(), want)
 
 
 def _per_channel_conv(qdq_graph, tail: str):

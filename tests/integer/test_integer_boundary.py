@@ -26,10 +26,11 @@ def _tail_model(qdq_graph):
     return g.model(sig, swish), (sig, swish)
 
 
-def test_float_tail_is_refused_by_default_and_names_the_option(qdq_graph):
+def test_float_tail_is_refused_on_request_and_names_the_option(qdq_graph):
+    # "refuse" was the default until qb.quantize's default recipe kept the logits float
     model, _ = _tail_model(qdq_graph)
     with pytest.raises(qb.LoweringError, match="not quantized.*float_outputs='dequantize'"):
-        qb.lower(model)
+        qb.lower(model, float_outputs="refuse")
 
 
 def test_float_tail_as_a_table_agrees_with_onnx_runtime(qdq_graph, tmp_path):
@@ -55,15 +56,16 @@ def test_float_tail_as_a_table_agrees_with_onnx_runtime(qdq_graph, tmp_path):
 
 
 def test_weighted_float_output_is_the_accumulator_with_dequantize(qdq_graph):
-    """A weighted layer's float output: refused by default (naming the option); with
-    ``float_outputs="dequantize"`` the int32 accumulator and its per-channel scale
+    """A weighted layer's float output: refused with ``float_outputs="refuse"`` (naming the
+    option); with ``"dequantize"``, the default, the int32 accumulator and its per-channel scale
     (test_integer_accumulator_outputs.py checks the values)."""
     g = qdq_graph((1, 8))
     out = g.node("MatMul", [g.x, g.weight((8, 4), axis=1)])  # no QuantizeLinear after it
     with pytest.raises(qb.LoweringError, match="not quantized.*float_outputs='dequantize'"):
-        qb.lower(g.model(out))
-    (b,) = qb.lower(g.model(out), float_outputs="dequantize").outputs
-    assert b.tensor.dtype == np.int32 and b.scale.shape == (4,) and b.axis == -1
+        qb.lower(g.model(out), float_outputs="refuse")
+    for program in (qb.lower(g.model(out), float_outputs="dequantize"), qb.lower(g.model(out))):
+        (b,) = program.outputs
+        assert b.tensor.dtype == np.int32 and b.scale.shape == (4,) and b.axis == -1
 
 
 def test_unknown_float_outputs_mode(qdq_graph):
@@ -117,7 +119,8 @@ def test_cli_lower_with_float_outputs_and_input_shape(qdq_graph, tmp_path, capsy
     model, names = _tail_model(qdq_graph)
     src, dst = tmp_path / "tail.onnx", tmp_path / "tail.npz"
     src.write_bytes(model.SerializeToString())
-    assert main(["lower", str(src), "--emit", "npz", "-o", str(dst)]) != 0
+    refuse = ["--float-outputs", "refuse"]
+    assert main(["lower", str(src), "--emit", "npz", "-o", str(dst), *refuse]) != 0
     assert "float_outputs='dequantize'" in capsys.readouterr().err
     args = ["lower", str(src), "--emit", "npz", "-o", str(dst), "--float-outputs", "dequantize"]
     assert main([*args, "--input-shape", "x=2,3,4,5"]) == 0

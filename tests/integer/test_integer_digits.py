@@ -17,7 +17,7 @@ from quantbridge.demo import load_digits_split, train
 def test_digits_accuracy_and_emitters(tmp_path, run_c):
     x_train, y_train, x_test, y_test = load_digits_split(0)
     model = train(x_train, y_train, epochs=4, seed=0, log=lambda line: None)
-    qm = qb.quantize(model, list(x_train[:256].split(64)), progress=False)
+    qm = qb.quantize(model, list(x_train[:256].split(64)), progress=False, recipe="int8")
     path = tmp_path / "digits.int8.onnx"
     qb.export(qm, path, example_inputs=x_test[:1])
     x, y = x_test.numpy(), y_test.numpy()

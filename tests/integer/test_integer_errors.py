@@ -42,7 +42,7 @@ def test_mismatched_q_dq_names_the_node(qdq_graph):
 def test_unquantized_output_is_refused(qdq_graph):
     g = qdq_graph((1, 4))
     with pytest.raises(qb.LoweringError, match="not quantized"):
-        qb.lower(g.model(g.node("Sigmoid", [g.x])))
+        qb.lower(g.model(g.node("Sigmoid", [g.x])), float_outputs="refuse")
 
 
 def _wide_model(qdq_graph, k):

@@ -103,7 +103,7 @@ def test_float_outputs_are_refused_by_name_with_the_fix():
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     try:
-        qb.lower(model)
+        qb.lower(model, float_outputs="refuse")
     except qb.LoweringError as e:
         message = str(e)
     else:

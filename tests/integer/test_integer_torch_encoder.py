@@ -10,7 +10,7 @@ reads 8-bit codes: nothing in the QDQ model changes for the integer program. Wha
 encoder adds over ``zoo.EncoderStack`` (``test_integer_transformer``): its graph output is its
 last LayerNorm, computed in float after the last quantized tensor; ``lower(...,
 float_outputs="dequantize")`` realizes it on an int16 grid of its range inside the program and
-dequantizes outside it (``lowering._outputs``), the default still refuses it.
+dequantizes outside it (``lowering._outputs``), ``float_outputs="refuse"`` refuses it.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def test_encoder_lowers_with_int8_scores_and_integer_softmax(encoder):
     assert out.is_float and out.tensor.dtype == np.int16 and out.table is None
 
 
-def test_final_layer_norm_is_refused_by_default(encoder, tmp_path):
+def test_final_layer_norm_is_refused_on_request(encoder, tmp_path):
     _, model, _ = encoder
     with pytest.raises(LoweringError, match="float_outputs='dequantize'.*layer norm"):
-        qb.lower(model)
+        qb.lower(model, float_outputs="refuse")
 
 
 def test_three_emitters_identical_on_the_encoder(encoder, three_emitters, tmp_path):

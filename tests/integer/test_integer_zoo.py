@@ -28,7 +28,7 @@ MODELS = {
 def exported(request, tmp_path_factory):
     torch.manual_seed(0)
     model = MODELS[request.param]()
-    qm = qb.quantize(model, [torch.randn(4, 3, 32, 32) for _ in range(2)])
+    qm = qb.quantize(model, [torch.randn(4, 3, 32, 32) for _ in range(2)], recipe="int8")
     path = tmp_path_factory.mktemp("zoo") / f"{request.param}.onnx"
     qb.export(qm, path, torch.randn(1, 3, 32, 32))
     return request.param, path

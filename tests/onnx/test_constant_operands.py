@@ -209,7 +209,7 @@ def test_float_input_keeps_its_constant_float():
         def forward(self, x):
             return torch.softmax(x, -1) * 2.0
 
-    qm = qb.quantize(M(), [torch.randn(4, 8)], progress=False)
+    qm = qb.quantize(M(), [torch.randn(4, 8)], progress=False, recipe="int8")
     assert not any(p.kind == "constant" for p in qm.qb_points)
 
 

@@ -52,7 +52,7 @@ def test_fold_into_conv_transpose_is_exact_in_float64():
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
     with torch.no_grad():
         expected = m(x)
-        qm = qb.quantize(m, [x], progress=False)
+        qm = qb.quantize(m, [x], progress=False, recipe="int8")
         with qb.float_mode(qm):
             got = qm(x)
     targets = [n.target for n in qm.graph.nodes if n.op == "call_function"]
@@ -92,7 +92,7 @@ def test_conv_transpose_weight_is_per_output_channel_and_ort_agrees():
 
 def test_grouped_conv_transpose_stays_float():
     torch.manual_seed(0)
-    qm = qb.quantize(UpBlock(groups=2), [torch.randn(4, 3, 6, 6)], progress=False)
+    qm = qb.quantize(UpBlock(groups=2), [torch.randn(4, 3, 6, 6)], progress=False, recipe="int8")
     weights = [q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)]
     assert not any(q.weight_name.startswith("up.") for q in weights)
     targets = [n.target for n in qm.graph.nodes if n.op == "call_function"]
@@ -105,7 +105,9 @@ def test_grouped_conv_transpose_stays_float():
 @pytest.mark.parametrize("groups", [1, 2])
 def test_export_fast_path_equals_public_path(groups, fast_export, public_export):
     torch.manual_seed(0)
-    qm = qb.quantize(UpBlock(groups), [torch.randn(4, 3, 6, 6) for _ in range(2)], progress=False)
+    qm = qb.quantize(
+        UpBlock(groups), [torch.randn(4, 3, 6, 6) for _ in range(2)], progress=False, recipe="int8"
+    )
     x = torch.randn(2, 3, 6, 6)
     quick = fast_export(qm, x)
     public = public_export(qm, x)

@@ -86,7 +86,7 @@ def _assert_agrees(err: np.ndarray, min_elements: int):
 
 
 def _export(model, calib, example, path):
-    qm = qb.quantize(model, calib)
+    qm = qb.quantize(model, calib, recipe="int8")
     return qb.export(qm, path, example)
 
 
@@ -134,7 +134,7 @@ def test_two_inputs_concat_and_mul(tmp_path):
             "scale": torch.rand(n, 1) + 0.5,
         }
 
-    qm = qb.quantize(TwoInputConcat(), [batch(8) for _ in range(4)])
+    qm = qb.quantize(TwoInputConcat(), [batch(8) for _ in range(4)], recipe="int8")
     qdq = qb.export(qm, tmp_path / "two.onnx", batch(2))
     folded = qb.fold(qdq)
     ops = _ops(folded)
@@ -146,7 +146,9 @@ def test_two_inputs_concat_and_mul(tmp_path):
 
 
 def test_tiny_transformer_folds_its_linear_layers_and_names_the_rest(tmp_path):
-    qm = qb.quantize(TinyTransformer(num_classes=8), [torch.randint(0, 100, (8, 16))])
+    qm = qb.quantize(
+        TinyTransformer(num_classes=8), [torch.randint(0, 100, (8, 16))], recipe="int8"
+    )
     qdq = qb.export(qm, tmp_path / "tt.onnx", torch.randint(0, 100, (2, 16)))
     folded = qb.fold(qdq)
     before, after = _ops(qdq), _ops(folded)

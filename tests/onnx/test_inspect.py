@@ -35,7 +35,7 @@ def qdq_resnet(tmp_path_factory):
     """(path, qmodel, torch model) for the QDQ export of resnet18_style(10, width=8)."""
     model = _resnet()
     batches = [torch.randn(2, 3, 32, 32) for _ in range(2)]
-    qmodel = qb.quantize(model, batches, progress=False)
+    qmodel = qb.quantize(model, batches, progress=False, recipe="int8")
     path = tmp_path_factory.mktemp("qdq") / "resnet.int8.onnx"
     qb.export(qmodel, path, example_inputs=batches[0])
     return path, qmodel, model

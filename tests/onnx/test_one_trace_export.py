@@ -56,7 +56,7 @@ def _quantize(name, seed=0):
     torch.manual_seed(seed)
     model = make().eval()
     data = [batch(4) for _ in range(2)]
-    return qb.quantize(model, data, progress=False, dynamic=dynamic), batch
+    return qb.quantize(model, data, progress=False, dynamic=dynamic, recipe="int8"), batch
 
 
 def _export_bytes(qmodel, path, example, reuse: bool, **kwargs) -> bytes:

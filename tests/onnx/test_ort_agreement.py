@@ -112,7 +112,9 @@ def test_two_inputs_and_keyword_input(tmp_path):
 
 
 def test_dynamic_batch_dimension(tmp_path):
-    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)])
+    qm = qb.quantize(
+        resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)], recipe="int8"
+    )
     model = qb.export(qm, tmp_path / "m.onnx", torch.randn(1, 3, 32, 32))
     dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     assert dim.dim_param == "batch"
@@ -123,7 +125,9 @@ def test_dynamic_batch_dimension(tmp_path):
 
 @pytest.mark.parametrize("opset", [13, 17, 21])
 def test_opset_override(tmp_path, opset):
-    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)])
+    qm = qb.quantize(
+        resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)], recipe="int8"
+    )
     model = qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 3, 32, 32), opset=opset)
     assert {o.domain: o.version for o in model.opset_import}[""] == opset
     x = torch.randn(4, 3, 32, 32)
@@ -140,7 +144,7 @@ def test_slow_forms_warn_and_default_does_not(tmp_path):
     data = [torch.randn(4, 3, 32, 32)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", qb.onnx.PerformanceWarning)
-        qb.export(qb.quantize(m, data), tmp_path / "fast.onnx", data[0])
+        qb.export(qb.quantize(m, data, recipe="int8"), tmp_path / "fast.onnx", data[0])
     uint8_weights = qb.Recipe(
         weights=qb.TensorRecipe(qb.QScheme(8, False, False, False, qb.PerChannel(0)))
     )
@@ -152,7 +156,9 @@ def test_slow_forms_warn_and_default_does_not(tmp_path):
 
 
 def test_exported_file_carries_no_debug_metadata(tmp_path):
-    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)])
+    qm = qb.quantize(
+        resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)], recipe="int8"
+    )
     model = qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 3, 32, 32))
     assert all(len(n.metadata_props) == 0 for n in model.graph.node)
     assert len(model.graph.value_info) == 0

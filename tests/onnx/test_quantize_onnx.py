@@ -104,7 +104,7 @@ def quantized(tmp_path_factory):
     np.savez(work / "calib.npz", **{"input.1": _images(1, 32)})
     out = work / "cnn.int8.onnx"
     args = ["quantize", str(work / "cnn.onnx"), "--calib", str(work / "calib.npz")]
-    assert main([*args, "-o", str(out), "--quiet"]) == 0
+    assert main([*args, "-o", str(out), "--recipe", "int8", "--quiet"]) == 0
     return onnx.load(str(out))
 
 
@@ -114,7 +114,7 @@ def test_quiet_prints_nothing(tmp_path, capfd):
     np.savez(tmp_path / "calib.npz", **{"input.1": _images(1, 4)})
     args = ["quantize", str(tmp_path / "cnn.onnx"), "--calib", str(tmp_path / "calib.npz")]
     capfd.readouterr()
-    assert main([*args, "-o", str(tmp_path / "q.onnx"), "--quiet"]) == 0
+    assert main([*args, "-o", str(tmp_path / "q.onnx"), "--recipe", "int8", "--quiet"]) == 0
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
 
@@ -173,7 +173,7 @@ def test_integer_inputs_pass_through(tmp_path):
         "x": rng.standard_normal((16, 8)).astype(np.float32),
         "mask": rng.integers(0, 2, (16, 8)),
     }
-    out = qb.quantize_onnx(src, feeds, tmp_path / "q.onnx", progress=False)
+    out = qb.quantize_onnx(src, feeds, tmp_path / "q.onnx", progress=False, recipe="int8")
     mask = next(i for i in out.graph.input if i.name == "mask")
     assert mask.type.tensor_type.elem_type == TensorProto.INT64
     consumers = {n.op_type for n in out.graph.node if "mask" in n.input}
@@ -313,7 +313,7 @@ def test_concat_of_different_ranges_keeps_separate_scales(tmp_path, monkeypatch)
     (y_float,) = _run(src, {"x": x})
     assert np.ptp(y_float[:, :4]) > 100 * np.ptp(y_float[:, 4:])  # the trap is there
 
-    out = qb.quantize_onnx(src, calib, tmp_path / "q.onnx", progress=False)
+    out = qb.quantize_onnx(src, calib, tmp_path / "q.onnx", progress=False, recipe="int8")
     (y,) = _run(out, {"x": x}, optimize=False)
     assert np.abs(y[:, 4:] - y_float[:, 4:]).max() <= 0.02
     (concat,) = [n for n in out.graph.node if n.op_type == "Concat"]
@@ -328,7 +328,7 @@ def test_concat_of_different_ranges_keeps_separate_scales(tmp_path, monkeypatch)
     from quantbridge.torch import _quantize
 
     monkeypatch.setattr(_quantize, "mismatched_concats", lambda *a, **k: {})
-    shared = qb.quantize_onnx(src, calib, None, progress=False)
+    shared = qb.quantize_onnx(src, calib, None, progress=False, recipe="int8")
     (y_shared,) = _run(shared, {"x": x}, optimize=False)
     assert np.abs(y_shared[:, 4:] - y_float[:, 4:]).max() >= 0.3
     assert qb.onnx.inspect_model(shared).concats == []

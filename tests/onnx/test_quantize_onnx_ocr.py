@@ -62,7 +62,8 @@ def _quantize(tmp_path: Path, model: Path, calib: np.ndarray, *extra: str) -> Pa
     np.savez(tmp_path / "calib.npz", x=calib)
     out = tmp_path / f"{model.stem}.int8.onnx"
     args = ["quantize", str(model), "--calib", str(tmp_path / "calib.npz"), "-o", str(out)]
-    assert main([*args, "--quiet", *extra]) == 0
+    pin = [] if "--recipe" in extra else ["--recipe", "int8"]  # as measured (the old default)
+    assert main([*args, "--quiet", *pin, *extra]) == 0
     return out
 
 
@@ -168,7 +169,9 @@ def test_model_zoo_graph_quantizes_and_runs(name, tmp_path):
     shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
     rng = np.random.default_rng(0)
     calib = {inp.name: rng.random([2, *shape[1:]], np.float32)}
-    out = qb.quantize_onnx(model, calib, tmp_path / "q.onnx", progress=False, batch_size=shape[0])
+    out = qb.quantize_onnx(
+        model, calib, tmp_path / "q.onnx", progress=False, batch_size=shape[0], recipe="int8"
+    )
     assert {o.domain: o.version for o in out.opset_import}[""] == 18
     x = rng.random(shape, np.float32)
     assert _ort(tmp_path / "q.onnx", {inp.name: x}).shape == _ort(LIGHT / name, {inp.name: x}).shape
@@ -184,4 +187,4 @@ def test_unsupported_op_is_named(tmp_path):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
     with pytest.raises(ValueError, match="TopK"):
-        qb.quantize_onnx(model, {"x": np.zeros((1, 8), np.float32)}, progress=False)
+        qb.quantize_onnx(model, {"x": np.zeros((1, 8), np.float32)}, progress=False, recipe="int8")

@@ -37,7 +37,7 @@ def _feeds(model: onnx.ModelProto, batch) -> dict:
 def test_fast_path_equals_public_path(name, fast_export, public_export):
     torch.manual_seed(0)
     make, data = CASES[name]
-    qm = qb.quantize(make(), [data(8) for _ in range(3)], progress=False)
+    qm = qb.quantize(make(), [data(8) for _ in range(3)], progress=False, recipe="int8")
     quick = fast_export(qm, data(2))
     public = public_export(qm, data(2))
 

@@ -15,28 +15,28 @@ from quantbridge.zoo import DigitsCNN
 
 def test_empty_calibration_data():
     with pytest.raises(ValueError, match="calibration data is empty"):
-        qb.quantize(DigitsCNN(), [])
+        qb.quantize(DigitsCNN(), [], recipe="int8")
 
 
 def test_missing_calibration_data():
     with pytest.raises(ValueError, match="calibration data is missing"):
-        qb.quantize(DigitsCNN(), None)
+        qb.quantize(DigitsCNN(), None, recipe="int8")
 
 
 def test_single_tensor_instead_of_batches():
     with pytest.raises(TypeError, match=r"wrap it: \[batch\]"):
-        qb.quantize(DigitsCNN(), torch.randn(4, 1, 8, 8))
+        qb.quantize(DigitsCNN(), torch.randn(4, 1, 8, 8), recipe="int8")
 
 
 def test_batch_of_unknown_type_names_the_batch_and_the_fix():
     with pytest.raises(TypeError, match=r"calibration batch 0 is a str.*transform="):
-        qb.quantize(DigitsCNN(), ["not a tensor"])
+        qb.quantize(DigitsCNN(), ["not a tensor"], recipe="int8")
 
 
 def test_wrong_dtype_batch():
     data = [torch.randn(4, 1, 8, 8), torch.randint(0, 5, (4, 1, 8, 8))]
     with pytest.raises(ValueError, match=r"calibration batch 1 \(int64\[4, 1, 8, 8\]\).*dtype"):
-        qb.quantize(DigitsCNN(), data)
+        qb.quantize(DigitsCNN(), data, recipe="int8")
 
 
 def test_wrong_shape_batch():
@@ -46,26 +46,26 @@ def test_wrong_shape_batch():
         match=r"calibration batch 1: input 'x': expected shape \[batch, 1, 8, 8\], got "
         r"\[4, 1, 9, 9\]: dimension 2 is fixed to 8; quantize with dynamic=\"all\"",
     ):
-        qb.quantize(DigitsCNN(), data)
+        qb.quantize(DigitsCNN(), data, recipe="int8")
 
 
 def test_wrong_rank_batch():
     data = [torch.randn(4, 1, 8, 8), torch.randn(4, 64)]
     with pytest.raises(ValueError, match="calibration batch 1.*rank"):
-        qb.quantize(DigitsCNN(), data)
+        qb.quantize(DigitsCNN(), data, recipe="int8")
 
 
 def test_nan_in_calibration_names_the_tensor():
     data = [torch.randn(4, 1, 8, 8), torch.full((4, 1, 8, 8), float("nan"))]
     with pytest.raises(ValueError, match=r"calibration batch 1: activation 'input/x'.*NaN"):
-        qb.quantize(DigitsCNN(), data)
+        qb.quantize(DigitsCNN(), data, recipe="int8")
 
 
 def test_inf_in_calibration_names_the_tensor():
     x = torch.randn(4, 1, 8, 8)
     x[0, 0, 0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"activation 'input/x'.*inf"):
-        qb.quantize(DigitsCNN(), [x])
+        qb.quantize(DigitsCNN(), [x], recipe="int8")
 
 
 class _ZeroBranch(nn.Module):
@@ -79,7 +79,7 @@ class _ZeroBranch(nn.Module):
 
 
 def test_all_zero_range_falls_back_to_a_finite_scale():
-    qm = qb.quantize(_ZeroBranch(), [torch.randn(8, 4)])
+    qm = qb.quantize(_ZeroBranch(), [torch.randn(8, 4)], recipe="int8")
     for name, q in qm.quantizers().items():
         scale = getattr(q, "scale", None)
         if scale is not None:
@@ -113,7 +113,7 @@ def test_matching_rule_does_not_warn():
 
 
 def test_export_to_missing_folder(tmp_path):
-    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int8")
     with pytest.raises(ValueError, match="does not exist; create it first"):
         qb.export(qm, tmp_path / "nope" / "m.onnx", torch.randn(2, 1, 8, 8))
 
@@ -122,7 +122,7 @@ def test_export_to_unwritable_path(tmp_path):
     """A read-only folder and a read-only file: PermissionError naming the path, nothing written.
     As root (permission bits not enforced) the same calls run in a child that dropped to
     ``nobody``."""
-    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int8")
     folder = reachable_folder() if is_root() else tmp_path
     target = folder / "m.onnx"
     target.write_bytes(b"")
@@ -149,7 +149,7 @@ def test_export_to_unwritable_path(tmp_path):
 
 
 def test_export_path_is_a_directory(tmp_path):
-    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int8")
     with pytest.raises(ValueError, match="is a directory"):
         qb.export(qm, tmp_path, torch.randn(2, 1, 8, 8))
 
@@ -173,22 +173,24 @@ def test_untraceable_model_names_the_users_line():
     with pytest.raises(
         qb.CaptureError, match=r"test_bad_input.py:\d+ in forward\(\): \"if x.sum\(\) > 0"
     ):
-        qb.quantize(DataDependent(), [torch.randn(2, 4)])
+        qb.quantize(DataDependent(), [torch.randn(2, 4)], recipe="int8")
 
 
 def test_forward_loop_that_never_calls_the_model():
     with pytest.raises(ValueError, match="forward_loop never called the model"):
-        qb.quantize(DigitsCNN(), forward_loop=lambda m: None)
+        qb.quantize(DigitsCNN(), forward_loop=lambda m: None, recipe="int8")
 
 
 def test_strided_first_batch_does_not_pin_strides():
     x = torch.randn(16, 1, 8, 8)
-    qm = qb.quantize(DigitsCNN(), [x[::2], torch.randn(8, 1, 8, 8)])  # x[::2] is not contiguous
+    qm = qb.quantize(
+        DigitsCNN(), [x[::2], torch.randn(8, 1, 8, 8)], recipe="int8"
+    )  # x[::2] is not contiguous
     assert qm(torch.randn(5, 1, 8, 8)).shape == (5, 10)
 
 
 def test_export_below_opset_13_names_the_real_reason(tmp_path):
     # regression: an 8-bit model at opset 11 was told that 16-bit quantization needs opset 13
-    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int8")
     with pytest.raises(ValueError, match="opset 11: QDQ export needs opset >= 13"):
         qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 1, 8, 8), opset=11)

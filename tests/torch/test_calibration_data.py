@@ -18,8 +18,8 @@ def test_dataloader_of_inputs_and_labels_with_transform_equals_plain_batches():
     x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
     model = DigitsCNN().eval()
     loader = DataLoader(TensorDataset(x, y), batch_size=16)
-    a = qb.quantize(model, loader, transform=lambda batch: batch[0])
-    b = qb.quantize(model, list(x.split(16)))
+    a = qb.quantize(model, loader, transform=lambda batch: batch[0], recipe="int8")
+    b = qb.quantize(model, list(x.split(16)), recipe="int8")
     for name, scale in _scales(a).items():
         assert torch.equal(scale, _scales(b)[name]), name
 
@@ -33,8 +33,8 @@ def test_forward_loop_equals_plain_batches():
         for batch in x.split(16):
             m(batch)
 
-    a = qb.quantize(model, forward_loop=loop)
-    b = qb.quantize(model, list(x.split(16)))
+    a = qb.quantize(model, forward_loop=loop, recipe="int8")
+    b = qb.quantize(model, list(x.split(16)), recipe="int8")
     for name, scale in _scales(a).items():
         assert torch.equal(scale, _scales(b)[name]), name
 
@@ -42,17 +42,17 @@ def test_forward_loop_equals_plain_batches():
 def test_max_batches_limits_calibration():
     x = torch.randn(64, 1, 8, 8)
     x[48:] *= 100  # the last batch would widen the input range
-    a = qb.quantize(DigitsCNN().eval(), list(x.split(16)), max_batches=3)
+    a = qb.quantize(DigitsCNN().eval(), list(x.split(16)), max_batches=3, recipe="int8")
     assert a.quantizers()["input/x"].scale < x[:48].abs().max() / 100
 
 
 def test_progress_bar_can_be_forced_on(capsys):
-    qb.quantize(DigitsCNN().eval(), [torch.randn(4, 1, 8, 8)] * 3, progress=True)
+    qb.quantize(DigitsCNN().eval(), [torch.randn(4, 1, 8, 8)] * 3, progress=True, recipe="int8")
     assert "calibrating" in capsys.readouterr().err
 
 
 def test_persistent_float_switch_never_changes_weights():
-    qm = qb.quantize(DigitsCNN().eval(), [torch.randn(8, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN().eval(), [torch.randn(8, 1, 8, 8)], recipe="int8")
     before = {k: v.clone() for k, v in qm.state_dict().items()}
     x = torch.randn(4, 1, 8, 8)
     with torch.no_grad():

@@ -25,7 +25,9 @@ X_DIGITS = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(5))
 @pytest.fixture(scope="module")
 def resnet_ckpt(tmp_path_factory):
     torch.manual_seed(0)
-    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(2, 3, 32, 32)])
+    qm = qb.quantize(
+        resnet18_style(num_classes=10, width=8), [torch.randn(2, 3, 32, 32)], recipe="int8"
+    )
     path = tmp_path_factory.mktemp("ckpt") / "resnet.qb"
     qb.save(qm, path)
     return qm, path
@@ -34,7 +36,7 @@ def resnet_ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def digits_ckpt(tmp_path_factory):
     torch.manual_seed(0)
-    qm = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8)], recipe="int8")
     path = tmp_path_factory.mktemp("ckpt") / "digits.qb"
     qb.save(qm, path)
     return qm, path
@@ -86,7 +88,7 @@ def test_ptq_resnet_round_trip_is_bit_identical_and_the_header_says_what_it_hold
 
 def test_keyword_inputs_round_trip(tmp_path):
     batch = {"image": torch.randn(2, 3, 8, 8), "extra": torch.randn(2, 6), "scale": 2.0}
-    qm = qb.quantize(TwoInputConcat(), [batch])
+    qm = qb.quantize(TwoInputConcat(), [batch], recipe="int8")
     qb.save(qm, tmp_path / "two.qb")
     qm2 = qb.load(tmp_path / "two.qb", TwoInputConcat())
     image, extra = torch.randn(5, 3, 8, 8), torch.randn(5, 6)
@@ -130,7 +132,7 @@ def test_torch_save_state_dict_round_trip(digits_ckpt, tmp_path):
     state = torch.load(tmp_path / "sd.pt", weights_only=True)
     # onto a model calibrated on other data, and onto one never calibrated (scalar scales,
     # observing): per-channel shapes and the calibrated state come from the state dict
-    other = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8) * 3])
+    other = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8) * 3], recipe="int8")
     fresh = prepare(DigitsCNN(), (torch.zeros(8, 1, 8, 8),), {}, qm.qb_recipe)
     assert not torch.equal(other(X_DIGITS), qm(X_DIGITS))
     for target in (other, fresh):

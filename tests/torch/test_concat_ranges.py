@@ -35,7 +35,7 @@ def test_mismatched_concat_stays_float_and_load_replays_it(tmp_path):
     """Probabilities within 0.02 of float (their own step is 1/255; one shared scale would have a
     step of ~640/255); the loaded model is bit-identical."""
     model = _Head().eval()
-    qm = qb.quantize(model, _calib(), progress=False)
+    qm = qb.quantize(model, _calib(), progress=False, recipe="int8")
     assert qm.qb_capture["separate_concats"] == ["cat"]
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -51,5 +51,5 @@ def test_mismatched_concat_stays_float_and_load_replays_it(tmp_path):
 def test_close_ranges_keep_one_shared_scale():
     """Spans within RANGE_RATIO: the concat's inputs share the output's quantizer as before."""
     assert RANGE_RATIO == 16.0
-    qm = qb.quantize(_Head(pixels=1.0).eval(), _calib(), progress=False)
+    qm = qb.quantize(_Head(pixels=1.0).eval(), _calib(), progress=False, recipe="int8")
     assert qm.qb_capture["separate_concats"] == []

@@ -188,7 +188,7 @@ def _errors(rank: int) -> dict:
 def _no_data(rank: int) -> dict:
     """Quantizers that saw data on rank 0 only; then quantizers no rank saw."""
     batches = _calibration_batches()[:2]
-    qmodel = qb.quantize(_model(), batches, progress=False)  # only a model to reset
+    qmodel = qb.quantize(_model(), batches, progress=False, recipe="int8")  # only a model to reset
     for q in _activations(qmodel):  # back to "placed, not calibrated"
         q.observing, q.observer = True, None
     if rank == 0:
@@ -294,7 +294,7 @@ def _references(rank: int, out: Path) -> dict:
         qmodel = qb.quantize(_model(), union, recipe=_recipe(method), progress=False)
         references[method] = _qparams(qmodel)
     if rank == 0:
-        qmodel = qb.quantize(_model(), union[rank::WORLD], progress=False)
+        qmodel = qb.quantize(_model(), union[rank::WORLD], progress=False, recipe="int8")
         references["rank0_alone"] = _qparams(qmodel)
     if rank == 1:  # the QAT checkpoint, loaded by a process outside any group
         qmodel = qb.load(out / "qat.qb", _model()).eval()
@@ -417,7 +417,7 @@ def test_rank0_checkpoint_loads_in_a_single_process(ranks):
 
 def test_everything_is_a_no_op_without_a_process_group():
     assert not is_distributed()
-    qmodel = qb.quantize(_model(), _calibration_batches()[:1], progress=False)
+    qmodel = qb.quantize(_model(), _calibration_batches()[:1], progress=False, recipe="int8")
     sync_observers(qmodel)
     assert_quantizers_synchronized(qmodel)
     observers = _observers(0)

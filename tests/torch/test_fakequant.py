@@ -51,7 +51,7 @@ def test_ste_per_channel_gradient_mask():
 
 
 def test_weight_gradients_flow_through_quantized_model():
-    qm = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(8, 1, 8, 8)], recipe="int8")
     qm.train()
     loss = qm(torch.randn(4, 1, 8, 8)).square().mean()
     loss.backward()
@@ -61,7 +61,9 @@ def test_weight_gradients_flow_through_quantized_model():
 
 
 def test_export_mode_computes_the_same_outputs_bit_for_bit():
-    qm = qb.quantize(resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)])
+    qm = qb.quantize(
+        resnet18_style(num_classes=10, width=8), [torch.randn(4, 3, 32, 32)], recipe="int8"
+    )
     x = torch.randn(5, 3, 32, 32)
     with torch.no_grad():
         y = qm(x)
@@ -73,7 +75,7 @@ def test_export_mode_computes_the_same_outputs_bit_for_bit():
 
 
 def test_integer_weights_dequantize_to_the_fake_quantized_weights():
-    qm = qb.quantize(DigitsCNN(), [torch.randn(4, 1, 8, 8)])
+    qm = qb.quantize(DigitsCNN(), [torch.randn(4, 1, 8, 8)], recipe="int8")
     wq = qm.quantizers()["conv2.weight"]
     w = qm.get_parameter("conv2.weight")
     codes = wq.quantize_integers(w)

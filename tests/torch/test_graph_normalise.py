@@ -137,7 +137,9 @@ def test_addmm_weight_is_quantized_per_output_channel_along_the_last_axis():
     from quantbridge.torch._fakequant import BiasQuantizer, WeightQuantizer
 
     torch.manual_seed(0)
-    qm = qb.quantize(_Conv1D(), [torch.randn(4, 6) for _ in range(2)], progress=False)
+    qm = qb.quantize(
+        _Conv1D(), [torch.randn(4, 6) for _ in range(2)], progress=False, recipe="int8"
+    )
     (wq,) = [q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)]
     (bq,) = [q for q in qm.quantizers().values() if isinstance(q, BiasQuantizer)]
     w = qm.get_parameter(wq.weight_name)

@@ -27,7 +27,7 @@ def _callers(qm, quantizer) -> list[torch.fx.Node]:
 
 def test_resnet_bn_folded_relu_absorbed_and_functional_add_quantized():
     m = resnet18_style(num_classes=10, width=8)
-    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)])
+    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)], recipe="int8")
     targets = _graph_targets(qm)
     assert targets["aten.batch_norm.default"] == 0  # every BN folded into its conv
     quantizers = list(qm.quantizers().values())
@@ -51,7 +51,7 @@ def test_resnet_bn_folded_relu_absorbed_and_functional_add_quantized():
 
 def test_data_movement_shares_the_input_quantizer():
     m = DigitsCNN().eval()
-    qm = qb.quantize(m, [torch.randn(4, 1, 8, 8)])
+    qm = qb.quantize(m, [torch.randn(4, 1, 8, 8)], recipe="int8")
     pool = next(n for n in qm.graph.nodes if n.target is torch.ops.aten.max_pool2d.default)
     src = qm.get_submodule(pool.args[0].target)
     (after,) = pool.users
@@ -60,7 +60,7 @@ def test_data_movement_shares_the_input_quantizer():
 
 
 def test_functional_matmul_cat_mul_are_quantized_softmax_stays_float():
-    qm = qb.quantize(TinyTransformer(), [torch.randint(0, 100, (4, 16))])
+    qm = qb.quantize(TinyTransformer(), [torch.randint(0, 100, (4, 16))], recipe="int8")
     for n in qm.graph.nodes:
         if n.target is torch.ops.aten.matmul.default:
             for a in n.args[:2]:
@@ -75,6 +75,7 @@ def test_cat_inputs_share_one_quantizer_with_the_output():
     qm = qb.quantize(
         TwoInputConcat(),
         [{"image": torch.randn(4, 3, 8, 8), "extra": torch.randn(4, 6), "scale": torch.ones(4, 1)}],
+        recipe="int8",
     )
     cat = next(n for n in qm.graph.nodes if n.target is torch.ops.aten.cat.default)
     ins = {qm.get_submodule(a.target) for a in cat.args[0]}
@@ -107,7 +108,7 @@ def test_rule_by_module_type_changes_scheme():
 
 def test_state_dict_keeps_user_parameter_names():
     m = resnet18_style(num_classes=10, width=8)
-    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)])
+    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)], recipe="int8")
     keys = set(qm.state_dict())
     for name, _ in m.named_parameters():
         if ".bn" in name or name.startswith("bn") or "downsample.1" in name:
@@ -118,7 +119,7 @@ def test_state_dict_keeps_user_parameter_names():
 def test_quantize_does_not_modify_the_users_model():
     m = resnet18_style(num_classes=10, width=8)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    qb.quantize(m, [torch.randn(2, 3, 32, 32)])
+    qb.quantize(m, [torch.randn(2, 3, 32, 32)], recipe="int8")
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -126,7 +127,7 @@ def test_quantize_does_not_modify_the_users_model():
 def test_float_mode_is_the_float_model():
     m = resnet18_style(num_classes=10, width=8)
     x = torch.randn(3, 3, 32, 32)
-    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)])
+    qm = qb.quantize(m, [torch.randn(2, 3, 32, 32)], recipe="int8")
     with torch.no_grad(), qb.float_mode(qm):
         y = qm(x)
     # BN folding changes float rounding only: a few float32 ulps of the logits
@@ -148,7 +149,7 @@ def test_user_attributes_and_methods_reachable():
         def describe(self):
             return "mine"
 
-    qm = qb.quantize(WithMethod(), [torch.randn(3, 4)])
+    qm = qb.quantize(WithMethod(), [torch.randn(3, 4)], recipe="int8")
     assert qm.labels == ["a", "b"] and qm.describe() == "mine"
 
 
@@ -170,7 +171,7 @@ def test_additive_attention_mask_stays_float():
     m = _MaskedAttention().eval()
     x, mask = torch.randn(8, 10, 16), torch.ones(8, 10)
     mask[:, 6:] = 0
-    qm = qb.quantize(m, [(x, mask)])
+    qm = qb.quantize(m, [(x, mask)], recipe="int8")
     for q in qm.quantizers().values():
         if isinstance(q, Quantizer):
             assert q.scale.max() < 1e6, q.name

@@ -42,7 +42,9 @@ class _Attention(nn.Module):
 def _quantized(between: str):
     torch.manual_seed(0)
     batches = [torch.randn(2, 5, 16) for _ in range(2)]
-    return qb.quantize(_Attention(between).eval(), batches, progress=False), batches[0]
+    return qb.quantize(_Attention(between).eval(), batches, progress=False, recipe="int8"), batches[
+        0
+    ]
 
 
 def _matmul_inputs(qmodel) -> list[tuple[str, str]]:

@@ -53,7 +53,7 @@ class IntegerSession:
         del threads  # the executor's BLAS calls use numpy's own threads
         self.model = onnx.load_from_string(model)
         self.options = {"accumulator_bits": options.get("accumulator_bits", 32),
-                        "float_outputs": options.get("float_outputs", "refuse")}  # fmt: skip
+                        "float_outputs": options.get("float_outputs", "dequantize")}  # fmt: skip
         self.programs: dict[tuple, IntegerProgram] = {}
         self.device = "cpu"
         self.output_names = [o.name for o in self.model.graph.output]
@@ -89,7 +89,7 @@ def _example(args: tuple, kwargs: dict) -> Any:
 
 @contextlib.contextmanager
 def integer_mode(
-    model: QuantModel, *, accumulator_bits: int = 32, float_outputs: str = "refuse"
+    model: QuantModel, *, accumulator_bits: int = 32, float_outputs: str = "dequantize"
 ) -> Iterator[QuantModel]:
     """Within the block, ``model(...)`` returns exactly what the integer-only program of its QDQ
     export computes (module docstring); the fake-quantized forward comes back on exit.

@@ -100,7 +100,7 @@ def lower(
     *,
     accumulator_bits: int = 32,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    float_outputs: str = "refuse",
+    float_outputs: str = "dequantize",
 ) -> IntegerProgram:
     """Lower a quantized ONNX model (QDQ, or QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger)
     to an integer-only program.
@@ -113,7 +113,9 @@ def lower(
     outside the program, a final layer norm is realized on int16 codes dequantized outside
     it, and a float output written by a weighted layer (logits of
     ``Recipe(quantize_outputs=False)``) is the layer's int32 accumulator with its float32
-    scale in ``Boundary.scale`` (``lowering._outputs``); the default refuses them all.
+    scale in ``Boundary.scale`` (``lowering._outputs``). That is the default, since
+    ``qb.quantize``'s default recipe keeps the logits float; ``float_outputs="refuse"``
+    refuses them all (for a program whose outputs must all be codes).
     LoweringError (a ValueError) for float models, ops with no lowering, mismatched Q/DQ pairs.
     """
     if accumulator_bits not in (32, 64):

@@ -5,8 +5,9 @@
   over a dynamic H x W has no fixed ``1 / (H W)`` rescale in an integer program);
 * ``graph_outputs``: the output boundaries. An output that is the dequantized codes of a program
   tensor is dequantized by ``run``. One that the graph computes in float from the codes (a final
-  Sigmoid after the last QuantizeLinear) is refused, unless ``float_outputs="dequantize"``: then
-  the program ends at the codes, and the float conversion is a 2**bits-entry float32 table of
+  Sigmoid after the last QuantizeLinear) is refused with ``float_outputs="refuse"``; with
+  ``float_outputs="dequantize"`` (the default: ``qb.quantize``'s default recipe keeps the
+  logits float, see ``quantbridge.recipe``) the program ends at the codes, and the float conversion is a 2**bits-entry float32 table of
   the function (float64, then rounded to float32) applied outside the integer program
   (``Boundary.to_float``; the ONNX and C emitters output the codes). A float output of an
   integer kernel whose real range is bounded by its own constants (a final LayerNormalization:
@@ -115,7 +116,7 @@ def _accumulator_output(b: Builder, name: str, v: Pending) -> Boundary | None:
 def graph_outputs(
     graph: onnx.GraphProto,
     env: dict[str, Value],
-    float_outputs: str = "refuse",
+    float_outputs: str = "dequantize",
     builder: Builder | None = None,
 ) -> list[Boundary]:
     """The output boundaries (module docstring); one LoweringError names every refused output.
@@ -150,7 +151,8 @@ def graph_outputs(
             f"{'are' if len(floats) > 1 else 'is'} not quantized: computed in float after the "
             "last quantized tensor, which an integer-only program cannot do. Quantize the output: "
             "end the graph with QuantizeLinear -> DequantizeLinear (qb.quantize places an output "
-            "quantizer unless a recipe rule skips the last layer; quantize_onnx quantizes a "
+            "quantizer with recipe='int8' or any Recipe(quantize_outputs=True), unless a rule "
+            "skips the last layer; quantize_onnx quantizes a "
             "final Sigmoid/Softmax head with --int8-head)"
             + (
                 "; or lower with float_outputs='dequantize' (`--float-outputs dequantize`): "

@@ -40,7 +40,7 @@ def quantize_onnx(
     src: str | os.PathLike | onnx.ModelProto,
     calib,
     dst: str | os.PathLike | None = None,
-    recipe: Recipe | str | dict | os.PathLike | None = "int8",
+    recipe: Recipe | str | dict | os.PathLike | None = "default",
     method: str | None = None,
     opset: int | None = None,
     progress: bool = True,
