@@ -164,3 +164,36 @@ def test_scatter_nd_reduction_refused_with_supported_list():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(ValueError, match=r"'mask'.*reduction='mul'.*supported: none, add"):
         qb.import_onnx(model)
+
+
+def _conv_file(tmp_path) -> str:
+    """Conv -> Relu on an input the file declares ``[batch, 3, h, w]``."""
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, 3, 3), np.float32), "w"
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, "h", "w"])],
+        initializer=[w],
+    )  # fmt: skip
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_quantize_says_which_declared_dimensions_dynamic_batch_fixes(tmp_path):
+    # issue 12 part 5: a model never silently specialises a dimension its file declares dynamic
+    module = qb.import_onnx(_conv_file(tmp_path))
+    calib = [torch.randn(2, 3, 12, 12) for _ in range(2)]
+    with pytest.warns(UserWarning, match=r"declares x\[2\] \('h'\), x\[3\] \('w'\) dynamic.*"
+                      r"dynamic='batch' fixes them.*dynamic='all'"):  # fmt: skip
+        qb.quantize(module, calib, dynamic="batch")
+    with pytest.warns(UserWarning, match=r"x\[0\] \('batch'\), x\[2\]"):
+        qb.quantize(module, calib, dynamic="none")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*declares.*dynamic")
+        qmodel = qb.quantize(module, calib, dynamic="all")
+    # and dynamic='all' keeps them: another image size runs
+    assert qmodel(torch.randn(1, 3, 20, 16)).shape == (1, 4, 20, 16)

@@ -4,12 +4,19 @@ error against the float model falls, on a net where per-tensor weights shift it 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
+from quantbridge.torch.ptq import _bias_correction
+from quantbridge.torch.ptq._bias_correction import mean_output, tap_means
+
+aten = torch.ops.aten
 
 
 def _errors(model, qmodel, batches) -> tuple[float, float]:
@@ -74,3 +81,63 @@ def test_bias_correction_survives_save_and_load(tmp_path):
     x = _data(1, 3)[0]
     with torch.no_grad():
         assert torch.equal(q(x), loaded(x))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nd=st.integers(1, 3),
+    kernel=st.integers(1, 3),
+    stride=st.integers(1, 3),
+    padding=st.integers(0, 2),
+    dilation=st.integers(1, 2),
+    groups=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_tap_means_give_the_convolutions_mean_output(
+    nd, kernel, stride, padding, dilation, groups, seed
+):
+    # the one-pass shift from tap means (no convolution) against the convolution itself, both
+    # in float64: equal to float64 rounding of sums of ~10^3 products (bound 1e-12 of sum|w||x|)
+    g = torch.Generator().manual_seed(seed)
+    size = 7 if nd < 3 else 5
+    x = torch.randn(2, 4, *[size] * nd, generator=g, dtype=torch.float64) + 0.5
+    w = torch.randn(6, 4 // groups, *[kernel] * nd, generator=g, dtype=torch.float64)
+    op = {1: aten.conv1d.default, 2: aten.conv2d.default, 3: aten.conv3d.default}[nd]
+    args = (x, w, None, [stride] * nd, [padding] * nd, [dilation] * nd, groups)
+    node = types.SimpleNamespace(target=op, kwargs={})
+    means, count = tap_means(node, args)
+    y = op(*args)
+    assert count == y.shape[0] * y[0, 0].numel()
+    want = y.mean(dim=(0, *range(2, 2 + nd)))
+    got = mean_output(w, means, groups)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * float(w.abs().sum() * x.abs().max()))
+
+
+def test_tap_means_of_a_linear_layer():
+    x, w = torch.randn(3, 5, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    means, count = tap_means(types.SimpleNamespace(target=aten.linear.default, kwargs={}), (x, w))
+    assert count == 15
+    torch.testing.assert_close(mean_output(w, means, 1), (x @ w.T).mean(dim=(0, 1)))
+
+
+def test_fast_shifts_equal_the_two_convolutions(monkeypatch):
+    # the shifts the one-pass correction writes, from tap means and from the two float32
+    # convolutions they replace (tap_means made to decline): equal up to float32 rounding
+    model = DepthwiseNet()
+    calib = _data(4, 1)
+    fast = _quantized(model, calib, True)
+    monkeypatch.setattr(_bias_correction, "tap_means", lambda node, args: None)
+    exact = _quantized(model, calib, True)
+    plain = _quantized(model, calib, False)
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            if not name.endswith("bias"):
+                continue
+            shift_fast = fast.get_parameter(name) - p
+            shift_exact = exact.get_parameter(name) - p
+            assert shift_exact.abs().max() > 0, name
+            # the replaced path rounds each conv output to float32 (6e-8 of |y|, outputs up to
+            # ~10 here, ~100x the corrections) before the mean: measured 1.5e-5 of the largest
+            # correction. Bound 1e-3 of it: a wrong tap, stride or padding is off by O(1) of it
+            bound = 1e-3 * float(shift_exact.abs().max())
+            assert float((shift_fast - shift_exact).abs().max()) <= bound, name

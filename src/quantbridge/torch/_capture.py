@@ -141,6 +141,28 @@ def capture(
     return gm
 
 
+def declared_dims_fixed(model: nn.Module, dynamic: str) -> str | None:
+    """A warning when ``dynamic`` fixes dimensions that ``model`` declares dynamic (an imported
+    ONNX file's ``dynamic_dims``: input name -> {axis: label}); None when it fixes none."""
+    declared = getattr(model, "dynamic_dims", None)
+    if dynamic == "all" or not isinstance(declared, dict):
+        return None
+    fixed = [
+        f"{name}[{axis}] ({label!r})"
+        for name, dims in declared.items()
+        for axis, label in sorted(dims.items())
+        if dynamic == "none" or axis != 0
+    ]
+    if not fixed:
+        return None
+    return (
+        f"quantbridge: the model's ONNX file declares {', '.join(fixed)} dynamic, but "
+        f"dynamic={dynamic!r} fixes {'it' if len(fixed) == 1 else 'them'} to the example's "
+        "sizes in the quantized model and its export; pass dynamic='all' to keep "
+        f"{'it' if len(fixed) == 1 else 'them'} dynamic"
+    )
+
+
 _DONE = {"capture": "captured", "export": "exported"}
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
 from ._bn_affine import batchnorm_as_conv
-from ._capture import capture, user_stacklevel
+from ._capture import capture, declared_dims_fixed, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._model import QuantModel
@@ -72,6 +72,8 @@ def prepare(
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
     names the tensors an earlier SmoothQuant divided (``load`` replays them)."""
+    if (fixed := declared_dims_fixed(model, dynamic)) is not None:
+        warnings.warn(fixed, stacklevel=user_stacklevel())
     was_training = model.training
     model.eval()
     try:

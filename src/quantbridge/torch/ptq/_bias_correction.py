@@ -22,17 +22,29 @@ quantizer then rounds the corrected bias; its scale does not depend on the bias)
   removes the mean error (held-out mean error 1.13 -> 0.012 sequential, 0.25 one pass).
 
 Layers without a bias are left alone (a new bias would be a new input of the op).
+
+The one-pass shift needs only the mean of each weight tap's input: for a convolution
+``mean_c(W * x) = sum_{i, k} W[c, i, k] m[i, k]`` with ``m[i, k]`` the mean over the batch and the
+output positions of the (zero-padded) input value tap ``k`` of input channel ``i`` reads
+(``tap_means``: the batch summed once, then one strided slice per kernel offset), and for a linear layer ``W mean(x)``. So
+the layer's two convolutions per batch (float and quantized) are replaced by ``k`` slice means,
+in float64 (exact to float64 rounding, where the convolutions rounded in float32).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from .._model import float_mode
-from ._graph import CONV_OPS, PLAIN_WEIGHTED, attr_node, get_tensor, record
+from ._graph import CONV_OPS, PLAIN_WEIGHTED, attr_node, get_tensor, groups_of, record
+
+aten = torch.ops.aten
 
 
 def _corrected_layers(qmodel: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -59,6 +71,53 @@ def _channel_means(node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dic
     counts[node] = counts.get(node, 0) + y.shape[0]
 
 
+def _per_dim(value, n: int, default: int) -> list[int]:
+    """A conv argument (int or list; a one-element list broadcasts) as ``n`` ints."""
+    value = default if value is None else value
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value] * (n if len(value) == 1 else 1)
+    return [int(value)] * n
+
+
+def tap_means(node: torch.fx.Node, args: tuple) -> tuple[torch.Tensor, int] | None:
+    """(mean input of each weight tap in float64, number of output positions averaged) for a
+    batched conv / linear call ``node.target(*args)``; None for forms it does not cover."""
+    x, w = args[0], args[1]
+    if node.target is aten.linear.default:
+        rows = x.reshape(-1, x.shape[-1])
+        return rows.sum(0, dtype=torch.float64) / rows.shape[0], rows.shape[0]
+    nd = w.ndim - 2
+    if node.target not in CONV_OPS or x.ndim != nd + 2 or node.kwargs:
+        return None  # unbatched convolution, keyword arguments: the exact path
+    stride, padding, dilation = (
+        _per_dim(args[i] if len(args) > i else None, nd, d) for i, d in ((3, 1), (4, 0), (5, 1))
+    )
+    batch, kernel = x.shape[0], w.shape[2:]
+    x = F.pad(x.sum(0, dtype=torch.float64), [p for p in reversed(padding) for _ in (0, 1)])
+    out = [(x.shape[1 + j] - dilation[j] * (kernel[j] - 1) - 1) // stride[j] + 1 for j in range(nd)]
+    count = batch * math.prod(out)
+    means = torch.empty((x.shape[0], *kernel), dtype=torch.float64)
+    spatial = tuple(range(1, 1 + nd))
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        taps = tuple(
+            slice(o * d, o * d + s * (n - 1) + 1, s)
+            for o, d, s, n in zip(offset, dilation, stride, out, strict=True)
+        )
+        means[(slice(None), *offset)] = x[(slice(None), *taps)].sum(spatial)
+    return means / count, count
+
+
+def mean_output(w: torch.Tensor, means: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per output channel, the mean of ``W * x`` (no bias) from ``tap_means``, in float64."""
+    w = w.double()
+    if w.ndim == 2:
+        return w @ means
+    co, ci = w.shape[0], w.shape[1]
+    wg = w.reshape(groups, co // groups, ci, *w.shape[2:])
+    mg = means.reshape(groups, 1, ci, *w.shape[2:])
+    return (wg * mg).flatten(2).sum(-1).reshape(co)
+
+
 def _quantized(qmodel, arg, value: torch.Tensor) -> torch.Tensor:
     """``value`` through the quantizer that reads it in the graph (enabled for this call)."""
     if not (isinstance(arg, torch.fx.Node) and arg.op == "call_module"):
@@ -81,8 +140,16 @@ def _local_shifts(qmodel, layers, batches) -> dict:
     def on_args(node, args):
         x, w = args[0], args[1]
         xq, wq = _quantized(qmodel, node.args[0], x), _quantized(qmodel, node.args[1], w)
-        diff = node.target(x, w, None, *args[3:]) - node.target(xq, wq, None, *args[3:])
-        _channel_means(node, diff, sums, counts)
+        float_taps = tap_means(node, args)
+        if float_taps is None:  # the two convolutions
+            diff = node.target(x, w, None, *args[3:]) - node.target(xq, wq, None, *args[3:])
+            _channel_means(node, diff, sums, counts)
+            return
+        quant_taps, count = tap_means(node, (xq, wq, *args[2:]))
+        groups = groups_of(node)
+        diff = mean_output(w, float_taps[0], groups) - mean_output(wq, quant_taps, groups)
+        sums[node] = sums.get(node, 0) + diff * count
+        counts[node] = counts.get(node, 0) + count
 
     with float_mode(qmodel):
         record(qmodel, batches, set(layers), lambda n, v: None, on_args)
