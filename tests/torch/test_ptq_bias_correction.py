@@ -104,8 +104,8 @@ def test_tap_means_give_the_convolutions_mean_output(
     w = torch.randn(6, 4 // groups, *[kernel] * nd, generator=g, dtype=torch.float64)
     op = {1: aten.conv1d.default, 2: aten.conv2d.default, 3: aten.conv3d.default}[nd]
     args = (x, w, None, [stride] * nd, [padding] * nd, [dilation] * nd, groups)
-    node = types.SimpleNamespace(target=op, kwargs={})
-    means, count = tap_means(node, args)
+    node = types.SimpleNamespace(target=op, args=args, kwargs={})
+    means, count = tap_means(node, x, w)
     y = op(*args)
     assert count == y.shape[0] * y[0, 0].numel()
     want = y.mean(dim=(0, *range(2, 2 + nd)))
@@ -115,7 +115,8 @@ def test_tap_means_give_the_convolutions_mean_output(
 
 def test_tap_means_of_a_linear_layer():
     x, w = torch.randn(3, 5, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
-    means, count = tap_means(types.SimpleNamespace(target=aten.linear.default, kwargs={}), (x, w))
+    node = types.SimpleNamespace(target=aten.linear.default, args=(x, w), kwargs={})
+    means, count = tap_means(node, x, w)
     assert count == 15
     torch.testing.assert_close(mean_output(w, means, 1), (x @ w.T).mean(dim=(0, 1)))
 
@@ -126,7 +127,7 @@ def test_fast_shifts_equal_the_two_convolutions(monkeypatch):
     model = DepthwiseNet()
     calib = _data(4, 1)
     fast = _quantized(model, calib, True)
-    monkeypatch.setattr(_bias_correction, "tap_means", lambda node, args: None)
+    monkeypatch.setattr(_bias_correction, "tap_means", lambda node, x, w: None)
     exact = _quantized(model, calib, True)
     plain = _quantized(model, calib, False)
     with torch.no_grad():

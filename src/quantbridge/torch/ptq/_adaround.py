@@ -52,6 +52,7 @@ from .._fakequant import WeightQuantizer
 from .._model import QuantModel, float_mode
 from .._ops import FOLDABLE_ACTIVATIONS
 from .._progress import progress_bar, stage
+from ._graph import conv_geometry, groups_of
 
 aten = torch.ops.aten
 _CONVS = {aten.conv1d.default: 1, aten.conv2d.default: 2}  # op -> spatial dims it unfolds
@@ -174,8 +175,7 @@ def _in_rows(node, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if node.target not in _CONVS:
         return x.reshape(-1, x.shape[-1])
     dims = _CONVS[node.target]
-    a = list(node.args) + [None] * 7
-    stride, padding, dilation = (_pair(v, d, dims) for v, d in zip(a[3:6], (1, 0, 1), strict=True))
+    stride, padding, dilation = conv_geometry(node, dims)
     kernel = tuple(weight.shape[2:])
     if dims == 1:  # conv1d as a conv2d of height 1
         x = x.unsqueeze(2)
@@ -187,19 +187,6 @@ def _in_rows(node, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         )
     cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
     return cols.transpose(1, 2).reshape(-1, cols.shape[1])
-
-
-def _pair(value, default: int, dims: int) -> tuple[int, ...]:
-    if value is None:
-        return (default,) * dims
-    value = list(value) if isinstance(value, (list, tuple)) else [value]
-    return tuple(int(v) for v in (value * dims if len(value) == 1 else value))
-
-
-def _groups(node) -> int:
-    if node.target in _CONVS and len(node.args) > 6:
-        return int(node.args[6])
-    return 1
 
 
 def _layer_output(rows, weight, bias, groups, clamp):
@@ -279,7 +266,7 @@ def _round_layer(layer, rows, target, config, gen, progress, name) -> LayerResul
     q = layer.quantizer
     w = layer.weight.detach()
     scale, zero_point, axis = q.scale.to(w.dtype), q.zero_point, q.axis
-    groups = _groups(layer.node)
+    groups = groups_of(layer.node)
     rows, target = rows.to(w.dtype), target.to(w.dtype)
 
     # a fifth of the rows is held out: the rounding is learned on the rest and kept only if it

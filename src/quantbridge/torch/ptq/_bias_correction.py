@@ -26,9 +26,10 @@ Layers without a bias are left alone (a new bias would be a new input of the op)
 The one-pass shift needs only the mean of each weight tap's input: for a convolution
 ``mean_c(W * x) = sum_{i, k} W[c, i, k] m[i, k]`` with ``m[i, k]`` the mean over the batch and the
 output positions of the (zero-padded) input value tap ``k`` of input channel ``i`` reads
-(``tap_means``: the batch summed once, then one strided slice per kernel offset), and for a linear layer ``W mean(x)``. So
-the layer's two convolutions per batch (float and quantized) are replaced by ``k`` slice means,
-in float64 (exact to float64 rounding, where the convolutions rounded in float32).
+(``tap_means``: the batch summed once, then one strided slice per kernel offset), and for a
+linear layer ``W mean(x)``. So the layer's two convolutions per batch (float and quantized) are
+replaced by ``k`` slice means, in float64 (exact to float64 rounding, where the convolutions
+rounded in float32).
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ import torch.nn.functional as F
 
 from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from .._model import float_mode
-from ._graph import CONV_OPS, PLAIN_WEIGHTED, attr_node, get_tensor, groups_of, record
+from ._graph import (
+    CONV_OPS,
+    PLAIN_WEIGHTED,
+    attr_node,
+    conv_geometry,
+    get_tensor,
+    groups_of,
+    record,
+)
 
 aten = torch.ops.aten
 
@@ -71,27 +80,19 @@ def _channel_means(node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dic
     counts[node] = counts.get(node, 0) + y.shape[0]
 
 
-def _per_dim(value, n: int, default: int) -> list[int]:
-    """A conv argument (int or list; a one-element list broadcasts) as ``n`` ints."""
-    value = default if value is None else value
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value] * (n if len(value) == 1 else 1)
-    return [int(value)] * n
-
-
-def tap_means(node: torch.fx.Node, args: tuple) -> tuple[torch.Tensor, int] | None:
-    """(mean input of each weight tap in float64, number of output positions averaged) for a
-    batched conv / linear call ``node.target(*args)``; None for forms it does not cover."""
-    x, w = args[0], args[1]
+def tap_means(
+    node: torch.fx.Node, x: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, int] | None:
+    """(mean input of each weight tap in float64, number of output positions averaged) for
+    ``node`` (a conv / linear) called on ``x`` with weight ``w``; None for forms it does not
+    cover (unbatched convolutions, keyword arguments)."""
     if node.target is aten.linear.default:
         rows = x.reshape(-1, x.shape[-1])
         return rows.sum(0, dtype=torch.float64) / rows.shape[0], rows.shape[0]
     nd = w.ndim - 2
     if node.target not in CONV_OPS or x.ndim != nd + 2 or node.kwargs:
-        return None  # unbatched convolution, keyword arguments: the exact path
-    stride, padding, dilation = (
-        _per_dim(args[i] if len(args) > i else None, nd, d) for i, d in ((3, 1), (4, 0), (5, 1))
-    )
+        return None  # the two convolutions instead
+    stride, padding, dilation = conv_geometry(node, nd)
     batch, kernel = x.shape[0], w.shape[2:]
     x = F.pad(x.sum(0, dtype=torch.float64), [p for p in reversed(padding) for _ in (0, 1)])
     out = [(x.shape[1 + j] - dilation[j] * (kernel[j] - 1) - 1) // stride[j] + 1 for j in range(nd)]
@@ -140,14 +141,15 @@ def _local_shifts(qmodel, layers, batches) -> dict:
     def on_args(node, args):
         x, w = args[0], args[1]
         xq, wq = _quantized(qmodel, node.args[0], x), _quantized(qmodel, node.args[1], w)
-        float_taps = tap_means(node, args)
-        if float_taps is None:  # the two convolutions
+        taps = tap_means(node, x, w)
+        if taps is None:
             diff = node.target(x, w, None, *args[3:]) - node.target(xq, wq, None, *args[3:])
             _channel_means(node, diff, sums, counts)
             return
-        quant_taps, count = tap_means(node, (xq, wq, *args[2:]))
+        float_means, count = taps
+        quant_means, _ = tap_means(node, xq, wq)
         groups = groups_of(node)
-        diff = mean_output(w, float_taps[0], groups) - mean_output(wq, quant_taps, groups)
+        diff = mean_output(w, float_means, groups) - mean_output(wq, quant_means, groups)
         sums[node] = sums.get(node, 0) + diff * count
         counts[node] = counts.get(node, 0) + count
 

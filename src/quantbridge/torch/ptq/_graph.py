@@ -55,6 +55,20 @@ def weight_and_bias(gm: nn.Module, node: torch.fx.Node):
     return w, b
 
 
+def conv_geometry(node: torch.fx.Node, dims: int) -> tuple[tuple[int, ...], ...]:
+    """(stride, padding, dilation) of an ``aten.conv*d`` node, ``dims`` ints each (aten's
+    defaults 1, 0, 1 where an argument is absent; a one-element list broadcasts)."""
+    args = list(node.args) + [None] * 7
+    return tuple(_per_dim(v, d, dims) for v, d in zip(args[3:6], (1, 0, 1), strict=True))
+
+
+def _per_dim(value, default: int, dims: int) -> tuple[int, ...]:
+    if value is None:
+        return (default,) * dims
+    value = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(int(v) for v in (value * dims if len(value) == 1 else value))
+
+
 def groups_of(node: torch.fx.Node) -> int:
     if node.target in CONV_OPS:
         return int(node.args[6]) if len(node.args) > 6 else int(node.kwargs.get("groups", 1))
