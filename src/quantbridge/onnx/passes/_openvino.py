@@ -54,6 +54,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...numerics import dequantize
+from .._graph_index import GraphIndex
 from ._normalize import INTEGER_DATA_MOVEMENT
 
 KEEP = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "ReduceMean", "GlobalAveragePool"})
@@ -74,24 +76,17 @@ def openvino_layout(
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    consts = {t.name: t for t in graph.initializer}
-    consts |= {
-        n.output[0]: n.attribute[0].t
-        for n in graph.node
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
-    }
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
-    outputs = {o.name for o in graph.output}
+    index = GraphIndex(
+        list(graph.node), {t.name: t for t in graph.initializer}, (o.name for o in graph.output)
+    )
+    consts, readers, outputs = index.constants, index.consumers, index.outputs
     pairs = [q for q in graph.node if q.op_type == "QuantizeLinear"]
     if not pairs:
         raise ValueError(
             "openvino_layout: the model has no QuantizeLinear nodes (a float model?); export a "
             "quantized model first (qb.export, quantbridge quantize)"
         )
-    producer = {t: n for n in graph.node for t in n.output}
+    producer = index.producer  # a removed pair's new Clip is added to it below
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 0)
     rename: dict[str, str] = {}
     gone: set[int] = set()
@@ -222,19 +217,16 @@ def _constant_dq(
 
 
 def _dequantize(dq: onnx.NodeProto, consts: dict[str, onnx.TensorProto]) -> np.ndarray:
-    """``(x - zero_point) * scale`` in float32, as DequantizeLinear computes it (per tensor or
-    along its ``axis``, default 1)."""
-    x = numpy_helper.to_array(consts[dq.input[0]]).astype(np.float32)
-    scale = numpy_helper.to_array(consts[dq.input[1]]).astype(np.float32)
+    """The float32 value the constant DequantizeLinear ``dq`` computes (per tensor or along its
+    ``axis``, default 1): ``numerics.dequantize``, DequantizeLinear's arithmetic."""
+    x = numpy_helper.to_array(consts[dq.input[0]])
+    scale = numpy_helper.to_array(consts[dq.input[1]])
     has_zp = len(dq.input) > 2 and dq.input[2]
-    zp = numpy_helper.to_array(consts[dq.input[2]]).astype(np.float32) if has_zp else None
+    zp = numpy_helper.to_array(consts[dq.input[2]]) if has_zp else np.zeros((), x.dtype)
+    axis = None
     if scale.size > 1:
         axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) % x.ndim
-        shape = [1] * x.ndim
-        shape[axis] = -1
-        scale = scale.reshape(shape)
-        zp = None if zp is None else zp.reshape(shape)
-    return ((x if zp is None else x - zp) * scale).astype(np.float32)
+    return np.asarray(dequantize(x, scale, zp, axis), dtype=np.float32)
 
 
 def _same_params(q: onnx.NodeProto, dq: onnx.NodeProto, consts: dict) -> bool:
