@@ -81,7 +81,9 @@ minmax activations under every recipe here; ``method="mse"`` (``--method mse``) 
 (issue 9) and is not the default: unmeasured on the other workloads. Cost: bias correction
 is one more float and quantized pass over the calibration data: quantize + export, same process
 alternating, load ~1.3 (``tools.quantize_ours``, 16 calibration images): ResNet-18-style 5.2-5.6
--> 9.4-9.5 s, MobileNetV2-style 7.1-8.2 -> 12.3-12.7 s (``int8`` -> default, 1.5-1.8x).
+-> 9.4-9.5 s, MobileNetV2-style 7.1-8.2 -> 12.3-12.7 s (``int8`` -> default, 1.5-1.8x), measured
+before bias correction read tap means instead of convolving twice (``torch.ptq._bias_correction``:
+its own time 5.1-5.9 -> 2.5-2.7 s on ResNet-18-style, 2 x 8 images, one thread).
 
 Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
 with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
