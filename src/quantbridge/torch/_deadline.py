@@ -16,7 +16,12 @@ raises ``CaptureTimeout`` at the next *call of a sympy function* (or of torch's 
 with no import running below it. Raising at an arbitrary bytecode, an earlier design, can land in a
 ``finally`` or ``__exit__`` that restores torch's global state (dispatch modes, the eval-frame
 hook) and crash a later capture; a function call into sympy is an ordinary place for an exception
-in torch's Python code, and the explosion this guards against is sympy's. Where a profiler is
+in torch's Python code, and the explosion this guards against is sympy's. Never in a resumed
+generator's frame: a generator resumed by the garbage collector's ``close()`` reports the
+exception as "ignored" and carries on (seen in CI: sympy's ``deduce_all_facts`` generator swallowed
+it, and the block then ran unbounded for 34 minutes). For any other place that swallows it (a bare
+``except:``, a ``__del__``), the timer fires again every ``_REARM_S`` seconds while the block still
+runs, and the next sympy call raises again. Where a profiler is
 already installed (``cProfile``), the block is not interrupted. Only the main thread can be
 interrupted; elsewhere the block runs unbounded.
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -35,6 +41,7 @@ import threading
 from collections.abc import Iterator
 
 CAPTURE_BUDGET_S = 120.0
+_REARM_S = 1.0  # after an interruption that did not end the block, the next one comes this late
 # source folders whose functions hold no torch global state: safe places to raise an interruption
 _SAFE_FOLDERS = (os.sep + "sympy" + os.sep, os.path.join("torch", "utils", "_sympy") + os.sep)
 
@@ -83,19 +90,29 @@ def deadline(seconds: float | None) -> Iterator[None]:
         if sys.getprofile() is None:  # never replace a profiler someone else installed
             sys.setprofile(at_sympy_call)
 
+    stop = threading.Event()
+
+    def ticks() -> None:  # the first at the budget, then again while the block still runs
+        wait = seconds
+        while not stop.wait(wait):
+            _thread.interrupt_main(signal.SIGALRM)
+            wait = _REARM_S
+
     previous = signal.signal(signal.SIGALRM, expired)
-    timer = threading.Timer(seconds, _thread.interrupt_main, args=(signal.SIGALRM,))
-    timer.daemon = True
+    timer = threading.Thread(target=ticks, name="quantbridge-capture-deadline", daemon=True)
     timer.start()
     try:
         yield
     finally:
-        timer.cancel()
+        stop.set()
         timer.join()  # an interruption already simulated is now pending, not in flight
         # signal.signal runs pending handlers first (ours); a handler set from C reads as None
         signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
         if sys.getprofile() is at_sympy_call:
             sys.setprofile(None)
+
+
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def _is_safe(frame) -> bool:
@@ -106,6 +123,8 @@ def _is_safe(frame) -> bool:
         return False
     if not any(folder in frame.f_code.co_filename for folder in _SAFE_FOLDERS):
         return False
+    if frame.f_code.co_flags & _GENERATOR_FLAGS:
+        return False  # a resumed generator: a finalizer's close() would swallow the exception
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return False  # an import machinery frame: module-level code runs above it
