@@ -112,3 +112,24 @@ def test_loaded_model_exports_the_same_file(digits, tmp_path):
     assert isinstance(loaded, QuantModel) and isinstance(loaded._qb_source, OnnxModule)
     assert torch.equal(loaded(x), imported(x))
     assert torch.equal(loaded._qb_source(x), imported._qb_source(x))
+
+
+def test_deepcopy_behaves_like_the_original(digits):
+    """Regression: ``GraphModule.__deepcopy__`` re-initialises the copy and keeps only state-dict
+    hooks, so ``copy.deepcopy(qmodel)`` lost the input check (a wrong size failed deep inside
+    torch's guard with "Guard failed: x.size()[2] == 8") and came back in training mode."""
+    clone = copy.deepcopy(digits)
+    assert clone.training is False and digits.training is False
+    x = torch.randn(5, 1, 8, 8)
+    assert torch.equal(clone(x), digits(x))
+    bad = torch.randn(2, 1, 9, 8)
+    with pytest.raises(ValueError) as original:
+        digits(bad)
+    with pytest.raises(ValueError) as copied:
+        clone(bad)
+    assert str(copied.value) == str(original.value)
+    assert "input 'x': expected shape [batch, 1, 8, 8]" in str(copied.value)
+    # the copy's hooks are its own: removing them leaves the original's in place
+    clone._forward_pre_hooks.clear()
+    with pytest.raises(ValueError):
+        digits(bad)

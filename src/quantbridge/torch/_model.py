@@ -16,6 +16,7 @@ It knows nothing of QAT, checkpoints or distributed code: those modules build on
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import torch
@@ -29,6 +30,18 @@ from ._pickling import reduce_quant_model
 from ._placement import CONTAINER, QuantPoint, output_quantizers
 from ._replace import adopt_hook, record_weight_shapes
 
+# nn.Module's forward/backward hook registries: GraphModule.__deepcopy__ re-initialises the copy
+# and carries only the state-dict hooks over
+_CALL_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_is_full_backward_hook",
+)
 
 class QuantModel(torch.fx.GraphModule):
     """A captured model with quantizers placed; see the module docstring."""
@@ -64,6 +77,17 @@ class QuantModel(torch.fx.GraphModule):
 
     def _deepcopy_init(self):
         return QuantModel.__init__  # GraphModule.__deepcopy__ re-initialises through this
+
+    def __deepcopy__(self, memo: dict) -> QuantModel:
+        """``copy.deepcopy``: ``GraphModule``'s copy, plus what its re-initialisation drops: the
+        forward/backward hooks (the input check ``check_call_hook`` among them) and train/eval
+        mode, so the copy computes and refuses bad inputs as the original does."""
+        res = super().__deepcopy__(memo)
+        for attr in _CALL_HOOKS:
+            if attr in self.__dict__:
+                res.__dict__[attr] = copy.deepcopy(self.__dict__[attr], memo)
+        res.training = self.training
+        return res
 
     def __reduce__(self):
         """``pickle`` / ``torch.save``: the graph with its captured values, not fx's re-trace
