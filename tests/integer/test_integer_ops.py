@@ -140,3 +140,29 @@ def test_power_of_two_scales_are_pure_shifts(qdq_graph, layerwise):
     add = next(s for s in prog.steps if s.op == "rescale_sum")
     assert all(m & (m - 1) == 0 for m in add.attrs["multipliers"])  # powers of two: shifts
     assert all(f["power_of_two"] for f in prog.formats())
+
+
+def test_transpose_of_a_scalar_stays_a_scalar(qdq_graph):
+    """Regression: the Transpose kernel made its result contiguous with ``np.ascontiguousarray``,
+    which turns a 0-d array 1-d, so a scalar (``Squeeze`` of a one-element tensor) transposed
+    came out of the program as shape ``(1,)`` (and ``tensor_shapes``, which sizes the C and ONNX
+    emitters' buffers, said so) where ONNX Runtime gives ``()``."""
+    import onnxruntime as ort
+
+    g = qdq_graph((1,), scale=0.05, zero=3)
+    scalar = g.node("Squeeze", [g.x])
+    out = g.quant(g.node("Add", [g.node("Transpose", [scalar]), scalar]), 0.05, 3)
+    model = g.model(out)
+    prog = qb.lower(model)
+    x = np.array([0.77], np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    want = ref.run(None, {"x": x})[0]
+    got = prog.run({"x": x})[out]
+    assert want.shape == got.shape == ()
+    # codes: x -> round(0.77 / 0.05) + 3 = 18 (0.75); 0.75 + 0.75 = 1.5 -> 30 + 3 = 33 exactly
+    assert float(got) == float(want) == np.float32(0.05) * 30
+    shapes = prog.tensor_shapes()
+    assert shapes.pop(prog.inputs[0].tensor.name) == (1,)
+    assert set(shapes.values()) == {()}, shapes

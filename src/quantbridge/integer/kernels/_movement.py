@@ -24,9 +24,15 @@ def flatten(attrs, x: np.ndarray) -> np.ndarray:
     return x.reshape(int(np.prod(x.shape[:axis])), -1)
 
 
+def _contiguous(x: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of the same shape: ``np.ascontiguousarray`` makes a 0-d array 1-d
+    (a Transpose of a scalar came out of the program as shape ``(1,)``), ``np.require`` does not."""
+    return np.require(x, requirements="C")
+
+
 @register_kernel("transpose")
 def transpose(attrs, x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.transpose(attrs["perm"]))
+    return _contiguous(x.transpose(attrs["perm"]))
 
 
 @register_kernel("squeeze")
@@ -51,7 +57,7 @@ def slice_(attrs, x: np.ndarray) -> np.ndarray:
         attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"], strict=True
     ):
         index[axis % x.ndim] = slice(int(start), int(end), int(step))
-    return np.ascontiguousarray(x[tuple(index)])
+    return _contiguous(x[tuple(index)])
 
 
 COORDINATES = {
