@@ -43,6 +43,7 @@ _CALL_HOOKS = (
     "_is_full_backward_hook",
 )
 
+
 class QuantModel(torch.fx.GraphModule):
     """A captured model with quantizers placed; see the module docstring."""
 
