@@ -63,11 +63,20 @@ def _graph_names(model: onnx.ModelProto) -> set[str]:
 class OnnxCapture:
     """An ONNX session (ORT or OpenVINO) on a copy of the model whose sites are graph outputs."""
 
-    def __init__(self, model: onnx.ModelProto, sites: list[Site], engine: str, options: dict):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        sites: list[Site],
+        engine: str,
+        options: dict,
+        float_pairs: dict[str, tuple[str, str]] | None = None,
+    ):
         model = copy.deepcopy(model)
         names = _graph_names(model)
         float_model = not any(s.quantized and s.name in names for s in sites)
-        if float_model:  # a float file: the float tensor each QuantizeLinear reads
+        if float_model and float_pairs is not None:  # paired by name and structure
+            self.where = {s: t for s, (t, _) in float_pairs.items() if t in names}
+        elif float_model:  # a float file: the float tensor each QuantizeLinear reads
             self.where = match_sources(sites, names)
         else:
             self.where = match_names(sites, names)
@@ -199,7 +208,11 @@ class EngineSpec:
 
 def _ort(level: str):
     return lambda subj, sites, ref, feeds: OnnxCapture(
-        subj.onnx, sites, "onnxruntime", {"optimization": level, "device": "cpu"}
+        subj.onnx,
+        sites,
+        "onnxruntime",
+        {"optimization": level, "device": "cpu"},
+        subj.float_pairs,
     )
 
 
@@ -245,7 +258,7 @@ ENGINES: dict[str, EngineSpec] = {
     "openvino": EngineSpec(
         ("qdq", "float"),
         lambda subj, sites, ref, feeds: OnnxCapture(
-            subj.onnx, sites, "openvino", {"device": "CPU"}
+            subj.onnx, sites, "openvino", {"device": "CPU"}, subj.float_pairs
         ),
         ("float",),
     ),

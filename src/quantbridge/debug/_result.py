@@ -24,6 +24,22 @@ def _badness(pair: dict[str, Any]) -> tuple[int, float, float]:
     )
 
 
+def _pairing_lines(tensors: list[dict[str, Any]]) -> list[str]:
+    """One line per run on a float file: how its tensors were paired with the sites."""
+    rules: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        for p in t["pairs"]:
+            if "float_tensor" in p:
+                count = rules.setdefault(p["b"], {})
+                count[p["matched_by"]] = count.get(p["matched_by"], 0) + 1
+    return [
+        f"{run}: {sum(c.values())} tensors paired with the float file's ("
+        + "; ".join(f"{n} by {rule}" for rule, n in c.items())
+        + ")"
+        for run, c in rules.items()
+    ]
+
+
 class CompareResult:
     """Per-tensor metrics of every engine against the reference engine (``compare``)."""
 
@@ -63,6 +79,7 @@ class CompareResult:
                     "scale": t["scale"], "a": p["a"], "b": p["b"], "class": p["class"],
                     "sqnr_db": p["sqnr_db"], "cosine": p["cosine"], "max_abs": p["max_abs"],
                     "mean_abs": p["mean_abs"], "max_lsb": p.get("max_lsb"),
+                    "matched_by": p.get("matched_by"),
                     **{f"lsb_{k}": v for k, v in share.items()},
                 })  # fmt: skip
         return rows
@@ -114,6 +131,7 @@ class CompareResult:
             )
         for engine, reason in d["errors"].items():
             lines.append(f"engine {engine} failed: {reason}")
+        lines.extend(_pairing_lines(self.tensors))
         for engine, names in d["unmatched"].items():
             shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
             lines.append(f"{engine}: {len(names)} tensors not matched ({shown})")

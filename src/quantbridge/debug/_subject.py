@@ -35,6 +35,9 @@ class Subject:
     form: str = ""  # 'qdq' | 'qop' | 'float' (the ONNX file's form) | '' (no ONNX)
     torch: torch.nn.Module | None = None
     tag: str = "a"  # 'a' or 'b': the argument it came from (prefixes run names of two models)
+    # a float ONNX file beside a quantized one: site -> (its float tensor, the rule that paired
+    # them), from ``_match_float.match_float_file``
+    float_pairs: dict[str, tuple[str, str]] | None = None
 
     @property
     def quantized(self) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._match import Site, find_sites, match_other_file
+from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
 from ._subject import Subject, feeds, load_subject, read_inputs
@@ -38,6 +39,18 @@ class _Run:
         self.spec = ENGINES[engine]
         self.is_float = subject_kind(subject) in self.spec.float_for
         self.rename = rename  # the subject's site name -> reference site name
+
+    def matched_by(self, site: str, ref_subj: Subject) -> str:
+        """How this run's tensor was paired with the reference's site (the report's
+        ``matched_by``)."""
+        subj = self.subject
+        if subj.float_pairs is not None:
+            return subj.float_pairs[site][1]
+        if subj is not ref_subj and subj.onnx is not None:
+            return "name, else the QuantizeLinear's input"  # match_other_file
+        if self.engine.startswith("torch"):
+            return "placement record" if subj.onnx is not None else "output position"
+        return "same file"
 
 
 def _default_engines(kind: str, pair: bool) -> list[str]:
@@ -111,6 +124,9 @@ def compare(
     ref_subj = quantized[0]
     own_sites = {s.tag: find_sites(s.onnx) for s in quantized}
     sites = own_sites[ref_subj.tag]
+    for subj in subjects:  # a float file: its tensors paired with the sites by name and structure
+        if subj.form == "float":
+            subj.float_pairs = match_float_file(ref_subj.onnx, sites, subj.onnx)
     for subj in subjects:  # bad inputs are the user's error, not an engine's
         feeds(subj.onnx if subj.onnx is not None else ref_subj.onnx, data, subj.label)
     runs, errors = _plan(subjects, engines, sites, own_sites)
@@ -183,6 +199,9 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
                 lost.append(s.name)
             else:
                 carried[s.name] = pair["max_abs"]
+                pair["matched_by"] = run.matched_by(s.name, ref_subj)
+                if run.subject.float_pairs is not None:
+                    pair["float_tensor"] = run.subject.float_pairs[s.name][0]
                 table[s.name]["pairs"].append(pair)
         if lost:
             unmatched[run.name] = lost

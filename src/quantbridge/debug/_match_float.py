@@ -1,0 +1,267 @@
+"""Pairing a float ONNX file's tensors with a quantized file's sites, by name and by structure.
+
+``qb.compare(float_file, quantized_file)`` measures each quantized tensor ("site", ``_match``)
+against the float tensor it approximates. Names alone often miss: quantbridge's export of a model
+imported from the file (or of the torch model the file was exported from) names values after fx
+nodes (``add`` for the file's ``add_20``, ``linear`` for its output ``y``); ONNX Runtime's
+``quantize_static`` renames a graph output's producer (``y_QuantizeLinear_Input``) and drops a
+Relu that the quantizer's clamp computes. ``match_float_file`` pairs the two graphs' ops:
+
+* each graph's compute ops are read with QuantizeLinear -> DequantizeLinear pairs, Identity and
+  Dropout passed through, and a DequantizeLinear of an initializer taken as a constant (a weight);
+* graph inputs pair by name, else by position;
+* in topological order, a quantized op pairs with the unused float op of the same type whose
+  non-constant inputs are the pairs of its own (in any order for commutative ops); among several,
+  the one whose weight equals the dequantized weight within one step (``structure``); Flatten,
+  Squeeze and Unsqueeze count as Reshape (same values in the same order);
+* an op whose inputs are not all paired (the graphs decompose something differently upstream)
+  pairs by its weight alone: the float op of its type whose weight is its dequantized weight
+  within one step (``weight``);
+* an op the quantized graph does without follows its pair: a BatchNormalization after a paired
+  weighted op (folded into its weights), a Relu where every quantized reader of the value is a
+  QuantizeLinear with its zero point at qmin (the clamp computes the Relu);
+* a site takes the pair of the tensor its QuantizeLinear reads; where structure finds none, the
+  same name in the float file (``name``).
+
+The rule is kept with each pair: ``name``, ``structure``, ``name, structure`` (both agree),
+``weight``, ``input name`` / ``input position``, with `` + Relu absorbed`` or
+`` + BatchNormalization folded``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..numerics import dequantize
+from ._match import Site
+
+_THROUGH = frozenset({"Identity", "Dropout"})
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_COMMUTATIVE = frozenset({"Add", "Mul", "Sum", "Max", "Min", "Mean"})
+_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+_CONST = "<constant>"
+# ops that keep the values in order and only change the shape pair with each other (exporters
+# write torch.flatten as Flatten or Reshape); compare refuses a pair whose shapes differ
+_FAMILY = {"Flatten": "Reshape", "Squeeze": "Reshape", "Unsqueeze": "Reshape"}
+
+
+class _Graph:
+    """One graph's compute ops, values read through Q -> DQ pairs, and constants."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.inits = {i.name: i for i in graph.initializer}
+        self.constants = set(self.inits)
+        for n in graph.node:
+            if n.op_type == "Constant":
+                self.constants.update(n.output)
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for n in graph.node:
+            for i in n.input:
+                self.readers[i].append(n)
+        skip = _QDQ | _THROUGH | {"Constant"}
+        self.compute = [n for n in graph.node if n.op_type not in skip]
+        self.inputs = [i.name for i in graph.input if i.name not in self.constants]
+        self.names = {o for n in graph.node for o in n.output} | set(self.inputs)
+        self._weights: dict[int, tuple[np.ndarray, float] | None] = {}
+
+    def resolve(self, t: str) -> str:
+        """The value ``t`` carries: through pass-through ops and Q -> DQ pairs; ``_CONST`` for a
+        constant or a DequantizeLinear of one."""
+        for _ in range(64):
+            if t in self.constants:
+                return _CONST
+            p = self.producer.get(t)
+            if p is None:
+                return t
+            if p.op_type in _THROUGH:
+                t = p.input[0]
+                continue
+            if p.op_type != "DequantizeLinear":
+                return t
+            if p.input[0] in self.constants:
+                return _CONST
+            q = self.producer.get(p.input[0])
+            if q is None or q.op_type != "QuantizeLinear":
+                return t
+            t = q.input[0]
+        return t
+
+    def signature(self, op: str, inputs: list[str | None]) -> tuple:
+        """Op type and non-constant inputs (sorted for commutative ops): constants (weights,
+        biases, shapes) do not take part, so a bias added by BatchNormalization folding or a
+        shape written as another initializer does not matter."""
+        live = [(k, i) for k, i in enumerate(inputs) if i not in ("", _CONST)]
+        op = _FAMILY.get(op, op)
+        if op in _COMMUTATIVE:
+            return (op, tuple(sorted(i for _, i in live)))
+        return (op, tuple(live))
+
+    def weight(self, node: onnx.NodeProto) -> tuple[np.ndarray, float] | None:
+        """The node's largest constant input as float values, with its step (0.0 for a float
+        initializer): a DequantizeLinear of an integer initializer is dequantized."""
+        if id(node) in self._weights:
+            return self._weights[id(node)]
+        best = None
+        for t in node.input:
+            value = self._constant_value(t)
+            if value is not None and (best is None or value[0].size > best[0].size):
+                best = value
+        self._weights[id(node)] = best
+        return best
+
+    def _constant_value(self, t: str) -> tuple[np.ndarray, float] | None:
+        if t in self.inits:
+            return numpy_helper.to_array(self.inits[t]).astype(np.float64), 0.0
+        p = self.producer.get(t)
+        if p is None or p.op_type != "DequantizeLinear" or p.input[0] not in self.inits:
+            return None
+        q = numpy_helper.to_array(self.inits[p.input[0]])
+        scale = self._array(p.input[1])
+        zero = self._array(p.input[2]) if len(p.input) > 2 and p.input[2] else np.zeros(1)
+        if scale is None or zero is None:
+            return None
+        axis = next((a.i for a in p.attribute if a.name == "axis"), 1) if scale.size > 1 else None
+        values = dequantize(q.astype(np.float64), scale.astype(np.float64), zero, axis)
+        return np.asarray(values, np.float64), float(np.max(scale))
+
+    def _array(self, t: str) -> np.ndarray | None:
+        return numpy_helper.to_array(self.inits[t]) if t in self.inits else None
+
+    def quantized_readers(self, t: str) -> list[onnx.NodeProto]:
+        """The ops reading value ``t``, through a QuantizeLinear -> DequantizeLinear pair."""
+        found = []
+        for r in self.readers.get(t, []):
+            if r.op_type != "QuantizeLinear":
+                found.append(r)
+                continue
+            for d in self.readers.get(r.output[0], []):
+                found.extend(self.readers.get(d.output[0], []) if d.op_type in _QDQ else [d])
+        return found
+
+    def clamps_at_zero(self, t: str) -> bool:
+        """Every reader of ``t`` is a QuantizeLinear whose zero point is its type's qmin."""
+        readers = self.readers.get(t, [])
+        if not readers:
+            return False
+        for r in readers:
+            if r.op_type != "QuantizeLinear":
+                return False
+            zero = self._array(r.input[2]) if len(r.input) > 2 and r.input[2] else None
+            if zero is None:  # ONNX default: uint8 zero point 0, which is qmin
+                continue
+            if not np.issubdtype(zero.dtype, np.integer) or zero.size != 1:
+                return False
+            if int(zero.reshape(-1)[0]) != np.iinfo(zero.dtype).min:
+                return False
+        return True
+
+
+def _weights_agree(a: tuple[np.ndarray, float] | None, b: tuple[np.ndarray, float] | None):
+    """The dequantized weight ``a`` is the float weight ``b`` within one step (rounding to the
+    nearest code moves a weight by half a step; clipping by none when the range is the weight's)."""
+    if a is None or b is None or a[0].shape != b[0].shape:
+        return False
+    step = max(a[1], b[1])
+    return bool(np.max(np.abs(a[0] - b[0]), initial=0.0) <= step * (1 + 1e-6) + 1e-12)
+
+
+def _pick(q: _Graph, node: onnx.NodeProto, f: _Graph, candidates: list) -> onnx.NodeProto | None:
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    mine = q.weight(node)
+    for c in candidates:
+        if _weights_agree(mine, f.weight(c)):
+            return c
+    return candidates[0]
+
+
+def _by_weight(q: _Graph, node: onnx.NodeProto, f: _Graph, free: list) -> onnx.NodeProto | None:
+    if node.op_type not in _WEIGHTED:
+        return None
+    mine = q.weight(node)
+    if mine is None:
+        return None
+    for c in free:
+        if c.op_type == node.op_type and _weights_agree(mine, f.weight(c)):
+            return c
+    return None
+
+
+def _follow(q: _Graph, node: onnx.NodeProto, out: str, f: _Graph, fo: str) -> tuple[str, str]:
+    """``fo`` moved past float ops the quantized graph does without (module docstring)."""
+    extra = ""
+    for _ in range(4):
+        readers = f.readers.get(fo, [])
+        if len(readers) != 1 or not readers[0].output:
+            break
+        nxt = readers[0]
+        if nxt.op_type in {r.op_type for r in q.quantized_readers(out)}:
+            break
+        if nxt.op_type == "BatchNormalization" and node.op_type in _WEIGHTED:
+            extra += " + BatchNormalization folded"
+        elif nxt.op_type == "Relu" and q.clamps_at_zero(out):
+            extra += " + Relu absorbed"
+        else:
+            break
+        fo = nxt.output[0]
+    return fo, extra
+
+
+def _pair_values(q: _Graph, f: _Graph) -> tuple[dict[str, str], dict[str, str]]:
+    """Quantized value -> float tensor, and the rule that paired it."""
+    pairs: dict[str, str] = {}
+    how: dict[str, str] = {}
+    for k, name in enumerate(q.inputs):
+        if name in f.inputs:
+            pairs[name], how[name] = name, "input name"
+        elif k < len(f.inputs):
+            pairs[name], how[name] = f.inputs[k], "input position"
+    index: dict[tuple, list[onnx.NodeProto]] = defaultdict(list)
+    for n in f.compute:
+        index[f.signature(n.op_type, [f.resolve(i) if i else "" for i in n.input])].append(n)
+    used: set[int] = set()
+    for node in q.compute:
+        ins = [v if v in ("", _CONST) else pairs.get(v) for v in map(q.resolve, node.input)]
+        found, rule = None, "structure"
+        if None not in ins:
+            free = [c for c in index.get(f.signature(node.op_type, ins), []) if id(c) not in used]
+            found = _pick(q, node, f, free)
+        if found is None:
+            found = _by_weight(q, node, f, [c for c in f.compute if id(c) not in used])
+            rule = "weight"
+        if found is None:
+            continue
+        used.add(id(found))
+        for out, fo in zip(node.output, found.output, strict=False):
+            if out and fo:
+                pairs[out], extra = _follow(q, node, out, f, fo)
+                how[out] = rule + extra
+    return pairs, how
+
+
+def match_float_file(
+    quantized: onnx.ModelProto, sites: list[Site], float_model: onnx.ModelProto
+) -> dict[str, tuple[str, str]]:
+    """Site name -> (float tensor of ``float_model``, the rule that paired them), for every site
+    of ``quantized`` (a QDQ file) with a pair; see the module docstring."""
+    q, f = _Graph(quantized.graph), _Graph(float_model.graph)
+    pairs, how = _pair_values(q, f)
+    found: dict[str, tuple[str, str]] = {}
+    for s in sites:
+        tensor = s.source or s.name
+        value = q.resolve(tensor)
+        named = tensor if tensor in f.names else None
+        paired = pairs.get(value)
+        if paired is not None:
+            rule = how[value]
+            if paired == named and not rule.startswith("input"):
+                rule = "name, " + rule
+            found[s.name] = (paired, rule)
+        elif named is not None:
+            found[s.name] = (named, "name")
+    return found

@@ -1,0 +1,167 @@
+"""``qb.compare(float.onnx, quantized.onnx)`` where the quantized file does not keep the float
+file's names: quantbridge's export of the torch model the float file was exported from (fx names
+``relu``, ``add``, ``linear`` against TorchScript's ``/Relu_output_0``, ``/Add_output_0``, ``y``),
+and ONNX Runtime's ``quantize_static`` of the float file (Relu removed, the output's producer
+renamed). Every site pairs with the float tensor it approximates, by structure, and says so."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import ResidualCNN
+from onnx import TensorProto, helper, numpy_helper
+
+import quantbridge as qb
+from quantbridge.debug._match import find_sites
+from quantbridge.debug._match_float import match_float_file
+
+# float ops whose output is an activation both quantized files quantize
+TWINNED = ("Relu", "Add", "Flatten", "Gemm")
+
+
+@pytest.fixture(scope="module")
+def files(cnn, tmp_path_factory):
+    """(float file, quantbridge's QDQ file, ORT's QDQ file, inputs) of the residual CNN."""
+    path, qmodel, inputs = cnn
+    torch.manual_seed(0)  # the conftest fixture's float model: same seed, same weights
+    model = ResidualCNN().eval()
+    state = qmodel.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    folder = tmp_path_factory.mktemp("float_source")
+    float_path = folder / "cnn.onnx"
+    example = torch.zeros(2, 3, 8, 8)
+    with warnings.catch_warnings():  # "legacy TorchScript-based ONNX export": wanted here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(  # TorchScript exporter: '/conv1/Conv_output_0' names, none shared
+            model, (example,), str(float_path), input_names=["x"], output_names=["y"],
+            dynamo=False, dynamic_axes={"x": {0: "n"}},
+        )  # fmt: skip
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": inputs["x"]}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    ort_path = folder / "cnn.ort_int8.onnx"
+    quantize_static(str(float_path), str(ort_path), Reader(), quant_format=QuantFormat.QDQ)
+    return float_path, path, ort_path, inputs
+
+
+def _float_tensors(float_path) -> set[str]:
+    graph = onnx.load(str(float_path)).graph
+    return {"x"} | {n.output[0] for n in graph.node if n.op_type in TWINNED}
+
+
+def test_quantbridge_export_pairs_by_structure(files):
+    float_path, qdq_path, _, inputs = files
+    sources = {s.source for s in find_sites(onnx.load(str(qdq_path))) if s.source != "x"}
+    assert not sources & _float_tensors(float_path)  # no name to match by
+    r = qb.compare(float_path, qdq_path, inputs=inputs)
+    assert r.errors == {} and r.unmatched == {}
+    pairs = [p for t in r.tensors for p in t["pairs"]]
+    assert {p["float_tensor"] for p in pairs} == _float_tensors(float_path)
+    assert sorted(p["matched_by"] for p in pairs) == ["input name"] + ["structure"] * 5
+    assert {p["class"] for p in pairs} == {"quantization noise"}
+    summary = "a:ort-ref: 6 tensors paired with the float file's (1 by input name; 5 by structure)"
+    assert summary in str(r)
+
+
+def test_ort_quantize_static_output_pairs_and_lsb_is_recomputed(files):
+    float_path, _, ort_path, inputs = files
+    r = qb.compare(float_path, ort_path, inputs=inputs)
+    assert r.errors == {} and r.unmatched == {}
+    pairs = {t["name"]: (t, p) for t in r.tensors for p in t["pairs"]}
+    assert {p["float_tensor"] for _, p in pairs.values()} == _float_tensors(float_path)
+    rules = [p["matched_by"] for _, p in pairs.values()]
+    assert rules.count("name, structure + Relu absorbed") == 2  # ORT drops Relu before a Q
+    assert "structure" in rules  # Gemm: ORT renamed its output 'y_QuantizeLinear_Input'
+    # the Add's error in LSB, by hand: ORT's codes of the quantized file, dequantized in
+    # float64, against the float file's Add output (found by op type, not by the matcher)
+    table, pair = next(v for v in pairs.values() if v[0]["op"] == "Add")
+    quantized = onnx.load(str(ort_path))
+    quantized.graph.output.append(helper.make_empty_tensor_value_info(table["name"]))
+    float_model = onnx.load(str(float_path))
+    add = next(n.output[0] for n in float_model.graph.node if n.op_type == "Add")
+    float_model.graph.output.append(helper.make_tensor_value_info(add, TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    codes = ort.InferenceSession(quantized.SerializeToString(), so).run([table["name"]], inputs)[0]
+    real = ort.InferenceSession(float_model.SerializeToString(), so).run([add], inputs)[0]
+    scale, zero = table["scale"], table["zero_point"]
+    by_hand = np.max(np.abs((codes.astype(np.float64) - zero) * scale - real)) / scale
+    assert pair["float_tensor"] == add
+    assert pair["max_lsb"] == pytest.approx(by_hand, rel=1e-9)
+    assert by_hand > 0.5  # a real quantization error, not a trivially equal pair
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def test_folded_batchnorm_and_weight_rule():
+    """Float: x -> Conv -> BatchNormalization -> Relu, and x -> Neg -> MatMul(w1) beside
+    x -> MatMul(w2); quantized: the BatchNormalization folded into the Conv, Neg written as
+    Mul(-1) (so the MatMul's input pairs with nothing: its weight pairs it, with w1, not w2)."""
+    rng = np.random.default_rng(0)
+    w, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 1, 1), (4, 3), (4, 3)))
+    floats = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"]),
+            helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn"]),
+            helper.make_node("Relu", ["bn"], ["r"]),
+            helper.make_node("Neg", ["x2"], ["n"]),
+            helper.make_node("MatMul", ["n", "w1"], ["m1"]),
+            helper.make_node("MatMul", ["x2", "w2"], ["m2"]),
+        ],
+        "f",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 2]),
+         helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("r", "m1", "m2")],
+        [_init("w", w), _init("g", np.ones(2, np.float32) * 2), _init("b", np.zeros(2, np.float32)),
+         _init("m", np.zeros(2, np.float32)), _init("v", np.ones(2, np.float32)),
+         _init("w1", w1), _init("w2", w2)],
+    )  # fmt: skip
+    s = 0.05  # every weight within the int8 range: |w| < 127 s
+    nodes, inits = [], [_init("s", np.float32(s)), _init("z", np.int8(0))]
+
+    def qdq(t, out):
+        nodes.append(helper.make_node("QuantizeLinear", [t, "s", "z"], [out + "_q"]))
+        nodes.append(helper.make_node("DequantizeLinear", [out + "_q", "s", "z"], [out]))
+
+    def weight(name, value):  # the float weight quantized with step s
+        inits.append(_init(name + "_q", np.round(value / s).astype(np.int8)))
+        nodes.append(helper.make_node("DequantizeLinear", [name + "_q", "s", "z"], [name]))
+
+    qdq("x", "xd")
+    weight("fw", w * 2)  # gamma 2, var 1, mean 0: the folded weight is 2 w (eps ignored)
+    nodes += [helper.make_node("Conv", ["xd", "fw"], ["conv"]),
+              helper.make_node("Relu", ["conv"], ["relu"])]  # fmt: skip
+    qdq("relu", "relud")
+    qdq("x2", "x2d")
+    inits.append(_init("minus", np.float32(-1)))
+    nodes.append(helper.make_node("Mul", ["x2d", "minus"], ["neg"]))
+    qdq("neg", "negd")
+    weight("qw1", w1)
+    nodes.append(helper.make_node("MatMul", ["negd", "qw1"], ["mm"]))
+    qdq("mm", "mmd")
+    quant = helper.make_graph(
+        nodes, "q", floats.input,
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("relud", "mmd")], inits,
+    )  # fmt: skip
+    qmodel = helper.make_model(quant, opset_imports=[helper.make_opsetid("", 21)])
+    fmodel = helper.make_model(floats, opset_imports=[helper.make_opsetid("", 21)])
+    sites = find_sites(qmodel)
+    found = match_float_file(qmodel, sites, fmodel)
+    by_source = {s.source: found.get(s.name) for s in sites if s.source}
+    assert by_source["relu"] == ("r", "structure")  # its input paired past the folded BN
+    assert by_source["mm"] == ("m1", "weight")  # w1 within one step, w2 not
+    assert by_source["neg"] is None  # Neg and Mul(-1): not paired, and no name to fall back on
+    assert by_source["x"] == ("x", "input name")
