@@ -120,8 +120,8 @@ def _torch(module, x: np.ndarray) -> np.ndarray:
 
 # -- PP-OCR vs ONNX Runtime ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def det():
-    return qb.import_onnx(DET)
+def det(ppocr_det):
+    return ppocr_det  # conftest: imported once per session
 
 
 @needs_ppocr
@@ -287,8 +287,13 @@ def _mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     return float((a & b).sum() / max((a | b).sum(), 1))
 
 
+@pytest.fixture(scope="module")
+def det_int8(ppocr_det_int8):
+    return ppocr_det_int8  # conftest: one quantization and export of the detector per session
+
+
 @needs_ppocr
-def test_det_int8_end_to_end(det, tmp_path):
+def test_det_int8_end_to_end(det, det_int8):
     """Import -> quantize (dynamic batch, height and width) -> export -> ONNX Runtime.
 
     Agreement is measured on the last quantized tensor (the detector's output is a float Sigmoid;
@@ -314,9 +319,8 @@ def test_det_int8_end_to_end(det, tmp_path):
     convolution's weight scale, early or mid network): reference mean 0.83-1.34 steps, 85-98%
     within 2; Resize in linear instead of nearest mode: mean 21-27 steps. The bounds sit between.
     """
-    calib = [torch.from_numpy(_text_images([20 + i], 96, 128)) for i in range(4)]
-    qmodel = qb.quantize(det, calib, dynamic="all", progress=False, recipe="native")
-    model = qb.export(qmodel, tmp_path / "det.int8.onnx", example_inputs=calib[0])
+    qmodel, path = det_int8
+    model = onnx.load(str(path))
 
     # int8 weights: every Conv reads an int8 initializer through DequantizeLinear
     floats = qb.onnx.float_weights(model)
@@ -370,12 +374,12 @@ def test_det_int8_end_to_end(det, tmp_path):
 @needs_ppocr
 @SLOW[0]
 @SLOW[1]
-def test_det_int8_export_with_dynamic_image_size(det, tmp_path):
-    """``qb.export(..., dynamic="all")``: one int8 file runs every image size in ONNX Runtime."""
-    calib = [torch.from_numpy(_text_images([30 + i], 96, 128)) for i in range(2)]
-    qmodel = qb.quantize(det, calib, dynamic="all", progress=False, recipe="native")
-    path = tmp_path / "det.int8.onnx"
-    qb.export(qmodel, path, example_inputs=calib[0], dynamic="all")
+def test_det_int8_export_with_dynamic_image_size(det_int8):
+    """``qb.export`` of a model quantized with ``dynamic="all"`` (export's default then):
+    one int8 file runs every image size in ONNX Runtime."""
+    qmodel, path = det_int8
+    dims = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim
+    assert all(d.dim_param for d in dims), dims  # batch, height and width are free in the file
     for height, width in ((64, 96), (128, 160)):
         x = _text_images([40], height, width)
         (y_ort,) = _ort(path, {"x": x})
