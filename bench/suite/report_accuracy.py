@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from . import verdicts
 
-METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float"}
+METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float",
+                "lines": "lines read exactly", "agreement": "same class as float"}  # fmt: skip
+FLOAT_NAMES = {"top1": "top-1", "lines": "lines read exactly"}
 TOOL_NAMES = {
     "quantbridge": "quantbridge (`qb.quantize` + `qb.export`, run in ORT)",
     "onnxruntime": "ONNX Runtime `quantize_static` (QDQ)",
@@ -32,7 +34,7 @@ INTRO = (
 def _value(key: str, v: float | None) -> str:
     if v is None:
         return "-"
-    if key == "top1":
+    if key in ("top1", "lines", "agreement"):
         return f"{100 * v:.2f} %"
     if key == "cosine":
         return f"{v:.4f}"
@@ -64,7 +66,8 @@ def section(results: dict) -> list[str]:
         out += [f"### {entry['title']}", ""]
         out += [f"{n}." for n in entry.get("notes", [])]
         if acc.get("float"):
-            out.append(f"Float model in ONNX Runtime: top-1 {100 * acc['float']['top1']:.2f} %.")
+            out.append(f"Float model in ONNX Runtime: {FLOAT_NAMES[key]} "
+                       f"{_value(key, acc['float'][key])}.")  # fmt: skip
         out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
         extra = " | text-mask IoU" if name == "ocr_det" else ""
         out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | quantize s | activation Q (+ float weights Q'd at run time) |",

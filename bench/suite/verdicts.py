@@ -162,9 +162,9 @@ def primary(metric: str) -> str:
 
 def signed(key: str, d: dict) -> str:
     """``+0.12 dB [-0.03..+0.20]`` (points for top-1, cosine units, dB)."""
-    scale, unit, digits = {"top1": (100, " points", 2), "cosine": (1, "", 4)}.get(
-        key, (1, " dB", 2)
-    )
+    points = (100, " points", 2)  # fractions shown in percent
+    units = {"top1": points, "lines": points, "agreement": points, "cosine": (1, "", 4)}
+    scale, unit, digits = units.get(key, (1, " dB", 2))
     text = f"{scale * d['median']:+.{digits}f}{unit}"
     if d.get("n", 1) > 1:
         text += f" [{scale * d['min']:+.{digits}f}..{scale * d['max']:+.{digits}f}]"
