@@ -73,6 +73,24 @@ def difference(ours: dict, peer: dict, key: str) -> dict:
     }
 
 
+def ours_rows(acc: dict, key: str) -> tuple[dict | None, dict | None]:
+    """Ours' default row and ours' best INT8 row of one workload (variants excluded)."""
+    ours = [r for r in acc["rows"] if r["tool"] == "quantbridge" and not r.get("variant")]
+    return next((r for r in ours if r.get("default")), None), _best(ours, key)
+
+
+def against_ours(acc: dict, row: dict, key: str) -> dict[str, dict | None]:
+    """A peer row's signed differences ``ours - row`` (per repeat, ``difference``) against ours'
+    default and ours' best, so every configuration, not only a peer's default and best, shows
+    where it stands; None where either side has no value."""
+    out: dict[str, dict | None] = {}
+    for kind, mine in zip(("default", "best"), ours_rows(acc, key), strict=True):
+        ok = mine is not None and row_value(mine, key) is not None
+        ok = ok and row_value(row, key) is not None and row["tool"] != "quantbridge"
+        out[kind] = difference(mine, row, key) if ok else None
+    return out
+
+
 def compare(acc: dict, key: str) -> list[dict]:
     """Default-vs-default and best-vs-best comparisons of one workload's accuracy rows."""
     rows = acc["rows"]
