@@ -2,7 +2,8 @@
 
 Every INT8 model is judged against the float model on the same held-out inputs: top-1 on digits
 (against labels, float shown beside), mean cosine of sentence embeddings for MiniLM, output SQNR
-in dB for the CNNs and the OCR model (plus the OCR text-mask IoU). Ours and ONNX Runtime's models
+in dB for the CNNs and the OCR detector (plus its text-mask IoU), lines read exactly for the OCR
+recognizer and same class as float for the direction classifier (``ocr_lines``). Ours and ONNX Runtime's models
 run in ONNX Runtime; PyTorch's run in torch (its quantized x86 kernels).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import engines, peers, tools
+from . import engines, ocr_lines, peers, tools
 from .workloads import Workload
 
 NOT_BUILT = "n/a (ONNX import not built yet)"
@@ -44,6 +45,10 @@ def mask_iou(ref: np.ndarray, out: np.ndarray, threshold: float = 0.3) -> float:
 def score(w: Workload, ref: np.ndarray, out: np.ndarray) -> dict[str, float]:
     if w.metric == "top1":
         return {"top1": float((out.argmax(1) == w.labels).mean())}
+    if w.metric == "lines":  # against the rendered texts, not against float
+        return {"lines": ocr_lines.lines_read(out, w.labels, w.characters)}
+    if w.metric == "agreement":
+        return {"agreement": ocr_lines.same_label(ref, out)}
     if w.metric == "cosine":
         return {"cosine": mean_cosine(ref, out)}
     result = {"sqnr_db": sqnr_db(ref, out)}
@@ -155,14 +160,14 @@ def run(
     ref = engines.ort_outputs(float_session, w.eval_feeds)
     result: dict = {
         "metric": w.metric,
-        "float": score(w, ref, ref) if w.metric == "top1" else None,
+        "float": score(w, ref, ref) if w.metric in ("top1", "lines") else None,
         "repeats": repeats,
         "rows": [],
         "files": {},
     }
     rows, files = result["rows"], result["files"]
     for c in configs:
-        if c.workloads is not None and w.name not in c.workloads:
+        if (c.workloads is not None and w.name not in c.workloads) or w.name in c.exclude:
             continue
         log(f"  {w.name}: {c.tool} {c.name}")
         row = _row(c.tool, c.name, lambda c=c: _config_row(c, w, work, ref, repeats, files))

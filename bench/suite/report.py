@@ -35,6 +35,7 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
     """(target, measured, verdict) rows for the headline table (the logic: ``verdicts``)."""
     out: list[tuple[str, str, str]] = []
     out += verdicts.accuracy_targets(results)
+    out += verdicts.goal_targets(results)
     out += verdicts.speed_targets(results)
     out += verdicts.cost_targets(results)
     out += verdicts.qat_targets(results)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from . import verdicts
 
-METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float"}
+METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float",
+                "lines": "lines read exactly", "agreement": "same class as float"}  # fmt: skip
+FLOAT_NAMES = {"top1": "top-1", "lines": "lines read exactly"}
 TOOL_NAMES = {
     "quantbridge": "quantbridge (`qb.quantize` + `qb.export`, run in ORT)",
     "onnxruntime": "ONNX Runtime `quantize_static` (QDQ)",
@@ -22,7 +24,8 @@ INTRO = (
     "run. ONNX Runtime's `entropy (2048 bins, 256 levels)` is its KL search at our resolution. "
     "Rows with several calibration repeats (each leaving one calibration batch out) show the "
     "median [min-max]; differences are ours - peer per repeat, signed, higher is better, with no "
-    "tie margin. A failed peer is a failed row, never a win. The last column counts the "
+    "tie margin; the column *ours - row* gives them for every peer configuration, against ours' "
+    "default and ours' best row. A failed peer is a failed row, never a win. The last column counts the "
     "file's QuantizeLinear nodes on activations (and on float weights quantized at run time): "
     "rows that quantize less of the graph are not the same INT8 model; then what ONNX Runtime's "
     "optimized graph ran: its integer operators and the convolutions / GEMMs left in float."
@@ -32,7 +35,7 @@ INTRO = (
 def _value(key: str, v: float | None) -> str:
     if v is None:
         return "-"
-    if key == "top1":
+    if key in ("top1", "lines", "agreement"):
         return f"{100 * v:.2f} %"
     if key == "cosine":
         return f"{v:.4f}"
@@ -64,11 +67,12 @@ def section(results: dict) -> list[str]:
         out += [f"### {entry['title']}", ""]
         out += [f"{n}." for n in entry.get("notes", [])]
         if acc.get("float"):
-            out.append(f"Float model in ONNX Runtime: top-1 {100 * acc['float']['top1']:.2f} %.")
+            out.append(f"Float model in ONNX Runtime: {FLOAT_NAMES[key]} "
+                       f"{_value(key, acc['float'][key])}.")  # fmt: skip
         out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
         extra = " | text-mask IoU" if name == "ocr_det" else ""
-        out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | quantize s | activation Q (+ float weights Q'd at run time) |",
-                "|---|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
+        out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | ours - row (default / best) | quantize s | activation Q (+ float weights Q'd at run time) |",
+                "|---|---|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
         for r in acc["rows"]:
             config = r.get("config", r["method"])
             config += " (default)" if r.get("default") and config != "default" else ""
@@ -79,12 +83,23 @@ def section(results: dict) -> list[str]:
             secs = "-" if secs is None else f"{secs:.1f}"
             out.append(
                 f"| {TOOL_NAMES.get(r['tool'], r['tool'])} | {config} | {cell(r, key)}{iou} "
-                f"| {secs} | {_coverage(r.get('graph'))} |"
+                f"| {vs_ours(acc, r, key)} | {secs} | {_coverage(r.get('graph'))} |"
             )
         out.append("")
         if "config" in (acc["rows"] or [{}])[0]:
             out += comparison(acc, key)
     return out
+
+
+def vs_ours(acc: dict, row: dict, key: str) -> str:
+    """``ours' default - row / ours' best - row``, signed, per repeat with spread; ``-`` for
+    ours' own rows and rows without a value."""
+    if "config" not in row or row.get("variant"):
+        return "-"
+    diffs = verdicts.against_ours(acc, row, key)
+    if diffs["default"] is None and diffs["best"] is None:
+        return "-"
+    return " / ".join("-" if d is None else verdicts.signed(key, d) for d in diffs.values())
 
 
 def _coverage(graph: dict | None) -> str:

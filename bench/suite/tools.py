@@ -94,6 +94,19 @@ def quantize_ours(
     return seconds
 
 
+def quantize_ours_onnx(float_path: Path, calib_feeds: list, path: Path, recipe=None) -> dict:
+    """``qb.quantize_onnx`` on the float file (import, calibrate, export, check), the path a user
+    of an ONNX file takes (``quantbridge quantize``); ``recipe`` None: its default."""
+    import quantbridge as qb
+
+    calib = {k: np.concatenate([f[k] for f in calib_feeds]) for k in calib_feeds[0]}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qb.quantize_onnx(float_path, calib, path, recipe=recipe or "default", progress=False)
+    return {"total_s": time.perf_counter() - t0}
+
+
 # -- ONNX Runtime -------------------------------------------------------------------------------
 class _Reader:
     """``CalibrationDataReader`` over a list of feed dicts (numpy arrays by input name)."""

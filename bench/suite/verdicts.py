@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import statistics
 
+_POINTS = (100, " points", 2)  # fractions shown in percent
+UNITS = {"top1": _POINTS, "lines": _POINTS, "agreement": _POINTS, "cosine": (1, "", 4)}
 SPEED_OVERHEAD_NOISE = 1.10  # "ours never slower" within noise: median time ratio up to 1.10
 
 
@@ -71,6 +73,24 @@ def difference(ours: dict, peer: dict, key: str) -> dict:
         "max": max(a) - min(b),
         "n": min(len(a), len(b)),
     }
+
+
+def ours_rows(acc: dict, key: str) -> tuple[dict | None, dict | None]:
+    """Ours' default row and ours' best INT8 row of one workload (variants excluded)."""
+    ours = [r for r in acc["rows"] if r["tool"] == "quantbridge" and not r.get("variant")]
+    return next((r for r in ours if r.get("default")), None), _best(ours, key)
+
+
+def against_ours(acc: dict, row: dict, key: str) -> dict[str, dict | None]:
+    """A peer row's signed differences ``ours - row`` (per repeat, ``difference``) against ours'
+    default and ours' best, so every configuration, not only a peer's default and best, shows
+    where it stands; None where either side has no value."""
+    out: dict[str, dict | None] = {}
+    for kind, mine in zip(("default", "best"), ours_rows(acc, key), strict=True):
+        ok = mine is not None and row_value(mine, key) is not None
+        ok = ok and row_value(row, key) is not None and row["tool"] != "quantbridge"
+        out[kind] = difference(mine, row, key) if ok else None
+    return out
 
 
 def compare(acc: dict, key: str) -> list[dict]:
@@ -156,15 +176,51 @@ def accuracy_targets(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+# issue 14 part 3's absolute goals: workload -> (metric key, goal, what)
+GOALS = {
+    "minilm": ("cosine", 0.99, "MiniLM static INT8 >= 0.99 mean cosine"),
+    "ocr_det": ("sqnr_db", 20.0, "OCR detector >= 20 dB SQNR"),
+    "ocr_rec": ("lines", 0.91, "OCR recognizer >= 91% of lines read exactly"),
+}
+
+
+def goal_targets(results: dict) -> list[tuple[str, str, str]]:
+    """The absolute goals, judged on ours' best INT8 row (variants that keep layers float by
+    hand are not candidates); ours' default shown beside. A workload not run is left out."""
+    out = []
+    for name, (key, goal, title) in GOALS.items():
+        acc = (results["workloads"].get(name) or {}).get("accuracy")
+        if not acc or "config" not in (acc["rows"] or [{}])[0]:
+            continue
+        default, best = ours_rows(acc, key)
+        if best is None:
+            out.append((f"Goal: {title}", "ours failed on every row", "**not met**"))
+            continue
+        measured = f"ours' best ({best['config']}) {_spread(best, key)}"
+        if default is not None and row_value(default, key) is not None:
+            measured += f"; ours' default {_spread(default, key)}"
+        met = row_value(best, key) >= goal
+        out.append((f"Goal: {title}", measured, "met" if met else "**not met**"))
+    return out
+
+
+def _spread(row: dict, key: str) -> str:
+    scale, unit, digits = UNITS.get(key, (1, " dB", 2))
+    unit = " %" if unit == " points" else unit
+    values = row.get("values") or [row_value(row, key)]
+    text = f"{scale * row_value(row, key):.{digits}f}{unit}"
+    if len(values) > 1:
+        text += f" [{scale * min(values):.{digits}f}-{scale * max(values):.{digits}f}]"
+    return text
+
+
 def primary(metric: str) -> str:
     return "sqnr_db" if metric == "sqnr" else metric
 
 
 def signed(key: str, d: dict) -> str:
     """``+0.12 dB [-0.03..+0.20]`` (points for top-1, cosine units, dB)."""
-    scale, unit, digits = {"top1": (100, " points", 2), "cosine": (1, "", 4)}.get(
-        key, (1, " dB", 2)
-    )
+    scale, unit, digits = UNITS.get(key, (1, " dB", 2))
     text = f"{scale * d['median']:+.{digits}f}{unit}"
     if d.get("n", 1) > 1:
         text += f" [{scale * d['min']:+.{digits}f}..{scale * d['max']:+.{digits}f}]"

@@ -36,7 +36,8 @@ def ocr_det_path() -> Path:
     return folder / "ch_PP-OCRv4_det_infer.onnx"
 
 
-NAMES = ("digits", "resnet18", "mobilenetv2", "minilm", "ocr_det")
+NAMES = ("digits", "resnet18", "mobilenetv2", "minilm", "ocr_det", "ocr_rec", "ocr_cls")
+OCR_LINES = ("ocr_rec", "ocr_cls")  # ONNX files only: ours through qb.quantize_onnx
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,19 @@ class Sizes:
     ocr_calib: int  # rendered images
     ocr_eval: int
     ocr_size: int
+    lines_calib: int = 32  # recognizer lines (classifier: half as many), 4 batches
+    lines_eval: int = 128  # recognizer and classifier lines
 
 
-FULL = Sizes(8, 256, 64, 16, None, 32, 8, 480)
-QUICK = Sizes(3, 256, 16, 8, 64, 8, 4, 480)
+FULL = Sizes(8, 256, 64, 16, None, 32, 8, 480, 32, 128)
+QUICK = Sizes(3, 256, 16, 8, 64, 8, 4, 480, 16, 32)
 
 
 @dataclass
 class Workload:
     name: str
     title: str
-    metric: str  # "top1" | "cosine" | "sqnr"
+    metric: str  # "top1" | "cosine" | "sqnr" | "lines" | "agreement"
     float_onnx: Path
     calib: list  # torch batches (tensor or dict of tensors) for qb.quantize / FX
     calib_feeds: list[dict[str, np.ndarray]]  # the same batches for ONNX Runtime
@@ -69,7 +72,9 @@ class Workload:
         None  # float torch model, or a float ONNX path for qb.import_onnx (None: ONNX only)
     )
     example: Any = None  # example input for qb.export
-    labels: np.ndarray | None = None
+    labels: Any = None  # digits' classes; the recognizer's texts
+    characters: list[str] = field(default_factory=list)  # the recognizer's CTC classes
+    ours_onnx: bool = False  # ours through qb.quantize_onnx (the ONNX file's own path)
     speed_feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     variants: dict[str, tuple] = field(
@@ -325,10 +330,66 @@ def ocr_det(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
     )
 
 
+# -- PP-OCRv4 recognition and the direction classifier (ONNX files) -----------------------------
+def _lines_workload(name: str, path: Path, calib: np.ndarray, x: np.ndarray, batch: int, **kw):
+    from . import ocr_lines
+
+    reason = ocr_lines.missing()
+    if reason:
+        raise RuntimeError(reason)
+    input_name = _input_name(path)
+    feeds = ocr_lines.batches(calib, len(calib) // 4, input_name)
+    return Workload(
+        name=name,
+        float_onnx=path,
+        calib=feeds,  # not used by torch: ours quantizes the file (ours_onnx)
+        calib_feeds=feeds,
+        eval_feeds=ocr_lines.batches(x, batch, input_name),
+        ours_onnx=True,
+        **kw,
+    )
+
+
+def ocr_rec(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    from . import ocr_lines
+
+    path = ocr_det_path().with_name("ch_PP-OCRv4_rec_infer.onnx")
+    calib, _texts = ocr_lines.rec_lines(ocr_lines.CALIB_SEEDS, sizes.lines_calib)
+    x, texts = ocr_lines.rec_lines(ocr_lines.EVAL_SEEDS[0], sizes.lines_eval)
+    return _lines_workload(
+        "ocr_rec", path, calib, x, 16,
+        title="PP-OCRv4 recognition (real ONNX, opset 12), 1x3x48x320 rendered text lines",
+        metric="lines", labels=texts, characters=ocr_lines.characters(path),
+        notes=[f"{len(calib)} calibration / {len(x)} evaluation lines (separate seeds) rendered "
+               "with Pillow + DejaVu fonts (tests/onnx/ocr_data.py, as the tests); fraction of "
+               "lines read exactly with greedy CTC (float's own beside)",
+               "quantbridge quantizes the ONNX file with `qb.quantize_onnx` (the CLI's "
+               "`quantbridge quantize`); its best here is `--method mse --recipe int8_avx2`"],
+    )  # fmt: skip
+
+
+def ocr_cls(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    from . import ocr_lines
+
+    path = ocr_det_path().with_name("ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    calib = ocr_lines.cls_lines(0, 500, sizes.lines_calib // 2)
+    x = ocr_lines.cls_lines(*ocr_lines.EVAL_SEEDS[1:], sizes.lines_eval)
+    return _lines_workload(
+        "ocr_cls", path, calib, x, 32,
+        title="PP-OCR mobile v2.0 direction classifier (real ONNX), 1x3x48x192 text lines",
+        metric="agreement",
+        notes=[f"{len(calib)} calibration / {len(x)} evaluation lines (separate seeds), half of "
+               "each upside down; fraction of lines given the float model's class",
+               "quantbridge quantizes the ONNX file with `qb.quantize_onnx`"],
+    )  # fmt: skip
+
+
 BUILDERS: dict[str, Callable[[Path, Sizes, Callable], Workload]] = {
     "digits": digits,
     "resnet18": resnet18,
     "mobilenetv2": mobilenetv2,
     "minilm": minilm,
     "ocr_det": ocr_det,
+    "ocr_rec": ocr_rec,
+    "ocr_cls": ocr_cls,
 }
