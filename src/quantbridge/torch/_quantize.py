@@ -16,6 +16,7 @@ from ._bn_affine import batchnorm_as_conv
 from ._capture import capture, declared_dims_fixed, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
+from ._fold_affine import fold_affine as fold_affine_ops
 from ._model import QuantModel
 from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters, tensor_storages
@@ -60,6 +61,7 @@ def prepare(
     dynamic: str = "batch",
     fold_bn: bool = True,
     *,
+    fold_affine: bool | None = None,
     separate_concats: list[str] | None = None,
     progress: bool | None = None,
     ptq_batches: list | None = None,
@@ -71,7 +73,9 @@ def prepare(
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
-    names the tensors an earlier SmoothQuant divided (``load`` replays them)."""
+    names the tensors an earlier SmoothQuant divided (``load`` replays them). ``fold_affine``
+    (default: as ``fold_bn``) folds constant ``* k`` / ``+ t`` after a conv/linear into it
+    (``_fold_affine``; ``load`` replays the saved choice, off for older checkpoints)."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
     was_training = model.training
@@ -87,6 +91,8 @@ def prepare(
     if fold_bn:  # folding writes new tensors, never the captured ones
         fold_batchnorm(gm)
         batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
+    if fold_bn if fold_affine is None else fold_affine:  # constant x * k + t after a layer
+        fold_affine_ops(gm)
     own_parameters(gm, shared)  # a copy of what is still shared (a folded weight is not)
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
@@ -115,6 +121,7 @@ def prepare(
         "inputs": input_spec(example_args, example_kwargs),
         "dynamic": getattr(gm, "qb_dynamic", dynamic),  # "batch" after a capture fallback
         "fold_bn": fold_bn,
+        "fold_affine": fold_bn if fold_affine is None else fold_affine,
         "separate_concats": list(separate_concats),
     }
     if recipe.smoothquant is not None:
