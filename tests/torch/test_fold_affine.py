@@ -18,6 +18,7 @@ from torch import nn
 import quantbridge as qb
 from quantbridge.torch._capture import capture
 from quantbridge.torch._fold_affine import fold_affine
+from quantbridge.torch._fold_affine_input import fold_affine_inputs
 from quantbridge.torch._quantizer import Quantizer
 
 aten = torch.ops.aten
@@ -71,6 +72,43 @@ def test_affine_folds_and_the_float_function_is_unchanged(model, shape, ops):
     # outputs differ by a few float32 ulps of the largest magnitude in the sums
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5 * before.abs().max().item())
     assert torch.equal(model(x), before)  # the user's model keeps its own weights
+
+
+class AffineIntoLayers(nn.Module):
+    """Constant affines a layer reads: PP-LCNetV3's ``hardswish -> * s -> + t -> 1x1 conv``, an
+    input normalisation before a padded conv (its scale folds, its shift cannot), a per-channel
+    affine before a grouped conv, a per-feature shift before a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(4, 6, 3, padding=1)
+        self.pw = nn.Conv2d(6, 6, 1)
+        self.grouped = nn.Conv2d(6, 4, 3, groups=2, bias=False)
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("mean", torch.tensor([0.5, -1.0, 2.0, 0.0]).reshape(1, 4, 1, 1))
+        self.register_buffer("std", torch.tensor([0.2, 2.0, 1.5, 0.7]).reshape(4, 1, 1))
+        self.register_buffer("k", torch.linspace(-1.5, 2.0, 6).reshape(6, 1, 1))
+        self.register_buffer("t", torch.linspace(1.0, -0.5, 4))
+
+    def forward(self, x):
+        y = self.stem((x - self.mean) / self.std)
+        y = self.pw(nn.functional.hardswish(y) * 0.47 - 0.0076)
+        y = self.grouped(self.k * torch.relu(y) + 0.3)
+        return self.fc(y.mean((2, 3)) + self.t)
+
+
+def test_affine_a_layer_reads_folds_and_the_float_function_is_unchanged():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9, 9)
+    model = AffineIntoLayers().eval()
+    gm = capture(model, (x,), {}, "batch")
+    before = gm(x)
+    assert fold_affine(gm) == 0
+    assert fold_affine_inputs(gm) == 6  # all but the shift before the padded stem
+    assert _affine_ops(gm) == 1
+    (sub,) = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in AFFINE]
+    assert sub.target is aten.sub.Tensor  # (x - mean) stays: the stem's border reads zeros
+    torch.testing.assert_close(gm(x), before, rtol=1e-5, atol=1e-5 * before.abs().max().item())
 
 
 class NotFoldable(nn.Module):

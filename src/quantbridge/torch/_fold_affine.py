@@ -64,26 +64,32 @@ def fold_affine(gm: torch.fx.GraphModule) -> int:
 
 def _constants(gm, layer: torch.fx.Node, op: torch.fx.Node) -> tuple:
     """(scale, shift) of ``op`` as one value per output channel (float64), one of them None."""
+    return affine_constants(gm, layer, op, layer.target in _LAST)
+
+
+def affine_constants(gm, x: torch.fx.Node, op: torch.fx.Node, last: bool) -> tuple:
+    """(scale, shift) of ``op`` applied to ``x`` (float64, one value or one per channel; channels
+    on ``x``'s last axis when ``last``, else axis 1), one of them None; else ``_NotFoldable``."""
     if op.op != "call_function" or op.target not in _AFFINE or op.kwargs.get("alpha", 1) != 1:
         raise _NotFoldable
     if len(op.args) != 2:
         raise _NotFoldable
     a, b = op.args
-    if a is layer and b is not layer:
+    if a is x and b is not x:
         other = b
-    elif b is layer and a is not layer and op.target in _COMMUTES:
+    elif b is x and a is not x and op.target in _COMMUTES:
         other = a
     else:
         raise _NotFoldable
     c = _value(gm, other)
-    out, val = layer.meta.get("val"), op.meta.get("val")
+    out, val = x.meta.get("val"), op.meta.get("val")
     if not isinstance(out, torch.Tensor) or not isinstance(val, torch.Tensor):
         raise _NotFoldable
     if val.shape != out.shape or val.dtype != out.dtype or c.ndim > out.ndim:
         raise _NotFoldable  # the constant broadcasts the output to a new shape or dtype
-    axis = out.ndim - 1 if layer.target in _LAST else 1
-    if out.ndim < 2 and layer.target not in _LAST:
+    if out.ndim < 2:
         raise _NotFoldable
+    axis = out.ndim - 1 if last else 1
     shape = [1] * (out.ndim - c.ndim) + list(c.shape)
     if any(n != 1 for i, n in enumerate(shape) if i != axis):
         raise _NotFoldable  # varies along batch or space: not one value per channel

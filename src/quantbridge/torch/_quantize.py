@@ -17,6 +17,7 @@ from ._capture import capture, declared_dims_fixed, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._fold_affine import fold_affine as fold_affine_ops
+from ._fold_affine_input import fold_affine_inputs
 from ._model import QuantModel
 from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters, tensor_storages
@@ -93,6 +94,7 @@ def prepare(
         batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
     if fold_bn if fold_affine is None else fold_affine:  # constant x * k + t after a layer
         fold_affine_ops(gm)
+        fold_affine_inputs(gm)  # and a constant affine a conv/linear reads
     own_parameters(gm, shared)  # a copy of what is still shared (a folded weight is not)
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
