@@ -7,6 +7,8 @@ varies over space or batch, a layer output read twice) must stay as captured.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -160,13 +162,16 @@ def test_imported_onnx_affine_folds_and_loses_its_quantizers(tmp_path):
     torch.manual_seed(0)
     module = qb.import_onnx(_onnx_conv_affine())
     calib = [torch.randn(2, 3, 8, 8) for _ in range(4)]
-    q = qb.quantize(module, calib, recipe="int8", progress=False)
+    recipe = replace(qb.Recipe.preset("int8"), fold_affine=True)
+    plain = qb.quantize(module, calib, recipe="int8", progress=False)  # off unless asked for
+    assert sum(type(m) is Quantizer for m in plain.modules()) == 4
+    q = qb.quantize(module, calib, recipe=recipe, progress=False)
     names = sorted(m.name for m in q.modules() if type(m) is Quantizer)
     assert names == ["conv/conv2d", "input/x"], names  # no quantizer left on the mul or add
     x = torch.randn(3, 3, 8, 8)
     with qb.float_mode(q), torch.no_grad():
         folded = q(x)
     torch.testing.assert_close(folded, module(x), rtol=1e-5, atol=1e-5)
-    qb.save(q, tmp_path / "q.pt")  # the fold is recorded and replayed
+    qb.save(q, tmp_path / "q.pt")  # the recipe is saved: the fold is replayed
     again = qb.load(tmp_path / "q.pt", qb.import_onnx(_onnx_conv_affine()))
     assert torch.equal(again(x), q(x))

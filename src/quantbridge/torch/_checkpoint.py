@@ -332,7 +332,6 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         dynamic, fold_bn = capture["dynamic"], capture["fold_bn"]
         separate = capture.get("separate_concats", [])  # older checkpoints: none
         smooth = {"smoothed": capture.get("smoothed")}  # SmoothQuant's divisions (torch.ptq)
-        smooth["fold_affine"] = capture.get("fold_affine", False)  # older checkpoints: none
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
     saved_class, this_class = header.get("model_class", "?"), _class_name(model)

@@ -62,7 +62,6 @@ def prepare(
     dynamic: str = "batch",
     fold_bn: bool = True,
     *,
-    fold_affine: bool | None = None,
     separate_concats: list[str] | None = None,
     progress: bool | None = None,
     ptq_batches: list | None = None,
@@ -74,9 +73,8 @@ def prepare(
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
-    names the tensors an earlier SmoothQuant divided (``load`` replays them). ``fold_affine``
-    (default: as ``fold_bn``) folds constant ``* k`` / ``+ t`` after a conv/linear into it
-    (``_fold_affine``; ``load`` replays the saved choice, off for older checkpoints)."""
+    names the tensors an earlier SmoothQuant divided (``load`` replays them). With ``fold_bn``,
+    ``recipe.fold_affine`` folds constant ``* k`` / ``+ t`` next to a conv/linear into it."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
     was_training = model.training
@@ -92,7 +90,7 @@ def prepare(
     if fold_bn:  # folding writes new tensors, never the captured ones
         fold_batchnorm(gm)
         batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
-    if fold_bn if fold_affine is None else fold_affine:  # constant x * k + t after a layer
+    if fold_bn and recipe.fold_affine:  # constant x * k + t next to a layer
         fold_affine_ops(gm)
         fold_affine_inputs(gm)  # and a constant affine a conv/linear reads
     own_parameters(gm, shared)  # a copy of what is still shared (a folded weight is not)
@@ -123,7 +121,6 @@ def prepare(
         "inputs": input_spec(example_args, example_kwargs),
         "dynamic": getattr(gm, "qb_dynamic", dynamic),  # "batch" after a capture fallback
         "fold_bn": fold_bn,
-        "fold_affine": fold_bn if fold_affine is None else fold_affine,
         "separate_concats": list(separate_concats),
     }
     if recipe.smoothquant is not None:
