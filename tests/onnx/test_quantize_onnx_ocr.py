@@ -125,8 +125,9 @@ def test_recognizer_reads_lines(tmp_path, _):
     between words dropped), 84.4% / 79.7% with bias correction, 51.6% with percentile.
     ``Recipe(fold_affine=True)`` (its conv -> * s -> + t blocks folded; stop 11, same tree, mse +
     int8_avx2, output side only) reads 84.4% / 84.4% here (61/64 and 62/64 without) and 79.7% /
-    80.9% on 256 lines, though every remaining activation grid equals the unfolded file's to the
-    4th digit and the float function is unchanged (1.1e-4 max on the softmax): not explained,
+    80.9% on 256 lines (90.2% / 89.5% without), though every remaining grid equals the unfolded
+    file's (activations to the 4th digit, weight codes identical, weight scales times k) and
+    the float function is unchanged (1.1e-4 max on the softmax): not explained,
     so the fold is off by default. Bound: the
     measured level less one line (57/64 = 0.89), so that a real regression fails it."""
     calib, _texts = ocr_data.lines(range(32))
