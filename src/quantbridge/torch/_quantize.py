@@ -16,6 +16,8 @@ from ._bn_affine import batchnorm_as_conv
 from ._capture import capture, declared_dims_fixed, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
+from ._fold_affine import fold_affine as fold_affine_ops
+from ._fold_affine_input import fold_affine_inputs
 from ._model import QuantModel
 from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters, tensor_storages
@@ -71,7 +73,8 @@ def prepare(
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
-    names the tensors an earlier SmoothQuant divided (``load`` replays them)."""
+    names the tensors an earlier SmoothQuant divided (``load`` replays them). With ``fold_bn``,
+    ``recipe.fold_affine`` folds constant ``* k`` / ``+ t`` next to a conv/linear into it."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
     was_training = model.training
@@ -87,6 +90,9 @@ def prepare(
     if fold_bn:  # folding writes new tensors, never the captured ones
         fold_batchnorm(gm)
         batchnorm_as_conv(gm)  # the batch norms no conv / linear took: depthwise 1x1 convs
+    if fold_bn and recipe.fold_affine:  # constant x * k + t next to a layer
+        fold_affine_ops(gm)
+        fold_affine_inputs(gm)  # and a constant affine a conv/linear reads
     own_parameters(gm, shared)  # a copy of what is still shared (a folded weight is not)
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these

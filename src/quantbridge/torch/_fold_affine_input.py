@@ -1,0 +1,131 @@
+"""Fold a constant affine map that feeds a conv / linear into that layer's weight and bias.
+
+The mirror of ``_fold_affine`` on the input side: PP-LCNetV3 ends every activation with a constant
+scale and shift (``hardswish -> x * s -> + t -> conv``), and models that normalise their input
+inside the graph start with ``(x - mean) / std -> conv``. Quantized as captured, the scaled and the
+shifted tensors each get a grid of their own before the layer reads the last one. With the
+constants ``k`` (scale) and ``t`` (shift) one value or one per input channel ``c``,
+
+.. math::
+   W (k \\odot x + t) + b = (W \\cdot k_c) x + (b + \\textstyle\\sum_{c, s} W_{o,c,s}\\, t_c)
+
+so the weight is scaled along its input-channel axis (within each group of a grouped conv) and
+the shift moves into the bias. A shift folds only into a conv without padding (the padded border
+would read ``t`` where the layer reads 0) and into linear layers; a scale folds into any conv, its
+zero padding unchanged. Ops fold from the layer backwards (``add`` first, then the ``mul`` before
+it), each only while it feeds nothing but the layer; ``x``'s other readers are untouched.
+Transposed convolutions are left alone. The float result is unchanged up to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._fold_affine import _shared, affine_constants
+from ._passes import _NotFoldable, _owner, _param, _unwrap, finish
+
+aten = torch.ops.aten
+
+# op -> (index of padding, index of groups) in its arguments
+_CONVS = {
+    aten.conv1d.default: (4, 6),
+    aten.conv2d.default: (4, 6),
+    aten.conv3d.default: (4, 6),
+}
+_LINEAR = aten.linear.default
+
+
+def fold_affine_inputs(gm: torch.fx.GraphModule) -> int:
+    """Fold every constant mul/div/add/sub feeding a conv/linear into it; how many ops went."""
+    folded = 0
+    for layer in list(gm.graph.nodes):
+        if layer.op != "call_function" or (layer.target not in _CONVS and layer.target != _LINEAR):
+            continue
+        while True:
+            op = layer.args[0]
+            if not isinstance(op, torch.fx.Node) or len(op.users) != 1 or op.op != "call_function":
+                break
+            x = _tensor_operand(op)
+            try:
+                scale, shift = affine_constants(gm, x, op, layer.target == _LINEAR)
+                _fold(gm, layer, scale, shift)
+            except _NotFoldable:
+                break
+            layer.args = (x, *layer.args[1:])
+            gm.graph.erase_node(op)
+            folded += 1
+    return finish(gm, folded)
+
+
+def _tensor_operand(op: torch.fx.Node):
+    nodes = [a for a in op.args if isinstance(a, torch.fx.Node)]
+    if len(nodes) == 2:  # x * c with c a get_attr: the operand that is not a constant
+        nodes = [a for a in nodes if _unwrap(a).op != "get_attr"]
+    return nodes[0] if len(nodes) == 1 else None
+
+
+def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
+    w_node = layer.args[1]
+    if not isinstance(w_node, torch.fx.Node) or _unwrap(w_node) is not w_node:
+        raise _NotFoldable
+    b_node = layer.args[2] if len(layer.args) > 2 else None
+    if b_node is not None and (
+        not isinstance(b_node, torch.fx.Node) or _unwrap(b_node) is not b_node
+    ):
+        raise _NotFoldable
+    for node in (w_node, b_node):
+        if node is not None and (len(node.users) != 1 or _shared(gm, node)):
+            raise _NotFoldable  # a tensor another layer reads too
+    w, b = _param(gm, w_node), _param(gm, b_node)
+    groups = 1
+    if layer.target in _CONVS:
+        i_pad, i_groups = _CONVS[layer.target]
+        groups = int(layer.args[i_groups]) if len(layer.args) > i_groups else 1
+        pad = layer.args[i_pad] if len(layer.args) > i_pad else 0
+        if shift is not None and not _no_padding(pad):
+            raise _NotFoldable  # the border would read t where the layer reads zeros
+    out_c, in_g = w.shape[0], w.shape[1]
+    channels = in_g * groups
+    for c in (scale, shift):
+        if c is not None and c.numel() not in (1, channels):
+            raise _NotFoldable
+    # per (output channel, input channel of its group): the input channel's constant
+    index = (torch.arange(out_c)[:, None] // (out_c // groups)) * in_g + torch.arange(in_g)
+    with torch.no_grad():
+        w64 = w.double()
+        new_b = b.double() if b is not None else torch.zeros(out_c, dtype=torch.float64)
+        spread = [1] * (w.ndim - 2)
+        if shift is not None:
+            t = shift.expand(channels)[index]
+            new_b = new_b + (w64 * t.reshape(out_c, in_g, *spread)).sum(tuple(range(1, w.ndim)))
+        new_w = None
+        if scale is not None:
+            k = scale.expand(channels)[index]
+            new_w = (w64 * k.reshape(out_c, in_g, *spread)).to(w.dtype)
+    if new_w is not None:
+        owner, attr = _owner(gm, w_node.target)
+        setattr(owner, attr, nn.Parameter(new_w, requires_grad=w.requires_grad))
+    if shift is None:
+        return
+    if b is not None:
+        b_owner, b_attr = _owner(gm, b_node.target)
+        setattr(b_owner, b_attr, nn.Parameter(new_b.to(w.dtype), requires_grad=b.requires_grad))
+        return
+    owner, attr = _owner(gm, w_node.target)
+    prefix = w_node.target.rpartition(".")[0]
+    name = f"{attr}_folded_bias"
+    owner.register_parameter(name, nn.Parameter(new_b.to(w.dtype), requires_grad=w.requires_grad))
+    with gm.graph.inserting_after(w_node):
+        b_node = gm.graph.get_attr(f"{prefix}.{name}" if prefix else name)
+    args = list(layer.args) + [None] * (3 - len(layer.args))
+    args[2] = b_node
+    layer.args = tuple(args)
+
+
+def _no_padding(pad) -> bool:
+    if isinstance(pad, str):
+        return pad == "valid"
+    if isinstance(pad, int):
+        return pad == 0
+    return all(p == 0 for p in pad)
