@@ -6,8 +6,8 @@ python dispatcher) only to learn the dtypes of the arguments of the ops that hav
 rule, and inserts a cast where an argument's dtype is not the one the rule promotes to. On a
 graph whose arguments already have those dtypes (every float32 CNN and transformer we export:
 the quantizers' custom ops are not in the table) it inserts nothing and leaves every node as it
-was: a quarter of a ResNet-18-style export's time (fresh process, quantized model, 1 thread)
-spent on a no-op.
+was: 0.60 of the 2.51 CPU seconds of a default-quantized ResNet-18-style export (224x224, fresh
+process, 1 thread; the whole quantize + export 8.32 -> 7.68 CPU s with this skip, same file).
 
 ``promotion_needed`` makes the pass's own decision from the dtypes the capture already recorded
 (``node.meta["val"]``: the same fake values the pass would recompute, since a graph it leaves
