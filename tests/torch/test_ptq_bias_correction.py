@@ -147,7 +147,7 @@ def test_fast_shifts_equal_the_two_convolutions(monkeypatch):
 def test_one_pass_quantizes_each_weight_once_not_per_batch(monkeypatch):
     # the weights do not change during the float pass: Q(W) and float64 W are made once per
     # layer, not once per batch (4 batches here); values unchanged (the exported files'
-    # SHA-256 are the same before and after on 7 models x 3 recipes, see the commit)
+    # SHA-256 are the same before and after on 6 models x 3 recipes, see the commit)
     model = DepthwiseNet()
     calib = _data(4, 4)
     weight_calls: list = []
