@@ -8,6 +8,16 @@ alternating, and time ratios are paired within a repeat.
 Two times per run: the timed part inside the process (below) and the whole process's wall time
 from start to exit, imports and setup included (``process_wall_s``).
 
+Methods: ``"default"`` is what each tool's user gets with no options (``qb.quantize`` with no
+recipe: the "default" preset, bias correction included; ``quantize_static`` with no options:
+MinMax, QInt8, per-tensor), the figure's headline; the others are one calibration method on
+each side (ours in the ``int8`` preset, ORT in the suite's u8/s8 per-channel form).
+
+A run's time counts only when its file's output is right: after each run the parent runs the
+written file in ONNX Runtime (node by node) on the first calibration batch and compares it
+with the float model's (``speed.check_output``: SQNR >= 10 dB, which catches broken files,
+not quantization error); a file that fails makes the run an error with the reason.
+
 What is timed: calibration + export from the torch model for ours; ``quantize_static`` from the
 float ONNX file for ONNX Runtime (the float export it needs is timed once apart and reported
 beside, since a torch user pays it too). For the OCR detector, an ONNX model, both start from
@@ -31,6 +41,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import engines
+from .speed import check_output
 from .timing import paired_ratio
 from .workloads import ROOT, export_float
 
@@ -126,6 +138,10 @@ def run(
                 }
                 log(f"  cost ({model}): repeat {rep + 1}/{repeats}, {tool} {method}")
                 r = _run_child(spec, timeout_s)
+                if "error" not in r:
+                    r["output"] = _check_file(out, float_path, spec)
+                    if not r["output"]["ok"]:
+                        r["error"] = f"wrong outputs: {r['output']['why']}"
                 r["repeat"] = rep
                 runs.setdefault(f"{tool}/{method}", []).append(r)
                 if "error" not in r:
@@ -145,13 +161,37 @@ def run(
     }
 
 
+def _check_file(path: Path, float_path: Path, spec: dict) -> dict:
+    """``check_output`` of the quantized file against the float file on the first calibration
+    batch, both run in ONNX Runtime with graph optimizations off."""
+    from .cost_child import calibration_batches
+
+    batch = calibration_batches(spec)[0]
+
+    def first_output(p: Path):
+        session = engines.ort_session(p, optimize=False)
+        return session.run(None, {session.get_inputs()[0].name: batch})[0]
+
+    try:
+        result = check_output(first_output(Path(float_path)), first_output(path))
+    except Exception as e:  # a file ORT cannot load or run is a wrong output too
+        return {"sqnr_db": None, "ok": False, "why": f"ORT cannot run it: {str(e)[:200]}"}
+    if not result["ok"] and result["sqnr_db"] is not None and "zeros" not in result["why"]:
+        result["why"] = f"SQNR {result['sqnr_db']:.1f} dB against the float file (< 10)"
+    return result
+
+
 def summarize(runs: dict[str, list[dict]], methods, float_export_s: float) -> dict:
     out = {}
     for method in methods:
         ours = [r for r in runs.get(f"ours/{method}", []) if "error" not in r]
         ort = [r for r in runs.get(f"ort/{method}", []) if "error" not in r]
         if not ours or not ort:
-            out[method] = {"error": "missing runs"}
+            errors = sorted(
+                {f"{tool}: {r['error']}" for tool in ("ours", "ort")
+                 for r in runs.get(f"{tool}/{method}", []) if "error" in r}
+            )  # fmt: skip
+            out[method] = {"error": "; ".join(errors) or "missing runs"}
             continue
         pairs = {r["repeat"]: r for r in ort}
         matched = [(o, pairs[o["repeat"]]) for o in ours if o["repeat"] in pairs]

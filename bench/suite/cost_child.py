@@ -1,7 +1,9 @@
 """One quantization in a fresh process, for figure 3: ``python -m bench.suite.cost_child JSON``.
 
 JSON: ``{"tool": "ours"|"ort", "method": ..., "samples": N, "float_onnx": path, "out": path,
-"model": "resnet18"|"ocr_det", "size": S}`` (``size``: the OCR images' side).
+"model": "resnet18"|"ocr_det", "size": S}`` (``size``: the OCR images' side). Method
+``"default"``: ours with no recipe (``qb.quantize``'s default), ORT's ``quantize_static`` with
+no options (MinMax, QInt8 activations and weights, per-tensor).
 Setup (imports -- for ours also the tracer, the ONNX exporter and onnxscript's torchlib
 translations (1.1 s CPU, imported at the first export) that torch would load lazily, as the
 ONNX Runtime side imports ``onnxruntime.quantization`` before its clock -- the model, the
@@ -76,7 +78,8 @@ def main(argv: list[str]) -> int:
         example = calib[0][:1]
         setup_s = time.perf_counter() - t_start
         rss_setup = peak_rss_kib()
-        seconds = tools.quantize_ours(model, calib, spec["method"], Path(spec["out"]), example)
+        method = None if spec["method"] == tools.DEFAULT else spec["method"]  # None: qb default
+        seconds = tools.quantize_ours(model, calib, method, Path(spec["out"]), example)
     else:
         import onnx
 
@@ -84,8 +87,11 @@ def main(argv: list[str]) -> int:
         feeds = [{name: b} for b in batches]
         setup_s = time.perf_counter() - t_start
         rss_setup = peak_rss_kib()
+        method, settings = spec["method"], None
+        if method == tools.DEFAULT:  # quantize_static with no options: MinMax, ORT's defaults
+            method, settings = "minmax", tools.ORT_OWN_DEFAULTS
         seconds = tools.quantize_ort(
-            Path(spec["float_onnx"]), feeds, spec["method"], Path(spec["out"])
+            Path(spec["float_onnx"]), feeds, method, Path(spec["out"]), settings=settings
         )
     report = {
         "seconds": seconds,

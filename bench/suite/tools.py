@@ -43,6 +43,13 @@ FX_QCONFIGS = {
 
 
 # -- quantbridge --------------------------------------------------------------------------------
+# figure 3's "default": what each tool's user gets with no options - ``qb.quantize`` with no
+# recipe (the "default" preset) against ``quantize_static`` at its own defaults (QDQ, int8
+# activations and weights, per-tensor, MinMax), both on the same calibration batches
+DEFAULT = "default"
+ORT_OWN_DEFAULTS = {"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}
+
+
 def ours_recipe(method: str, rules: tuple = ()):
     import quantbridge as qb
 

@@ -142,3 +142,24 @@ def test_fast_shifts_equal_the_two_convolutions(monkeypatch):
             # correction. Bound 1e-3 of it: a wrong tap, stride or padding is off by O(1) of it
             bound = 1e-3 * float(shift_exact.abs().max())
             assert float((shift_fast - shift_exact).abs().max()) <= bound, name
+
+
+def test_one_pass_quantizes_each_weight_once_not_per_batch(monkeypatch):
+    # the weights do not change during the float pass: Q(W) and float64 W are made once per
+    # layer, not once per batch (4 batches here); values unchanged (the exported files'
+    # SHA-256 are the same before and after on 6 models x 3 recipes, see the commit)
+    model = DepthwiseNet()
+    calib = _data(4, 4)
+    weight_calls: list = []
+    real = _bias_correction._quantized
+
+    def spy(qmodel, arg, value):
+        if isinstance(arg, torch.fx.Node) and "weight" in str(arg.target):
+            weight_calls.append(arg.target)
+        return real(qmodel, arg, value)
+
+    monkeypatch.setattr(_bias_correction, "_quantized", spy)
+    qmodel = _quantized(model, calib, True)
+    layers = _bias_correction._corrected_layers(qmodel)
+    assert len(layers) >= 3
+    assert sorted(weight_calls) == sorted(node.args[1].target for node in layers)

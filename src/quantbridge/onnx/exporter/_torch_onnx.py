@@ -35,6 +35,7 @@ import torch
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
 from ._lazy_registry import lazy_registry
+from ._promotion import promotion_needed
 from ._signature import record_signature
 from ._tiny_constants import keep_tiny_constants
 from ._translate import translation_table
@@ -134,7 +135,8 @@ def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto 
         log.debug("ONNX fast path not taken: %s", reason)
         return None
     try:
-        _fx_passes.insert_type_promotion_nodes(graph_module)
+        if promotion_needed(graph_module):  # a re-run of the graph on fake tensors: skipped
+            _fx_passes.insert_type_promotion_nodes(graph_module)  # where it would change nothing
         onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
         onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
         keep_tiny_constants(onnx_program.model)

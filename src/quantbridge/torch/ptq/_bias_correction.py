@@ -137,10 +137,16 @@ def _local_shifts(qmodel, layers, batches) -> dict:
     """One float pass: per layer, mean of ``op(x, W) - op(Q(x), Q(W))`` on the float input."""
     sums: dict = {}
     counts: dict = {}
+    weights: dict = {}  # node -> (W, Q(W), both in float64): the weights do not change here
 
     def on_args(node, args):
-        x, w = args[0], args[1]
-        xq, wq = _quantized(qmodel, node.args[0], x), _quantized(qmodel, node.args[1], w)
+        x = args[0]
+        if node not in weights:
+            w = args[1]
+            wq = _quantized(qmodel, node.args[1], w)
+            weights[node] = w, wq, w.double(), wq.double()
+        w, wq, w64, wq64 = weights[node]
+        xq = _quantized(qmodel, node.args[0], x)
         taps = tap_means(node, x, w)
         if taps is None:
             diff = node.target(x, w, None, *args[3:]) - node.target(xq, wq, None, *args[3:])
@@ -149,7 +155,7 @@ def _local_shifts(qmodel, layers, batches) -> dict:
         float_means, count = taps
         quant_means, _ = tap_means(node, xq, wq)
         groups = groups_of(node)
-        diff = mean_output(w, float_means, groups) - mean_output(wq, quant_means, groups)
+        diff = mean_output(w64, float_means, groups) - mean_output(wq64, quant_means, groups)
         sums[node] = sums.get(node, 0) + diff * count
         counts[node] = counts.get(node, 0) + count
 
