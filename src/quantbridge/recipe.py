@@ -110,6 +110,7 @@ from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerChannel, PerTensor, QScheme
 
 _METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
+SMOOTHQUANT_SCOPES = ("all", "transformer")
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,9 @@ class Recipe:
     # bias_correction "sequential" ~10x the time of True for no gain (25.45 vs 25.48 dB).
     equalize: bool = False
     smoothquant: float | str | None = None
+    # which linear inputs SmoothQuant may smooth: "all", or "transformer": in a graph where a
+    # LayerNorm feeds a linear, the inputs with outlier channels (``torch.ptq._smoothquant``)
+    smoothquant_scope: str = "all"
     bias_correction: bool | str = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
@@ -268,6 +272,11 @@ class Recipe:
                     " layer) or None (off)"
                 )
             object.__setattr__(self, "smoothquant", float(sq))
+        if self.smoothquant_scope not in SMOOTHQUANT_SCOPES:
+            raise ValueError(
+                f"Recipe.smoothquant_scope={self.smoothquant_scope!r}: use one of"
+                f" {list(SMOOTHQUANT_SCOPES)}"
+            )
         if self.bias_correction not in (False, True, "sequential"):
             raise ValueError(
                 f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"
@@ -308,6 +317,8 @@ class Recipe:
         } | ({"adaround": self.adaround.to_dict()} if self.adaround is not None else {})
         if self.float_outlier_residuals:  # only when on: other recipes serialise as before
             d["float_outlier_residuals"] = True
+        if self.smoothquant_scope != "all":  # likewise
+            d["smoothquant_scope"] = self.smoothquant_scope
         return d
 
     @classmethod
@@ -328,6 +339,7 @@ class Recipe:
                 "bias_correction",
                 "adaround",
                 "float_outlier_residuals",
+                "smoothquant_scope",
             },
             "recipe",
         )
@@ -352,6 +364,7 @@ class Recipe:
             bias_correction=d.get("bias_correction", False),
             adaround=AdaRound.from_value(d.get("adaround"), "recipe.adaround"),
             float_outlier_residuals=bool(d.get("float_outlier_residuals", False)),
+            smoothquant_scope=d.get("smoothquant_scope", "all"),
         )
 
     def to_json(self) -> str:
