@@ -105,12 +105,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._platform import u8s8_saturates
-from ._recipe_parts import AdaRound
+from ._recipe_parts import SMOOTHQUANT_SCOPES, AdaRound, check_choice
 from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerChannel, PerTensor, QScheme
 
 _METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
-SMOOTHQUANT_SCOPES = ("all", "transformer")
 
 
 @dataclass(frozen=True)
@@ -242,9 +241,7 @@ class Recipe:
     # bias_correction "sequential" ~10x the time of True for no gain (25.45 vs 25.48 dB).
     equalize: bool = False
     smoothquant: float | str | None = None
-    # which linear inputs SmoothQuant may smooth: "all", or "transformer": in a graph where a
-    # LayerNorm feeds a linear, the inputs with outlier channels (``torch.ptq._smoothquant``)
-    smoothquant_scope: str = "all"
+    smoothquant_scope: str = "all"  # or "transformer" (``_recipe_parts.SMOOTHQUANT_SCOPES``)
     bias_correction: bool | str = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
@@ -272,11 +269,7 @@ class Recipe:
                     " layer) or None (off)"
                 )
             object.__setattr__(self, "smoothquant", float(sq))
-        if self.smoothquant_scope not in SMOOTHQUANT_SCOPES:
-            raise ValueError(
-                f"Recipe.smoothquant_scope={self.smoothquant_scope!r}: use one of"
-                f" {list(SMOOTHQUANT_SCOPES)}"
-            )
+        check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         if self.bias_correction not in (False, True, "sequential"):
             raise ValueError(
                 f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"
