@@ -241,7 +241,9 @@ def _squeeze_dims(x, dims):
         return x
     if len(ones) == 1:
         return torch.ops.aten.squeeze.dim, (x, ones[0])
-    if all(isinstance(n, int) for n in shape) and ones == [d for d, n in enumerate(shape) if n == 1]:
+    if all(isinstance(n, int) for n in shape) and ones == [
+        d for d, n in enumerate(shape) if n == 1
+    ]:
         return torch.ops.aten.squeeze.default, (x,)
     return None
 
