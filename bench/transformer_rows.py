@@ -17,6 +17,11 @@ accuracy`` (any ``python -m bench`` arguments) adds these rows to ``peers.config
 (the bench's own ``transformer (native weights)`` row and NNCF's ``transformer`` row run on
 MiniLM in every run, ``bench.suite.peers``).
 
+``bench/results/quick-transformer-rows.json`` (2026-12-01, load 6-14): that run's ``(layer_norm)``
+rows used a first form of the scope (every LayerNorm output, no outlier gate; MiniLM 0.9913,
+CNNs equal to the rows without it), the ``transformer, native weights`` row is today's
+``peers.TRANSFORMER`` (0.9929; NNCF ``transformer`` 0.9957).
+
 ``python -m bench.transformer_rows --tiny``: ``quantbridge.zoo.TinyTransformer`` (random weights,
 the tests' tiny transformer) with each recipe above, output SQNR vs float in torch and in ONNX
 Runtime (node by node and optimized), 4 calibration and 8 held-out batches of 8 x 16 tokens.
