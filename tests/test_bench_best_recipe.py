@@ -82,3 +82,16 @@ def test_best_recipe_keeps_digits_accuracy_against_ort(tmp_path):
     # (0.45 points) is the margin for a platform whose kernels round differently
     assert accuracy["ours"] >= accuracy["ort"] - 0.0045, accuracy
     assert accuracy["ours"] > 0.95, accuracy
+
+
+def test_transformer_row_runs_on_minilm_in_every_run():
+    # ours' best on MiniLM (every Linear int8, >= 0.99 mean cosine: tests/test_minilm_smoothquant)
+    # and NNCF's transformer setting beside it, quick runs included
+    for quick in (True, False):
+        rows = peers.configs(quick)
+        ours = [c for c in rows if c.tool == "quantbridge" and c.name == peers.TRANSFORMER]
+        nncf = [c for c in rows if c.tool == "nncf" and c.name == "transformer"]
+        assert len(ours) == len(nncf) == 1 and ours[0].workloads == nncf[0].workloads == ("minilm",)
+    recipe = peers.ours_factory(peers.TRANSFORMER)()
+    assert recipe.smoothquant == "auto" and recipe.float_outlier_residuals
+    assert recipe.weights == qb.Recipe.preset("native").weights

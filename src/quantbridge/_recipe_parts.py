@@ -16,6 +16,16 @@ def check_keys(d: Any, allowed: set[str], where: str) -> None:
             raise ValueError(f"unknown key {key!r} in {where}; allowed keys: {sorted(allowed)}")
 
 
+# where ``Recipe.smoothquant`` may act: every linear input, or ("transformer") only graphs where a
+# LayerNorm feeds a linear and there only inputs with outlier channels (``torch.ptq._smoothquant``)
+SMOOTHQUANT_SCOPES = ("all", "transformer")
+
+
+def check_choice(what: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{what}={value!r}: use one of {list(choices)}")
+
+
 @dataclass(frozen=True)
 class AdaRound:
     """AdaRound (Nagel et al. 2020): learn each weight's rounding, floor or ceil, layer by layer

@@ -1,0 +1,157 @@
+"""Issue 14 measurement: the transformer recipes (SmoothQuant + float outlier residual adds) as
+extra quantbridge rows of figure 1, next to every peer, in one bench run.
+
+``python -m bench.transformer_rows --quick --only digits,resnet18,mobilenetv2,minilm --figures
+accuracy`` (any ``python -m bench`` arguments) adds these rows to ``peers.configs``:
+
+* ``default before`` - the ``default`` preset without the transformer handling
+  (``smoothquant=None``, ``float_outlier_residuals=False``), when the default has it, so
+  before/after come from one run;
+* ``default + transformer`` - the ``default`` preset plus SmoothQuant "auto" with scope
+  ``"transformer"`` (graphs where a LayerNorm feeds a linear; inputs with outlier channels) and
+  the outlier residual adds float;
+* ``best + transformer`` - the best row (``peers.best_recipe``) plus the same;
+* ``best + transformer (all)`` - the best row with SmoothQuant "auto" on every linear input
+  (MiniLM only);
+
+(the bench's own ``transformer (native weights)`` row and NNCF's ``transformer`` row run on
+MiniLM in every run, ``bench.suite.peers``).
+
+``bench/results/quick-transformer-rows.json`` (2026-12-01, load 6-14): that run's ``(layer_norm)``
+rows used a first form of the scope (every LayerNorm output, no outlier gate; MiniLM 0.9913,
+CNNs equal to the rows without it), the ``transformer, native weights`` row is today's
+``peers.TRANSFORMER`` (0.9929; NNCF ``transformer`` 0.9957).
+
+``python -m bench.transformer_rows --tiny``: ``quantbridge.zoo.TinyTransformer`` (random weights,
+the tests' tiny transformer) with each recipe above, output SQNR vs float in torch and in ONNX
+Runtime (node by node and optimized), 4 calibration and 8 held-out batches of 8 x 16 tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from bench import __main__ as bench_main
+from bench.suite import peers
+
+TRANSFORMER = {"smoothquant": "auto", "float_outlier_residuals": True}
+MINILM_ONLY = ("best + transformer (all)",)
+
+
+def _default_before():
+    import quantbridge as qb
+
+    return dataclasses.replace(
+        qb.Recipe.preset("default"), smoothquant=None, float_outlier_residuals=False
+    )
+
+
+def _rows() -> dict:
+    return {
+        "default before": _default_before,
+        "default + transformer": lambda: dataclasses.replace(
+            _default_before(), **TRANSFORMER, smoothquant_scope="transformer"
+        ),
+        "best + transformer": lambda: dataclasses.replace(
+            peers.best_recipe(), **TRANSFORMER, smoothquant_scope="transformer"
+        ),
+        "best + transformer (all)": lambda: dataclasses.replace(
+            peers.best_recipe(), **TRANSFORMER, smoothquant_scope="all"
+        ),
+    }
+
+
+def _sqnr(ref, out) -> float:
+    import numpy as np
+
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
+    return float(10 * np.log10((ref**2).sum() / max(((ref - out) ** 2).sum(), 1e-300)))
+
+
+def tiny(log=print) -> dict:
+    """The tiny transformer's rows (see the module docstring)."""
+    import tempfile
+    import warnings
+    from pathlib import Path
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    import quantbridge as qb
+    from quantbridge.zoo import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(num_classes=64).eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [torch.randint(0, 100, (8, 16), generator=g) for _ in range(4)]
+    held = [torch.randint(0, 100, (8, 16), generator=g) for _ in range(8)]
+    with torch.no_grad():
+        ref = np.concatenate([model(x).numpy() for x in held])
+    recipes = {"default": None, **{n: f() for n, f in _rows().items()}}
+    out = {}
+    for name, recipe in recipes.items():
+        kwargs = {} if recipe is None else {"recipe": recipe}
+        q = qb.quantize(model, calib, progress=False, **kwargs)
+        with torch.no_grad():
+            row = {"torch": _sqnr(ref, np.concatenate([q(x).numpy() for x in held]))}
+        with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            path = Path(d) / "q.onnx"
+            qb.export(q, path, example_inputs=held[0])
+            for form, level in (
+                ("ort node by node", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                ("ort optimized", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+            ):
+                so = ort.SessionOptions()
+                so.graph_optimization_level = level
+                s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+                name_in = s.get_inputs()[0].name
+                got = np.concatenate([s.run(None, {name_in: x.numpy()})[0] for x in held])
+                row[form] = _sqnr(ref, got)
+        row["float rules"] = [r.pattern for r in q.qb_recipe.rules]
+        row["smoothed"] = q.qb_capture.get("smoothed")
+        out[name] = row
+        log(
+            f"{name}: "
+            + ", ".join(
+                f"{k} {v:.2f} dB" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+            )
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--tiny"]:
+        tiny()
+        return 0
+    only_rows = None
+    if "--rows" in argv:  # --rows a,b: only these quantbridge rows (a run adding rows to another)
+        i = argv.index("--rows")
+        only_rows = set(argv[i + 1].split(","))
+        argv = argv[:i] + argv[i + 2 :]
+    import quantbridge as qb
+
+    rows = _rows()
+    if qb.Recipe.preset("default") == _default_before():  # the default row is the before
+        rows.pop("default before")
+    for name, factory in rows.items():
+        peers.register_ours(name, factory)
+    plain = peers.configs
+
+    def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list:
+        out = plain(quick, extra_ours)
+        for name in rows:
+            where = ("minilm",) if name in MINILM_ONLY else None
+            out.append(peers.Config("quantbridge", name, workloads=where))
+        if only_rows is not None:
+            out = [c for c in out if c.tool == "quantbridge" and c.name in only_rows]
+        return out
+
+    peers.configs = configs
+    return bench_main.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
