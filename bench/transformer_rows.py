@@ -76,10 +76,10 @@ def tiny(log=print) -> dict:
     from pathlib import Path
 
     import numpy as np
-    import onnxruntime as ort
     import torch
 
     import quantbridge as qb
+    from bench.suite.engines import ort_session
     from quantbridge.zoo import TinyTransformer
 
     torch.manual_seed(0)
@@ -100,13 +100,8 @@ def tiny(log=print) -> dict:
             warnings.simplefilter("ignore")
             path = Path(d) / "q.onnx"
             qb.export(q, path, example_inputs=held[0])
-            for form, level in (
-                ("ort node by node", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
-                ("ort optimized", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
-            ):
-                so = ort.SessionOptions()
-                so.graph_optimization_level = level
-                s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            for form, optimize in (("ort node by node", False), ("ort optimized", True)):
+                s = ort_session(path, optimize=optimize)
                 name_in = s.get_inputs()[0].name
                 got = np.concatenate([s.run(None, {name_in: x.numpy()})[0] for x in held])
                 row[form] = _sqnr(ref, got)

@@ -144,9 +144,19 @@ def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
             new_b = new_b * k
         if shift is not None:
             new_b = new_b + shift.expand(channels)
+    write_folded(gm, layer, (w_node, w, new_w), (b_node, b, new_b), i_b)
+
+
+def write_folded(gm, layer: torch.fx.Node, weight: tuple, bias: tuple, i_b: int) -> None:
+    """Store a fold's result: ``weight`` and ``bias`` are (node, old tensor, new tensor or None);
+    a layer without a bias gets a new ``<weight>_folded_bias`` parameter at argument ``i_b``."""
+    w_node, w, new_w = weight
+    b_node, b, new_b = bias
     if new_w is not None:
         owner, attr = _owner(gm, w_node.target)
         setattr(owner, attr, nn.Parameter(new_w, requires_grad=w.requires_grad))
+    if new_b is None:
+        return
     if b is not None:
         b_owner, b_attr = _owner(gm, b_node.target)
         setattr(b_owner, b_attr, nn.Parameter(new_b.to(w.dtype), requires_grad=b.requires_grad))

@@ -20,10 +20,9 @@ Transposed convolutions are left alone. The float result is unchanged up to floa
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from ._fold_affine import _shared, affine_constants
-from ._passes import _NotFoldable, _owner, _param, _unwrap, finish
+from ._fold_affine import _shared, affine_constants, write_folded
+from ._passes import _NotFoldable, _param, _unwrap, finish
 
 aten = torch.ops.aten
 
@@ -103,24 +102,7 @@ def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
         if scale is not None:
             k = scale.expand(channels)[index]
             new_w = (w64 * k.reshape(out_c, in_g, *spread)).to(w.dtype)
-    if new_w is not None:
-        owner, attr = _owner(gm, w_node.target)
-        setattr(owner, attr, nn.Parameter(new_w, requires_grad=w.requires_grad))
-    if shift is None:
-        return
-    if b is not None:
-        b_owner, b_attr = _owner(gm, b_node.target)
-        setattr(b_owner, b_attr, nn.Parameter(new_b.to(w.dtype), requires_grad=b.requires_grad))
-        return
-    owner, attr = _owner(gm, w_node.target)
-    prefix = w_node.target.rpartition(".")[0]
-    name = f"{attr}_folded_bias"
-    owner.register_parameter(name, nn.Parameter(new_b.to(w.dtype), requires_grad=w.requires_grad))
-    with gm.graph.inserting_after(w_node):
-        b_node = gm.graph.get_attr(f"{prefix}.{name}" if prefix else name)
-    args = list(layer.args) + [None] * (3 - len(layer.args))
-    args[2] = b_node
-    layer.args = tuple(args)
+    write_folded(gm, layer, (w_node, w, new_w), (b_node, b, None if shift is None else new_b), 2)
 
 
 def _no_padding(pad) -> bool:
