@@ -59,7 +59,11 @@ def channel_ratio(value: torch.Tensor) -> float:
     """Largest / median per-channel absolute maximum, channels on the last dimension."""
     if value.ndim < 2 or value.shape[-1] < 2:
         return 0.0
-    peaks = value.detach().abs().reshape(-1, value.shape[-1]).amax(0).double()
+    return peak_ratio(value.detach().abs().reshape(-1, value.shape[-1]).amax(0).double())
+
+
+def peak_ratio(peaks: torch.Tensor) -> float:
+    """Largest / median of per-channel absolute maxima ``peaks`` (inf when the median is 0)."""
     median = float(peaks.median())
     return float(peaks.max()) / median if median > 0 else float("inf")
 

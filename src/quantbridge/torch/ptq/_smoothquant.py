@@ -55,7 +55,7 @@ import torch
 from ...numerics import PerChannel, choose_qparams, fake_quantize
 from ...recipe import Recipe, TensorRecipe
 from .._nodes import module_of
-from .._outliers import OUTLIER_RATIO
+from .._outliers import OUTLIER_RATIO, peak_ratio
 from ._graph import attr_node, get_tensor, record, set_tensor, weight_and_bias
 
 aten = torch.ops.aten
@@ -106,9 +106,7 @@ class _Stats:
     def outlier_ratio(self) -> float:
         """Largest / median per-channel absolute maximum (``_outliers.channel_ratio``'s measure,
         over all calibration calls)."""
-        peaks = torch.maximum(self.hi.abs(), self.lo.abs())
-        median = float(peaks.median())
-        return float(peaks.max()) / median if median > 0 else float("inf")
+        return peak_ratio(torch.maximum(self.hi.abs(), self.lo.abs()))
 
 
 def _fake_quantize(x: torch.Tensor, lo, hi, tr: TensorRecipe, axis: int | None) -> torch.Tensor:
@@ -182,7 +180,7 @@ def _apply(gm, x: torch.fx.Node, group, s: torch.Tensor) -> bool:
         w_node = weight_and_bias(gm, linear)[0]
         set_tensor(gm, w_node, get_tensor(gm, w_node).double() * s)
     only_group = set(x.users) == set(group)
-    if only_group and x.op == "call_function" and x.target in LAYER_NORM_OPS:
+    if only_group and _is_layer_norm(x):
         ln_w = attr_node(x.args[2]) if len(x.args) > 2 and x.args[2] is not None else None
         ln_b = attr_node(x.args[3]) if len(x.args) > 3 and x.args[3] is not None else None
         if ln_w is not None and ln_b is not None:  # Case 1
@@ -205,7 +203,7 @@ def smooth(gm: torch.fx.GraphModule, recipe: Recipe, batches) -> tuple[list[str]
     rounding). Returns the names of the tensors that got an explicit division (what ``replay``
     needs) and ``{input tensor name: alpha}`` of every group (None: left as it was)."""
     groups = _groups(gm, recipe)
-    if not groups:  # nothing to smooth (e.g. scope "layer_norm" on a graph without one)
+    if not groups:  # nothing to smooth (e.g. scope "transformer" on a graph without LayerNorm)
         return [], {}
     stats = {x: _Stats(len(batches)) for x in groups}
     record(gm, batches, set(groups), lambda n, v: stats[n].update(n, v))
