@@ -115,20 +115,7 @@ def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
     _, i_w, i_b, axis = WEIGHTED_OPS[layer.target]
     if layer.target in TRANSPOSED_CONV_OPS and len(layer.args) > 6 and layer.args[6] != 1:
         raise _NotFoldable  # grouped transposed conv: out channels are not one weight axis
-    w_node = layer.args[i_w]
-    if not isinstance(w_node, torch.fx.Node) or _unwrap(w_node) is not w_node:
-        raise _NotFoldable
-    w = _param(gm, w_node)
-    if len(w_node.users) != 1 or _shared(gm, w_node):
-        raise _NotFoldable  # a weight another layer reads too
-    b_node = layer.args[i_b] if len(layer.args) > i_b else None
-    if b_node is not None and (
-        not isinstance(b_node, torch.fx.Node) or _unwrap(b_node) is not b_node
-    ):
-        raise _NotFoldable
-    b = _param(gm, b_node)
-    if b_node is not None and (len(b_node.users) != 1 or _shared(gm, b_node)):
-        raise _NotFoldable
+    w_node, w, b_node, b = layer_tensors(gm, layer, i_w, i_b)
     channels = w.shape[axis]
     for c in (scale, shift):
         if c is not None and c.numel() not in (1, channels):
@@ -145,6 +132,20 @@ def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
         if shift is not None:
             new_b = new_b + shift.expand(channels)
     write_folded(gm, layer, (w_node, w, new_w), (b_node, b, new_b), i_b)
+
+
+def layer_tensors(gm, layer: torch.fx.Node, i_w: int, i_b: int) -> tuple:
+    """(weight node, weight, bias node or None, bias or None) of ``layer``, when a fold may
+    rewrite them: plain parameters (not quantized: QAT), each read by this layer only;
+    else ``_NotFoldable``."""
+    w_node = layer.args[i_w]
+    b_node = layer.args[i_b] if len(layer.args) > i_b else None
+    for node in (w_node,) if b_node is None else (w_node, b_node):
+        if not isinstance(node, torch.fx.Node) or _unwrap(node) is not node:
+            raise _NotFoldable
+        if len(node.users) != 1 or _shared(gm, node):
+            raise _NotFoldable  # a tensor another layer reads too
+    return w_node, _param(gm, w_node), b_node, _param(gm, b_node)
 
 
 def write_folded(gm, layer: torch.fx.Node, weight: tuple, bias: tuple, i_b: int) -> None:

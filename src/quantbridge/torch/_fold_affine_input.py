@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ._fold_affine import _shared, affine_constants, write_folded
-from ._passes import _NotFoldable, _param, _unwrap, finish
+from ._fold_affine import affine_constants, layer_tensors, write_folded
+from ._passes import _NotFoldable, _unwrap, finish
 
 aten = torch.ops.aten
 
@@ -65,18 +65,7 @@ def _tensor_operand(op: torch.fx.Node):
 
 
 def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
-    w_node = layer.args[1]
-    if not isinstance(w_node, torch.fx.Node) or _unwrap(w_node) is not w_node:
-        raise _NotFoldable
-    b_node = layer.args[2] if len(layer.args) > 2 else None
-    if b_node is not None and (
-        not isinstance(b_node, torch.fx.Node) or _unwrap(b_node) is not b_node
-    ):
-        raise _NotFoldable
-    for node in (w_node, b_node):
-        if node is not None and (len(node.users) != 1 or _shared(gm, node)):
-            raise _NotFoldable  # a tensor another layer reads too
-    w, b = _param(gm, w_node), _param(gm, b_node)
+    w_node, w, b_node, b = layer_tensors(gm, layer, 1, 2)
     groups = 1
     if layer.target in _CONVS:
         i_pad, i_groups = _CONVS[layer.target]
