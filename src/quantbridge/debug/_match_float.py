@@ -37,6 +37,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..numerics import dequantize
+from ..onnx._graph_index import GraphIndex
 from ._match import Site
 
 _THROUGH = frozenset({"Identity", "Dropout"})
@@ -54,15 +55,13 @@ class _Graph:
 
     def __init__(self, graph: onnx.GraphProto):
         self.inits = {i.name: i for i in graph.initializer}
+        index = GraphIndex(list(graph.node), self.inits, (o.name for o in graph.output))
+        self.producer, self.readers = index.producer, index.consumers
+        # every Constant node's output (GraphIndex keeps the values of ``value`` ones only)
         self.constants = set(self.inits)
         for n in graph.node:
             if n.op_type == "Constant":
                 self.constants.update(n.output)
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for n in graph.node:
-            for i in n.input:
-                self.readers[i].append(n)
         skip = _QDQ | _THROUGH | {"Constant"}
         self.compute = [n for n in graph.node if n.op_type not in skip]
         self.inputs = [i.name for i in graph.input if i.name not in self.constants]
