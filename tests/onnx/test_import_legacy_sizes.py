@@ -125,10 +125,7 @@ def test_legacy_size_arithmetic_keeps_the_dynamic_batch(tmp_path, make, ops):
         qmodel = qb.quantize(imported, calib, recipe="native")
     out = str(tmp_path / "int8.onnx")
     qb.export(qmodel, out, example_inputs=calib[0])
-    options = ort.SessionOptions()  # node by node: the file's QDQ arithmetic, exactly
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(out, options, providers=["CPUExecutionProvider"])
-    step = _output_step(onnx.load(out))
+    session, step = _node_by_node(out)
     for batch in (1, 2):
         x = torch.randn(batch, 3, 28, 28, generator=rng)
         with torch.no_grad():
@@ -168,10 +165,7 @@ def test_a_size_read_as_a_tensor_exports(tmp_path):
     qmodel = qb.quantize(qb.import_onnx(path), calib, recipe="native")
     out = str(tmp_path / "centred.int8.onnx")
     qb.export(qmodel, out, example_inputs=calib[0])
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(out, options, providers=["CPUExecutionProvider"])
-    step = _output_step(onnx.load(out))
+    session, step = _node_by_node(out)
     for batch in (1, 3):
         x = torch.randn(batch, 3, 16, 16, generator=rng)
         with torch.no_grad():
@@ -180,6 +174,15 @@ def test_a_size_read_as_a_tensor_exports(tmp_path):
         assert got.shape == expected.shape == (batch, 8, 8, 8)
         codes = np.abs(got - expected) / step  # as above: at most a flipped code at a tie
         assert codes.max() <= 1.0 + 1e-3 and np.mean(codes > 0.5) < 0.01
+
+
+def _node_by_node(path: str) -> tuple[ort.InferenceSession, float]:
+    """ONNX Runtime on ``path`` node by node (the file's QDQ arithmetic, exactly), and the step
+    of its output's grid."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return session, _output_step(onnx.load(path))
 
 
 def _output_step(model: onnx.ModelProto) -> float:
