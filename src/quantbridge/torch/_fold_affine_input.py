@@ -23,15 +23,11 @@ import torch
 
 from ._fold_affine import affine_constants, layer_tensors, write_folded
 from ._passes import _NotFoldable, _unwrap, finish
+from .ptq._graph import conv_geometry, groups_of
 
 aten = torch.ops.aten
 
-# op -> (index of padding, index of groups) in its arguments
-_CONVS = {
-    aten.conv1d.default: (4, 6),
-    aten.conv2d.default: (4, 6),
-    aten.conv3d.default: (4, 6),
-}
+_CONVS = frozenset({aten.conv1d.default, aten.conv2d.default, aten.conv3d.default})
 _LINEAR = aten.linear.default
 
 
@@ -66,13 +62,9 @@ def _tensor_operand(op: torch.fx.Node):
 
 def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
     w_node, w, b_node, b = layer_tensors(gm, layer, 1, 2)
-    groups = 1
-    if layer.target in _CONVS:
-        i_pad, i_groups = _CONVS[layer.target]
-        groups = int(layer.args[i_groups]) if len(layer.args) > i_groups else 1
-        pad = layer.args[i_pad] if len(layer.args) > i_pad else 0
-        if shift is not None and not _no_padding(pad):
-            raise _NotFoldable  # the border would read t where the layer reads zeros
+    groups = groups_of(layer)
+    if layer.target in _CONVS and shift is not None and any(conv_geometry(layer, w.ndim - 2)[1]):
+        raise _NotFoldable  # padded: the border would read t where the layer reads zeros
     out_c, in_g = w.shape[0], w.shape[1]
     channels = in_g * groups
     for c in (scale, shift):
@@ -92,11 +84,3 @@ def _fold(gm, layer: torch.fx.Node, scale, shift) -> None:
             k = scale.expand(channels)[index]
             new_w = (w64 * k.reshape(out_c, in_g, *spread)).to(w.dtype)
     write_folded(gm, layer, (w_node, w, new_w), (b_node, b, None if shift is None else new_b), 2)
-
-
-def _no_padding(pad) -> bool:
-    if isinstance(pad, str):
-        return pad == "valid"
-    if isinstance(pad, int):
-        return pad == 0
-    return all(p == 0 for p in pad)
