@@ -1,11 +1,17 @@
-"""``AdaRound``, the recipe's learned-weight-rounding settings, and the key check every recipe part
-uses when it is read from a dict (``check_keys``). Re-exported by ``quantbridge.recipe``; kept in
+"""The parts a ``Recipe`` is built from: ``TensorRecipe`` (how weights or activations are quantized
+and calibrated), ``Rule`` (per-layer overrides), ``AdaRound`` (learned-weight-rounding settings),
+and the key check every part uses when it is read from a dict (``check_keys``). Re-exported by ``quantbridge.recipe``; kept in
 its own module so that ``recipe.py`` (the recipe and its presets) stays under the size cap."""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
+
+from .numerics import QScheme
+
+_METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
 
 
 def check_keys(d: Any, allowed: set[str], where: str) -> None:
@@ -73,3 +79,96 @@ class AdaRound:
             return value
         check_keys(value, set(cls.__dataclass_fields__), where)
         return cls(**value)
+
+
+@dataclass(frozen=True)
+class TensorRecipe:
+    """How one kind of tensor (weights or activations) is quantized and calibrated."""
+
+    scheme: QScheme
+    method: str = "minmax"
+    options: tuple[tuple[str, Any], ...] = ()  # calibration options, e.g. (("percentile", 99.99),)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scheme, QScheme):
+            raise TypeError(f"TensorRecipe.scheme must be a QScheme, got {self.scheme!r}")
+        if self.method not in _METHODS:
+            raise ValueError(
+                f"calibration method {self.method!r} is unknown; use one of {list(_METHODS)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scheme": self.scheme.to_dict(),
+            "method": self.method,
+            "options": dict(self.options),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> TensorRecipe:
+        check_keys(d, {"scheme", "method", "options"}, where)
+        return cls(
+            scheme=QScheme.from_dict(d.get("scheme", {})),
+            method=d.get("method", "minmax"),
+            options=tuple(sorted(dict(d.get("options", {})).items())),
+        )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Override for the layers whose module name matches ``pattern`` (fnmatch glob) and/or whose
+    module class name equals ``module_type``. ``skip=True`` leaves them in float."""
+
+    pattern: str | None = None
+    module_type: str | None = None
+    skip: bool = False
+    weights: TensorRecipe | None = None
+    activations: TensorRecipe | None = None
+
+    def __post_init__(self) -> None:
+        if self.pattern is None and self.module_type is None:
+            raise ValueError("a Rule needs a 'pattern' (module name glob) or a 'module_type'")
+        if self.skip and (self.weights is not None or self.activations is not None):
+            raise ValueError(
+                f"Rule {self.describe()}: 'skip' together with scheme overrides is contradictory;"
+                " keep one"
+            )
+
+    def describe(self) -> str:
+        parts = [f"pattern={self.pattern!r}"] if self.pattern is not None else []
+        if self.module_type is not None:
+            parts.append(f"module_type={self.module_type!r}")
+        return "(" + ", ".join(parts) + ")"
+
+    def matches(self, module_name: str, module_type: str) -> bool:
+        if self.pattern is not None and not fnmatch.fnmatchcase(module_name, self.pattern):
+            return False
+        return self.module_type is None or self.module_type == module_type
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.pattern is not None:
+            d["pattern"] = self.pattern
+        if self.module_type is not None:
+            d["module_type"] = self.module_type
+        if self.skip:
+            d["skip"] = True
+        if self.weights is not None:
+            d["weights"] = self.weights.to_dict()
+        if self.activations is not None:
+            d["activations"] = self.activations.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> Rule:
+        check_keys(d, {"pattern", "module_type", "skip", "weights", "activations"}, where)
+        w, a = d.get("weights"), d.get("activations")
+        return cls(
+            pattern=d.get("pattern"),
+            module_type=d.get("module_type"),
+            skip=bool(d.get("skip", False)),
+            weights=TensorRecipe.from_dict(w, f"{where}.weights") if w is not None else None,
+            activations=TensorRecipe.from_dict(a, f"{where}.activations")
+            if a is not None
+            else None,
+        )
