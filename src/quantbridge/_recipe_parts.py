@@ -25,6 +25,10 @@ def check_keys(d: Any, allowed: set[str], where: str) -> None:
 # where ``Recipe.smoothquant`` may act: every linear input, or ("transformer") only graphs where a
 # LayerNorm feeds a linear and there only inputs with outlier channels (``torch.ptq._smoothquant``)
 SMOOTHQUANT_SCOPES = ("all", "transformer")
+# which activations get quantizers: every op input / output placement knows ("all"), or only the
+# inputs of weighted ops and both operands of activation x activation matmuls, every element-wise
+# op float ("weighted_inputs", ``torch._scope``)
+ACTIVATION_SCOPES = ("all", "weighted_inputs")
 
 
 def check_choice(what: str, value: Any, choices: tuple) -> None:

@@ -104,7 +104,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._platform import u8s8_saturates
-from ._recipe_parts import SMOOTHQUANT_SCOPES, AdaRound, Rule, TensorRecipe, check_choice
+from ._recipe_parts import (
+    ACTIVATION_SCOPES,
+    SMOOTHQUANT_SCOPES,
+    AdaRound,
+    Rule,
+    TensorRecipe,
+    check_choice,
+)
 from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerChannel, PerTensor, QScheme
 
@@ -120,7 +127,12 @@ def _default_activations() -> TensorRecipe:
 
 
 # Recipe options added after the format settled -> their off value (written only when set)
-_LATER = {"float_outlier_residuals": False, "fold_affine": False, "smoothquant_scope": "all"}
+_LATER = {
+    "float_outlier_residuals": False,
+    "fold_affine": False,
+    "smoothquant_scope": "all",
+    "activation_scope": "all",
+}
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,10 @@ class Recipe:
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
     float_outlier_residuals: bool = False
+    # "weighted_inputs": only the inputs of conv / linear and both operands of activation x
+    # activation matmuls get activation quantizers; adds, norms, softmax... stay float, no output
+    # is quantized (``torch._scope``, ``_recipe_parts.ACTIVATION_SCOPES``). Not integer-only.
+    activation_scope: str = "all"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adaround", AdaRound.from_value(self.adaround, "Recipe.adaround"))
@@ -183,6 +199,7 @@ class Recipe:
                 )
             object.__setattr__(self, "smoothquant", float(sq))
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
+        check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
         if self.bias_correction not in (False, True, "sequential"):
             raise ValueError(
                 f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"

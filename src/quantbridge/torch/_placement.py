@@ -21,6 +21,9 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
 
+``recipe.activation_scope="weighted_inputs"`` changes the roles (``_scope.scoped_role``): only
+weighted ops' inputs and matmul operands are quantized, no output, everything else float.
+
 Placement is data: the walk (``plan_placement``) changes nothing; it returns a
 ``PlacementPlan`` - the quantizers to create (with their ``QuantPoint`` records), which quantizer
 each value's grid is (``grid``: every consumer reads it quantized; ``reads``: one consumer does),
@@ -81,6 +84,7 @@ from ._record import (
     quantize_new_bias,
     unique_attr,
 )
+from ._scope import moved_from, scoped_role
 
 
 class _Planner:
@@ -105,6 +109,9 @@ class _Planner:
         # point is qmin, so engines absorb the clamp - a concat must not merge them (see
         # ``_aligned_inputs``)
         self.nonnegative: set[int] = set()
+        # activation scope "weighted_inputs" (``_scope``): no output quantizers, reads keyed by
+        # the value a data movement chain starts from
+        self.outputs = recipe.activation_scope == "all"
 
     # -- the plan -------------------------------------------------------------------------------
     def _spec(self, spec: QuantizerSpec) -> int:
@@ -154,15 +161,18 @@ class _Planner:
         depends on no input stays float unless ``constant_too`` (a computed weight)."""
         if not is_float_tensor(value) or self.grid_of(consumer, value) is not None:
             return
-        if keeps_float_output(value) or (value in self.constant and not constant_too):
+        if (keeps_float_output(value) and self.outputs) or (
+            value in self.constant and not constant_too
+        ):
             return
-        if value not in self.input_spec:
-            module = "input" if value.op == "placeholder" else module_of(value)[0]
-            self.input_spec[value] = self._activation(value, recipe, module, value)
-        self._read(consumer, value, self.input_spec[value])
+        key = value if self.outputs else moved_from(value)  # one quantizer per tensor
+        if key not in self.input_spec:
+            module = "input" if key.op == "placeholder" else module_of(key)[0]
+            self.input_spec[key] = self._activation(key, recipe, module, key)
+        self._read(consumer, value, self.input_spec[key])
 
     def quantize_output(self, node: torch.fx.Node, recipe: TensorRecipe) -> int | None:
-        if node in self.constant:
+        if node in self.constant or not self.outputs:
             return None
         last = node
         while len(last.users) == 1:
@@ -364,7 +374,7 @@ class _Planner:
     # -- driver ---------------------------------------------------------------------------------
     def run(self) -> PlacementPlan:
         for node in list(self.graph.nodes):
-            role = op_role(node)
+            role = scoped_role(node, self.recipe.activation_scope)
             if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
                 continue
             module, module_type = module_of(node)
@@ -380,7 +390,8 @@ class _Planner:
                 self.data_movement(node)
             elif role is Role.IDENTITY_IN_EVAL:
                 self.identity_in_eval(node)
-        self.float_reads_of_inputs()
+        if self.outputs:
+            self.float_reads_of_inputs()
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "

@@ -8,6 +8,7 @@ ops that have no lowering, and the layers whose accumulator could overflow.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
@@ -59,8 +60,26 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     return shapes
 
 
+def _recorded_scope(model: onnx.ModelProto) -> str:
+    """The ``activation_scope`` of the recipe quantbridge's export recorded ("all" if none)."""
+    for prop in model.metadata_props:
+        if prop.key == "quantbridge.recipe":
+            try:
+                return str(json.loads(prop.value).get("activation_scope", "all"))
+            except (ValueError, AttributeError):
+                return "all"  # not ours to judge: lowering reports what it cannot lower
+    return "all"
+
+
 def _check(model: onnx.ModelProto) -> None:
     nodes = model.graph.node
+    scope = _recorded_scope(model)
+    if scope != "all":
+        raise LoweringError(
+            f"the model was quantized with activation_scope={scope!r}: its element-wise ops "
+            "(adds, norms, softmax ...) run in float, so it has no integer-only program; "
+            "quantize with activation_scope='all' (the default) to lower it"
+        )
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
