@@ -13,6 +13,10 @@ accuracy`` (any ``python -m bench`` arguments) adds these rows to ``peers.config
 * ``best + transformer`` - the best row (``peers.best_recipe``) plus the same;
 * ``best + transformer (all)`` - the best row with SmoothQuant "auto" on every linear input
   (MiniLM only);
+* ``weighted inputs`` - ``native`` with ``activation_scope="weighted_inputs"`` (only the inputs
+  of linears / convs and both matmul operands quantized, NNCF's transformer layout); ``+
+  smoothquant`` with SmoothQuant "auto" (scope ``"transformer"``), ``(all)`` on every linear
+  input (MiniLM only); ``default + weighted inputs`` - the default preset with the scope;
 
 (the bench's own ``transformer (native weights)`` row and NNCF's ``transformer`` row run on
 MiniLM in every run, ``bench.suite.peers``).
@@ -36,7 +40,9 @@ from bench import __main__ as bench_main
 from bench.suite import peers
 
 TRANSFORMER = {"smoothquant": "auto", "float_outlier_residuals": True}
-MINILM_ONLY = ("best + transformer (all)",)
+MINILM_ONLY = ("best + transformer (all)", "weighted inputs + smoothquant (all)")
+WEIGHTED_INPUTS = {"activation_scope": "weighted_inputs"}  # ``torch._scope``
+SMOOTH = {"smoothquant": "auto", "smoothquant_scope": "transformer"}
 
 
 def _default_before():
@@ -59,7 +65,23 @@ def _rows() -> dict:
         "best + transformer (all)": lambda: dataclasses.replace(
             peers.best_recipe(), **TRANSFORMER, smoothquant_scope="all"
         ),
+        "weighted inputs": lambda: dataclasses.replace(_native(), **WEIGHTED_INPUTS),
+        "weighted inputs + smoothquant": lambda: dataclasses.replace(
+            _native(), **WEIGHTED_INPUTS, **SMOOTH
+        ),
+        "weighted inputs + smoothquant (all)": lambda: dataclasses.replace(
+            _native(), **WEIGHTED_INPUTS, smoothquant="auto"
+        ),
+        "default + weighted inputs": lambda: dataclasses.replace(
+            _default_before(), **WEIGHTED_INPUTS
+        ),
     }
+
+
+def _native():
+    import quantbridge as qb
+
+    return qb.Recipe.preset("native")
 
 
 def _sqnr(ref, out) -> float:
@@ -124,7 +146,7 @@ def main(argv: list[str]) -> int:
     only_rows = None
     if "--rows" in argv:  # --rows a,b: only these quantbridge rows (a run adding rows to another)
         i = argv.index("--rows")
-        only_rows = set(argv[i + 1].split(","))
+        only_rows = set(argv[i + 1].split(","))  # peers as tool:name
         argv = argv[:i] + argv[i + 2 :]
     import quantbridge as qb
 
@@ -141,7 +163,13 @@ def main(argv: list[str]) -> int:
             where = ("minilm",) if name in MINILM_ONLY else None
             out.append(peers.Config("quantbridge", name, workloads=where))
         if only_rows is not None:
-            out = [c for c in out if c.tool == "quantbridge" and c.name in only_rows]
+            # a quantbridge row by name, a peer's as tool:name (nncf:transformer)
+            out = [
+                c
+                for c in out
+                if (c.tool == "quantbridge" and c.name in only_rows)
+                or f"{c.tool}:{c.name}" in only_rows
+            ]
         return out
 
     peers.configs = configs
