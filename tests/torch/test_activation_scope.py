@@ -197,3 +197,14 @@ def test_quantize_onnx_places_the_same_reads(encoder, tmp_path):
     dq = {n.input[0]: n.output[0] for n in out.graph.node if n.op_type == "DequantizeLinear"}
     assert len(quantize) == PER_BLOCK
     assert all(readers[dq[q.output[0]]] in ("MatMul", "Gemm") for q in quantize)
+
+
+def test_checkpoint_round_trip(quantized, encoder, tmp_path):
+    model, _, held = encoder
+    path = tmp_path / "q.safetensors"
+    qb.save(quantized, path)
+    loaded = qb.load(path, model)
+    assert loaded.qb_recipe.activation_scope == "weighted_inputs"
+    assert [p.attr for p in loaded.qb_points] == [p.attr for p in quantized.qb_points]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(held), quantized(held), rtol=0, atol=0)
