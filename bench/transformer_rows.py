@@ -16,7 +16,8 @@ accuracy`` (any ``python -m bench`` arguments) adds these rows to ``peers.config
 * ``weighted inputs`` - ``native`` with ``activation_scope="weighted_inputs"`` (only the inputs
   of linears / convs and both matmul operands quantized, NNCF's transformer layout); ``+
   smoothquant`` with SmoothQuant "auto" (scope ``"transformer"``), ``(all)`` on every linear
-  input (MiniLM only); ``default + weighted inputs`` - the default preset with the scope;
+  input (MiniLM only); ``default + weighted inputs`` / ``best + weighted inputs`` - the default
+  preset / the best row with the scope;
 
 (the bench's own ``transformer (native weights)`` row and NNCF's ``transformer`` row run on
 MiniLM in every run, ``bench.suite.peers``).
@@ -74,6 +75,9 @@ def _rows() -> dict:
         ),
         "default + weighted inputs": lambda: dataclasses.replace(
             _default_before(), **WEIGHTED_INPUTS
+        ),
+        "best + weighted inputs": lambda: dataclasses.replace(
+            peers.best_recipe(), **WEIGHTED_INPUTS
         ),
     }
 

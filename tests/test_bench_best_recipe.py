@@ -95,3 +95,10 @@ def test_transformer_row_runs_on_minilm_in_every_run():
     recipe = peers.ours_factory(peers.TRANSFORMER)()
     assert recipe.smoothquant == "auto" and recipe.float_outlier_residuals
     assert recipe.weights == qb.Recipe.preset("native").weights
+    # ours' best on MiniLM: NNCF's transformer layout (weighted-op inputs only) plus SmoothQuant
+    for quick in (True, False):
+        rows = [c for c in peers.configs(quick) if c.name == peers.WEIGHTED_INPUTS]
+        assert len(rows) == 1 and rows[0].workloads == ("minilm",)
+    best = peers.ours_factory(peers.WEIGHTED_INPUTS)()
+    assert best.activation_scope == "weighted_inputs" and best.smoothquant == "auto"
+    assert best.weights == qb.Recipe.preset("native").weights
