@@ -150,7 +150,8 @@ def main(argv: list[str]) -> int:
     only_rows = None
     if "--rows" in argv:  # --rows a,b: only these quantbridge rows (a run adding rows to another)
         i = argv.index("--rows")
-        only_rows = set(argv[i + 1].split(","))  # peers as tool:name
+        # peers as tool:name; ";" separates when a row name holds commas (peers.BEST)
+        only_rows = set(argv[i + 1].split(";" if ";" in argv[i + 1] else ","))
         argv = argv[:i] + argv[i + 2 :]
     import quantbridge as qb
 
