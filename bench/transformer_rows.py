@@ -27,6 +27,9 @@ rows used a first form of the scope (every LayerNorm output, no outlier gate; Mi
 CNNs equal to the rows without it), the ``transformer, native weights`` row is today's
 ``peers.TRANSFORMER`` (0.9929; NNCF ``transformer`` 0.9957).
 
+``python -m bench.transformer_rows --ort-speed A.onnx B.onnx ...``: ONNX Runtime time of MiniLM
+files from a run's ``--work`` folder, interleaved, as ratios to the first (``ort_speed``).
+
 ``python -m bench.transformer_rows --tiny``: ``quantbridge.zoo.TinyTransformer`` (random weights,
 the tests' tiny transformer) with each recipe above, output SQNR vs float in torch and in ONNX
 Runtime (node by node and optimized), 4 calibration and 8 held-out batches of 8 x 16 tokens.
@@ -143,9 +146,49 @@ def tiny(log=print) -> dict:
     return out
 
 
+def ort_speed(files: list[str], rounds: int = 12, log=print) -> dict:
+    """ONNX Runtime time of MiniLM-shaped files (inputs ``input_ids``, ``attention_mask``,
+    ``token_type_ids``), one thread, batch 16 x 64 tokens (half the batch padded from token 40),
+    the files called in turn in each round; per-round time ratio first file / each file."""
+    import time
+
+    import numpy as np
+
+    from bench.suite.engines import ort_session
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 20000, (16, 64)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[8:, 40:] = 0
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    runs = []
+    for f in files:
+        s = ort_session(f, optimize=True, threads=1)
+        feed = {i.name: feeds[i.name] for i in s.get_inputs()}
+        s.run(None, feed)  # warm-up
+        runs.append((s, feed))
+    times = np.zeros((rounds, len(files)))
+    for r in range(rounds):
+        for j, (s, feed) in enumerate(runs):
+            t = time.perf_counter()
+            s.run(None, feed)
+            times[r, j] = time.perf_counter() - t
+    out = {}
+    for j, f in enumerate(files):
+        ratio = times[:, 0] / times[:, j]
+        out[f] = {"median_ms": float(np.median(times[:, j]) * 1e3),
+                  "ratio": [float(np.median(ratio)), float(ratio.min()), float(ratio.max())]}  # fmt: skip
+        log(f"{f}: {out[f]['median_ms']:.1f} ms; first / this per round {out[f]['ratio'][0]:.3f}"
+            f" [{out[f]['ratio'][1]:.3f}-{out[f]['ratio'][2]:.3f}]")  # fmt: skip
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--tiny"]:
         tiny()
+        return 0
+    if argv[:1] == ["--ort-speed"]:
+        ort_speed(argv[1:])
         return 0
     only_rows = None
     if "--rows" in argv:  # --rows a,b: only these quantbridge rows (a run adding rows to another)
