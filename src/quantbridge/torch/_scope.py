@@ -19,6 +19,10 @@ transpose, permute, slicing, max-pool, eval-mode dropout: ``_ops.DATA_MOVEMENT_O
 (``moved_from``), so ``k`` and ``k.transpose(-2, -1)``, or a hidden state read as it is and
 reshaped, share one scale and zero point, as the "all" scope's grid propagation gives them.
 
+For matmul-shaped models (transformers) only: ONNX Runtime runs an int8 MatMul with a float
+output, but no int8 Conv with a float output, so a CNN's convolutions whose outputs are not
+quantized run in float there (ResNet-18-style: 12 of 21 convs float; docs/attention.md).
+
 Not integer-only: the element-wise ops between the quantized reads run in float, so ``qb.lower``
 and ``integer_mode`` refuse such a model (``onnx`` / ``integer`` layers say which op).
 """
