@@ -79,8 +79,30 @@ def test_only_weighted_inputs_and_matmul_operands_are_quantized(quantized):
         if n.op == "call_function" and n.target in READERS:
             operands = n.args[:1] if n.target is aten.linear.default else n.args[:2]
             assert all(a in calls for a in operands), n.name
-    # k and k^T: one tensor, one quantizer (the read of q @ k^T is after the transpose)
+    # one call per quantizer: each tensor is read quantized once (k after its transpose)
     assert len({c.target for c in calls}) == len(calls) == 2 * PER_BLOCK
+
+
+class TwoViews(nn.Module):
+    """``h`` read by ``fc1`` as it is and by ``fc2`` through a reshape and a transpose."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0, self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.fc0(x)  # (2, 6, 8)
+        moved = h.reshape(2, 48).reshape(2, 8, 6).transpose(1, 2).transpose(1, 2)
+        return self.fc1(h).sum() + self.fc2(moved).sum()
+
+
+def test_a_tensor_read_through_data_movement_keeps_one_quantizer():
+    torch.manual_seed(0)
+    q = qb.quantize(TwoViews().eval(), [torch.randn(2, 6, 8)], _recipe(), progress=False)
+    assert sum(p.kind == "activation" for p in q.qb_points) == 2  # x and h
+    linears = {n.args[1].target: n for n in q.graph.nodes if n.target is aten.linear.default}
+    reads = {name.split("_quantbridge.")[-1]: n.args[0].target for name, n in linears.items()}
+    assert reads["fc1_weight"] == reads["fc2_weight"] != reads["fc0_weight"], reads
 
 
 def test_float_function_unchanged_with_quantizers_off(encoder, quantized):
