@@ -130,7 +130,9 @@ def weighted_inputs_recipe():
     64 sentences, 2 calibration repeats (2026-12-01, load ~9): 0.9965 [0.9963-0.9966] mean
     cosine; NNCF ``transformer`` 0.9951 [0.9944-0.9957]; ``TRANSFORMER`` 0.9928; the scope
     without SmoothQuant 0.9924, with SmoothQuant's ``transformer`` scope 0.9949
-    (``python -m bench.transformer_rows``). Not integer-only: ``qb.lower`` refuses it."""
+    (``python -m bench.transformer_rows``); 3 repeats (load ~15): 0.9963 [0.9962-0.9966], NNCF
+    0.9944 [0.9937-0.9957], ours - NNCF +0.0019 [+0.0009..+0.0025]. Not integer-only:
+    ``qb.lower`` refuses it (docs/attention.md)."""
     import dataclasses
 
     import quantbridge as qb
