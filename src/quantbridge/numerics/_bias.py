@@ -115,6 +115,8 @@ def fit_weight_scale_to_bias(
         if not short.any():
             break
         bumped = pow2_ceil(np.nextafter(up, np.float32(np.inf)).astype(np.float64))
-        up = np.where(short, bumped.astype(np.float32) if pow2 else np.nextafter(up, np.float32(np.inf)), up)
+        up = np.where(
+            short, bumped.astype(np.float32) if pow2 else np.nextafter(up, np.float32(np.inf)), up
+        )
     s_w[low] = up
     return s_w
