@@ -42,7 +42,7 @@ def fit_bias_grid(model: nn.Module, bq: BiasQuantizer, following: bool = False) 
     wq = bq.weight_quantizer
     if not bq.active() or (wq.qstate is QState.CALIBRATING and not following):
         return False
-    bias = model.get_parameter(bq.bias_name).detach()
+    bias = _tensor(model, bq.bias_name)
     s_x, s_w = bq.input_quantizer.current_scale(), wq.current_scale()
     pow2 = wq.scheme.scale_constraint == "pow2"
     fitted = fit_weight_scale_to_bias(bias, s_x, s_w, pow2=pow2)
@@ -53,7 +53,7 @@ def fit_bias_grid(model: nn.Module, bq: BiasQuantizer, following: bool = False) 
     # live: a grid set by the weights' own range, above the floor (a floor-scale channel is dead
     # or nearly: all-zero weights get 1.0, weights under qmax * 2**-23 the floor, codes tiny)
     steps = np.atleast_1d(s_w.cpu().numpy())
-    weight = model.get_parameter(wq.weight_name).detach()
+    weight = _tensor(model, wq.weight_name)
     live = [int(c) for c in channels if steps[c] > MIN_SCALE and _has_weights(weight, wq, int(c))]
     if not wq.scheme.symmetric:
         warnings.warn(
@@ -88,3 +88,11 @@ def _has_weights(weight: torch.Tensor, wq, channel: int) -> bool:
     if wq.axis is None:
         return bool(weight.count_nonzero())
     return bool(weight.select(wq.axis, channel).count_nonzero())
+
+
+def _tensor(model: nn.Module, name: str) -> torch.Tensor:
+    """The parameter (or, in an imported graph, buffer) ``name``, detached."""
+    try:
+        return model.get_parameter(name).detach()
+    except AttributeError:
+        return model.get_buffer(name).detach()
