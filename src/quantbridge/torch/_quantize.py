@@ -26,7 +26,6 @@ from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
-from ._threads import one_thread
 from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
@@ -240,8 +239,7 @@ def calibrate_and_freeze(
             kept = record_calls(forward_loop, qmodel, ada.calib_batches)
         adaround(qmodel, kept, ada, progress)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
-        with one_thread():  # many small float64 ops: a pool's spinning threads cost more
-            correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
+        correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
 

@@ -1,11 +1,12 @@
 """``one_thread()``: run a block with torch's intra-op pool at one thread, restored after.
 
-Why: bias correction (``ptq._bias_correction``) is thousands of small float64 ops (per-tap slice
-means, per-channel sums). At torch's default thread count each op wakes the OpenMP pool, whose
-threads then spin waiting for work: on a two-core machine it cost 6.8 CPU s and 17.6 s wall on a
-ResNet-18-style model against 2.2 / 4.6 at one thread, same exported file (SHA-256 equal). One
-thread also makes those float64 sums independent of the machine's core count (a reduction split
-across threads adds in another order).
+Why: bias correction (``ptq._bias_correction``) computes, per layer and batch, a few hundred
+small float64 ops (per-tap slice means, per-channel sums). At torch's default thread count each
+one wakes the OpenMP pool, whose threads then spin waiting for work. Only those statistics run
+inside the block: the float pass's own layers keep the caller's threads, because a convolution's
+float32 result can depend on the thread count (pinning the whole pass changed 16 int32 bias
+codes by 1 in the PP-OCRv4 detector's file) while these reductions gave bit-identical files
+(exported SHA-256 equal on ResNet-18-style and the detector, 2 threads, fresh processes).
 """
 
 from __future__ import annotations
