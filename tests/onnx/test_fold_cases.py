@@ -455,3 +455,17 @@ def test_registry_rejects_a_second_handler():
         "Relu",
         "Clip",
     } <= set(foldable_ops())
+
+
+def test_case4_float_bias_beyond_int32_stays_qdq():
+    """A float bias int32 cannot hold at input x weight scale (here 1e6 against a bias step
+    ~0.05 * 0.005, int32 reaching ~5e5) is not folded (it would saturate): the Conv stays QDQ
+    and the file computes exactly what it did."""
+    g = QDQGraph((2, 3, 5, 5))
+    b = g.const(np.array([0.1, 1e6, -0.2, 0.0], np.float32))
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3)), b], kernel_shape=[3, 3])
+    model = g.model(t, 0.1)
+    folded = FoldQOperator()(model).model
+    assert _ops(folded)["QLinearConv"] == 0 and _ops(folded)["Conv"] == 1
+    x = RNG.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))

@@ -15,7 +15,7 @@ from ._adaround import (
     rounding_regularizer,
 )
 from ._affine import dequantize, fake_quantize, quantize
-from ._bias import bias_scale, quantize_bias
+from ._bias import bias_scale, fit_weight_scale_to_bias, quantize_bias
 from ._fixed_point import (
     multiply_by_quantized_multiplier,
     quantize_multiplier,
@@ -57,6 +57,7 @@ __all__ = [
     "common_shift_multipliers",
     "dequantize",
     "fake_quantize",
+    "fit_weight_scale_to_bias",
     "fixed_point_multiplier",
     "fixed_point_multipliers",
     "floor_codes",

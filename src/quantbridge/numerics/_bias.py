@@ -1,10 +1,12 @@
-"""Bias quantization to int32 with ``scale = input_scale * weight_scale`` and zero point 0."""
+"""Bias quantization to int32 with ``scale = input_scale * weight_scale`` and zero point 0, and
+the weight scale that keeps such a bias inside int32 (``fit_weight_scale_to_bias``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ._fixed_point import INT32_MAX, INT32_MIN
+from ._qparams import pow2_ceil
 from ._xp import _torch_of, broadcast_param
 
 
@@ -57,3 +59,64 @@ def quantize_bias(
     scale = broadcast_param(scale.astype(np.float64), "weight_scale", bias.shape, scale_axis)
     q = np.clip(np.round(bias / scale), INT32_MIN, INT32_MAX)
     return np.asarray(q, dtype=np.int32)
+
+
+def fit_weight_scale_to_bias(
+    bias: object,
+    input_scale: object,
+    weight_scale: object,
+    axis: int = 0,
+    pow2: bool = False,
+) -> np.ndarray:
+    """The weight scale raised, where needed, so that ``quantize_bias`` never saturates.
+
+    A weight channel whose scale is tiny (an all-zero "dead" channel gets ``MIN_SCALE``, 2**-23)
+    makes the bias step ``s = s_x * s_w`` tiny too, and ``round(b / s)`` then overflows int32
+    once ``|b| > INT32_MAX * s`` (2**31 * s_x * 2**-23 = 256 * s_x): the stored bias saturates
+    and the channel's output is wrong in every engine. ONNX Runtime's quantizer raises such a
+    weight scale (``adjust_weight_scale_for_int32_bias``); this is the same rule, exact in
+    float32:
+
+    1. ``need = max|b|`` over the bias elements one weight scale serves (each channel along
+       ``axis`` for a 1-D ``weight_scale``, the whole bias for a single one);
+    2. where ``fl32(s_x * s_w) * INT32_MAX < need``: ``s_w' = need / (s_x * INT32_MAX)`` in
+       float64, rounded UP to float32; then ``s_w'`` steps up one float32 ulp at a time until
+       ``need / fl32(s_x * s_w') <= INT32_MAX`` (the float32 product ``bias_scale`` stores,
+       so ``round(b / s)`` fits int32 and every bias code is within half a step of ``b``);
+    3. ``pow2``: a raised scale is rounded up to a power of two (``pow2_ceil``: still enough).
+
+    Other scales are returned unchanged (bit for bit). Only the scale moves: the caller
+    requantizes the weight with it (an all-zero channel keeps its codes, 0). Returns float32
+    with ``weight_scale``'s shape. ValueError as ``bias_scale`` / ``quantize_bias``.
+    """
+    bias = _as_numpy(bias, np.float64)
+    if not np.isfinite(bias).all():
+        raise ValueError("bias contains NaN or inf; cannot fit a weight scale to it")
+    scale = bias_scale(input_scale, weight_scale)  # checks both scales
+    s_x = _as_numpy(input_scale, np.float32).reshape(())
+    s_w = _as_numpy(weight_scale, np.float32).copy()
+    if s_w.size == 1:
+        need = np.abs(bias).max(initial=0.0).reshape(s_w.shape)
+    else:
+        axis = axis % bias.ndim if bias.ndim else 0
+        moved = np.moveaxis(np.atleast_1d(bias), axis, 0)
+        need = np.abs(moved).reshape(moved.shape[0], -1).max(axis=1, initial=0.0)
+        need = need.reshape(s_w.shape)
+    low = scale.astype(np.float64) * INT32_MAX < need
+    if not low.any():
+        return s_w
+    raised = need[low] / (float(s_x) * INT32_MAX)
+    up = raised.astype(np.float32)
+    up = np.where(up.astype(np.float64) < raised, np.nextafter(up, np.float32(np.inf)), up)
+    if pow2:
+        up = pow2_ceil(up.astype(np.float64)).astype(np.float32)
+    for _ in range(8):  # float32 rounding of the product: at most a step or two
+        short = need[low] / (s_x * up).astype(np.float64) > INT32_MAX
+        if not short.any():
+            break
+        bumped = pow2_ceil(np.nextafter(up, np.float32(np.inf)).astype(np.float64))
+        up = np.where(
+            short, bumped.astype(np.float32) if pow2 else np.nextafter(up, np.float32(np.inf)), up
+        )
+    s_w[low] = up
+    return s_w

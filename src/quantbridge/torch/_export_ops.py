@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..numerics import dequantize, fake_quantize, storage_dtype
+from ._bias_fit import fit_bias_grid, fit_bias_grids
 from ._fakequant import BiasQuantizer, ConstantQuantizer, QState, Quantizer, WeightQuantizer
 
 
@@ -75,6 +76,7 @@ def export_mode(model: nn.Module):
     (non-persistent buffers, which a quantizer's forward takes as the sign to emit the export
     ops) and removes them on the way out."""
     touched: list[tuple[nn.Module, list[str]]] = []
+    fit_bias_grids(model)  # a bias trained or corrected since the freeze must still fit int32
     try:
         for m in model.modules():
             names = _prepare(model, m)
@@ -103,6 +105,9 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
         w = model.get_parameter(m.weight_name)
         if m.qstate is QState.CALIBRATING:  # QAT weights follow the weight: its current range
             m(w)
+            for bq in model.modules():  # ... raised where the op's int32 bias needs it
+                if isinstance(bq, BiasQuantizer) and bq.weight_quantizer is m:
+                    fit_bias_grid(model, bq, following=True)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
         _set(m, "export_scale", m.current_scale().clone())

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
+from ._bias_fit import fit_bias_grids
 from ._collective import is_distributed
 from ._fakequant import ConstantQuantizer, QState, Quantizer, WeightQuantizer
 from ._model import QuantModel
@@ -95,6 +96,7 @@ def freeze_observers(qmodel: QuantModel) -> QuantModel:
             m.compute_from(qmodel.get_parameter(m.weight_name))
         elif isinstance(m, Quantizer):
             m.stop_tracking()
+    fit_bias_grids(qmodel)  # every int32 bias fits its (now fixed) grid
     return qmodel
 
 

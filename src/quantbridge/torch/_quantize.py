@@ -12,6 +12,7 @@ from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
+from ._bias_fit import fit_bias_grids
 from ._bn_affine import batchnorm_as_conv
 from ._capture import capture, declared_dims_fixed, user_stacklevel
 from ._distributed import sync_observers
@@ -232,12 +233,14 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
     if ada is not None:  # learned rounding first; bias correction then measures what is left
         if forward_loop is not None:
             kept = record_calls(forward_loop, qmodel, ada.calib_batches)
         adaround(qmodel, kept, ada, progress)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
         correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
+        fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
 
 

@@ -12,7 +12,9 @@ with zero points 0. The bias becomes int32 at ``scale = input_scale * weight_sca
 (``numerics.bias_scale``): an int32 bias stored at exactly that scale is used as it is (this is
 what ONNX Runtime's own QDQ fusion runs); a float bias, or an int32 bias stored at another scale,
 is (re)quantized by ``numerics.quantize_bias`` (an error of at most half an accumulator step,
-``input_scale * weight_scale / 2``, far below one output step).
+``input_scale * weight_scale / 2``, far below one output step). A bias that int32 cannot hold
+at that scale (``numerics.fit_weight_scale_to_bias`` would raise the file's weight step) is not
+folded: the op stays QDQ, where its bias is exact, rather than saturate.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ...numerics import bias_scale, dequantize, quantize_bias
+from ...numerics import bias_scale, dequantize, fit_weight_scale_to_bias, quantize_bias
 from ._graph import MS_DOMAIN, GraphView, QParams, Rewrite, attribute, attributes, node
 from ._match import QInput, QOutput, one_type, operands, q_input, q_output
 from ._registry import register_fold
@@ -63,9 +65,10 @@ def _bias(g: GraphView, tensor: str, x: QParams, w: QParams) -> tuple[str, list]
             return None
     if value.ndim != 1:
         return None
-    codes = g.constant(
-        tensor + "_int32", quantize_bias(value, x.scale_value.ravel()[0], w.scale_value.ravel())
-    )
+    x_scale, w_scale = x.scale_value.ravel()[0], w.scale_value.ravel()
+    if np.any(fit_weight_scale_to_bias(value, x_scale, w_scale) != w_scale):
+        return None  # int32 would saturate at the file's weight step: the op stays QDQ
+    codes = g.constant(tensor + "_int32", quantize_bias(value, x_scale, w_scale))
     return codes.name, [codes]
 
 

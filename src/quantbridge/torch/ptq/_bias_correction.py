@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from .._model import float_mode
+from .._threads import one_thread
 from ._graph import (
     CONV_OPS,
     PLAIN_WEIGHTED,
@@ -140,6 +141,10 @@ def _local_shifts(qmodel, layers, batches) -> dict:
     weights: dict = {}  # node -> (W, Q(W), both in float64): the weights do not change here
 
     def on_args(node, args):
+        with one_thread():  # small float64 ops: the pool's threads would spin (``_threads``)
+            layer_shift(node, args)
+
+    def layer_shift(node, args):
         x = args[0]
         if node not in weights:
             w = args[1]
