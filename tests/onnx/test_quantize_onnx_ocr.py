@@ -5,8 +5,8 @@ rendered text (``ocr_data``; calibration and evaluation from separate seeds), th
 by ONNX Runtime node by node and fused (see ``_ort``) against the float file:
 
 * detector: text-mask IoU (probability > 0.3); target 0.97, measured 0.943-0.948 (not met);
-* recognizer: lines read exactly (greedy CTC); target 91%, NOT met: with ``--method mse --recipe
-  int8_avx2`` 90.6% / 93.8% fused on the 64 test lines, ~90% on 256 lines (see the test);
+* recognizer: lines read exactly (greedy CTC); target 91%, met with ``--method percentile
+  --recipe int8_avx2``: 92.6% / 93.8% fused on 256 lines (mse 90.2% / 89.5%; see the test);
 * direction classifier: same label as float (half of the lines upside down); target 99%,
   measured 99.2% node by node and fused with ``--method mse --recipe int8_avx2`` (met).
 
@@ -112,26 +112,44 @@ def test_detector_mask_iou(tmp_path, _):
 def test_recognizer_reads_lines(tmp_path, _):
     """32 calibration / 64 evaluation lines, 48 x 320; float reads all 64.
 
-    Target 91% (issue 9) NOT met. With MSE calibration of the activations and 7-bit weights
-    (``--method mse --recipe int8_avx2``) measured 90.6% node by node, 93.8% fused (stop 10).
+    Target 91% (issue 9) met with percentile calibration of the activations (99.99, the
+    observer's default) and 7-bit weights (``--method percentile --recipe int8_avx2``, stop 13):
+    on 256 lines (seeds 1000-1255) 92.6% node by node, 93.8% fused; on these 64 lines 93.8% /
+    96.9% (60 / 62). Same tree, same lines: ``--method mse`` 90.2% / 89.5% on 256
+    (95.3% / 96.9% on 64), ``--method entropy`` 0% (its KL ranges clip the stem's outputs to a
+    quarter of mse's: ``conv2d`` step 0.038 vs 0.159). Not the default preset: its bias
+    correction costs this model 14 points (percentile, 256 lines: default 78.5% / 78.9%, default
+    without bias correction 92.6% / 93.8%, int8_avx2 with it 78.5% / 78.9%; it moves some
+    channels of the last pointwise convs by up to 28 output steps, ``conv2d_32``).
+    Earlier (mse): 90.6% node by node, 93.8% fused on 64 lines (stop 10).
     Stop 8's 98.4% / 96.9% was no better model, only a lucky 64-line sample: its file and this
     tree's differ in the 10 quantizers of the layer norms' variance only (kept float since the
     Div-divisor rule) and in scales in the 4th digit, and on 256 lines (seeds 1000-1255) both
     read the same: stop 8 90.6% / 89.5% fused, this tree 90.2% / 89.5% (captured with
     dynamic='batch' and with dynamic='all' alike), while on the first 64 lines stop 8 read 63
     and reruns of this tree 58 (stop 10) and 61. These 64 lines move by 3-5 lines with 4th-digit
-    changes of the scales; the model's level is ~90%, just under the target.
+    changes of the scales; the mse file's level is ~90%, just under the target.
     With the default minmax: 82.8% (int8 and int8_avx2 alike; the misreads are mostly spaces
     between words dropped), 84.4% / 79.7% with bias correction, 51.6% with percentile.
     ``Recipe(fold_affine=True)`` (its conv -> * s -> + t blocks folded; stop 11, same tree, mse +
     int8_avx2, output side only) reads 84.4% / 84.4% here (61/64 and 62/64 without) and 79.7% /
     80.9% on 256 lines (90.2% / 89.5% without), though every remaining grid equals the unfolded
     file's (activations to the 4th digit, weight codes identical, weight scales times k) and
-    the float function is unchanged (1.1e-4 max on the softmax): not explained,
-    so the fold is off by default. Bound: the
-    measured level less one line (57/64 = 0.89), so that a real regression fails it."""
+    the float function is unchanged (1.1e-4 max on the softmax). Stop 13 reproduced that loss
+    without folding: removing from the unfolded mse file the 75 Q/DQ pairs the output-side fold
+    removes (conv outputs read by the affine ``* k``, and its products), all else identical,
+    reads 85.9% of 128 lines (92.2% with them), and 85.9% again with each pair replaced by a
+    Clip to its range (so the rounding, not the clipping); removing the hard-swish product and
+    quotient pairs instead (61): 83.6%. Yet the output SQNR against float (32 lines) is 12.22 dB
+    with all pairs, 12.43 dB without the fold's 75: fewer roundings, a slightly better output,
+    fewer whole lines right. Lines read moves by 5-8 of 128 with such changes; so does a
+    ``constant_chains`` placement tried in stop 13 (one quantizer after ``x * g / 6 * a + b``
+    instead of four: 88.3% / 87.9% on 256 lines, not landed). Activations all float (7-bit
+    weights only): 96.9% of 256. Bound: the measured level less 3 lines, the spread this
+    sample shows with 4th-digit scale changes (57/64 = 0.89), so that a real regression fails
+    it."""
     calib, _texts = ocr_data.lines(range(32))
-    out = _quantize(tmp_path, REC, calib, "--method", "mse", "--recipe", "int8_avx2")
+    out = _quantize(tmp_path, REC, calib, "--method", "percentile", "--recipe", "int8_avx2")
     x, texts = ocr_data.lines(range(1000, 1064))
     chars = ocr_data.characters(REC)
 
