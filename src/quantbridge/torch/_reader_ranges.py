@@ -13,6 +13,13 @@ each quantizer its bounds (``Quantizer.observe_bounds``), so that calibration ob
 clamped to them. The float function is unchanged: a value outside the bounds and its clamp give
 the readers the same output (bounds that fall between grid points cost at most the step there).
 Only calibration reads the bounds: the frozen scales and zero points are what is saved.
+
+Measured (``quantize_onnx``, 8 / 8 pages of 160 x 160, ONNX Runtime node by node / fused, mask
+IoU and SQNR against float, every one of the 62 convs a QLinearConv in the fused session; load
+8-16 on 2 cores, 2026-12-01): PP-OCRv4 det ``int8`` 0.948 / 0.943, 14.50 / 14.08 dB -> 0.962 /
+0.954, 16.36 / 15.26 dB; the ``default`` preset 0.934 / 0.934, 13.21 / 13.25 dB -> 0.952 / 0.952,
+14.94 / 14.97 dB (24 hard-swish inputs bounded; the stem's p2o.Conv.2 output grid step
+0.63 -> 0.30 with mse, minmax range [-108.6, 90.4] -> [-3, 90.4]).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from ._fakequant import ConstantQuantizer, Quantizer
 from ._record import CONTAINER
 
 _aten = torch.ops.aten
+LIMITED_METHODS = frozenset({"minmax"})  # calibration methods that get the bounds (see below)
 INF = math.inf
 _CLAMPS = {_aten.clamp.default, _aten.hardtanh.default}
 _RELUS = {_aten.relu.default, _aten.relu_.default}
@@ -115,8 +123,7 @@ def _bounds(gm: torch.fx.GraphModule, x: torch.fx.Node) -> tuple[float, float] |
             hit = [
                 clamp
                 for clamp in gates
-                if isinstance(other, torch.fx.Node)
-                and other in _clamp_outputs(gm, clamp)
+                if isinstance(other, torch.fx.Node) and other in _clamp_outputs(gm, clamp)
             ]
             if not hit:
                 return None
@@ -155,9 +162,19 @@ def reader_bounds(gm: torch.fx.GraphModule) -> dict[str, tuple[float, float]]:
 
 
 def limit_observed_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[float, float]]:
-    """Give each quantizer ``reader_bounds`` finds its bounds; return them."""
-    found = reader_bounds(gm)
+    """Give each minmax-calibrated quantizer ``reader_bounds`` finds its bounds; return them.
+
+    Minmax only (``LIMITED_METHODS``), by measurement: the methods that search a clipping range
+    (mse, percentile, entropy) already leave the far tail out. PP-OCRv4 det with mse + 7-bit
+    weights + fold_affine: 16.90 -> 16.82 dB node by node (unchanged); cls with mse + 7-bit
+    weights: 127 -> 126 of 128 lines same as float (125 fused), against minmax's det gains
+    (module docstring of ``_reader_ranges``)."""
     container = gm.get_submodule(CONTAINER)
+    found = {
+        attr: bounds
+        for attr, bounds in reader_bounds(gm).items()
+        if getattr(container, attr).recipe.method in LIMITED_METHODS
+    }
     for attr, bounds in found.items():
         getattr(container, attr).observe_bounds = bounds
     return found
