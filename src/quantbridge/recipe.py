@@ -46,6 +46,10 @@ Every preset also puts the constant operand of a quantized add / mul (``x * 0.16
 ``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
 does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
 
+With minmax activations, a value that only hard-swish (also ``x * clamp(x + 3, 0, 6)``), relu or
+clamp read is calibrated on the interval they tell apart (``torch._reader_ranges``; PP-OCRv4 det
+"default" 13.21 -> 14.94 dB, IoU 0.934 -> 0.952, ONNX Runtime node by node).
+
 The default (issue 14), by measurement: the workloads and scoring of ``python -m bench --quick
 --only W --figures accuracy`` (``bench.suite.accuracy``; OCR rec / cls as
 ``tests/onnx/test_quantize_onnx_ocr.py``), each candidate exported and run in ONNX Runtime fused
