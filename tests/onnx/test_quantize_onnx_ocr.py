@@ -4,7 +4,7 @@ PP-OCR (``../shared/models/ppocr``, Paddle2ONNX, opset 11/12), through the comma
 rendered text (``ocr_data``; calibration and evaluation from separate seeds), the int8 file run
 by ONNX Runtime node by node and fused (see ``_ort``) against the float file:
 
-* detector: text-mask IoU (probability > 0.3); target 0.97, measured 0.954-0.962 (not met);
+* detector: text-mask IoU (probability > 0.3); target 0.97, measured 0.943-0.948 (not met);
 * recognizer: lines read exactly (greedy CTC); target 91%, NOT met: with ``--method mse --recipe
   int8_avx2`` 90.6% / 93.8% fused on the 64 test lines, ~90% on 256 lines (see the test);
 * direction classifier: same label as float (half of the lines upside down); target 99%,
@@ -71,12 +71,8 @@ def _quantize(tmp_path: Path, model: Path, calib: np.ndarray, *extra: str) -> Pa
 def test_detector_mask_iou(tmp_path, _):
     """8 calibration / 8 evaluation pages of 160 x 160; IoU of all text pixels together.
 
-    Target 0.97 NOT met: measured 0.962 node by node, 0.954 fused, 16.36 / 15.26 dB (minmax,
-    float head, every conv a QLinearConv fused; stop 13), since a value only a hard-swish reads
-    is calibrated on [-3, max] (``torch._reader_ranges``: 24 of them here; the stem's
-    p2o.Conv.2 output spans [-108.6, 90.4]); before: 0.948 / 0.943, 14.50 / 14.08 dB; the
-    "default" preset 0.934 / 0.934, 13.21 / 13.25 dB -> 0.952 / 0.952, 14.94 / 14.97 dB. The
-    figures below are from before that change. 7-bit weights 0.948 / 0.948. Other general settings (stop 10, node by node / fused, IoU and SQNR):
+    Target 0.97 NOT met: measured 0.948 node by node, 0.943 fused (minmax, float head); 7-bit
+    weights 0.948 / 0.948. Other general settings (stop 10, node by node / fused, IoU and SQNR):
     --method mse 0.947 / 0.943, 14.04 / 13.77 dB; --method mse --recipe int8_avx2 0.952 / 0.953,
     14.71 / 14.76 dB (the best); bias correction 0.939 / 0.932, 13.66 / 13.21 dB; --method
     percentile 0.944 / 0.938, 13.67 / 13.16 dB; the head's first two layers float as well: 0.952 /
@@ -96,6 +92,10 @@ def test_detector_mask_iou(tmp_path, _):
     ONNX nodes (to p2o.Conv.2; recipe rules as ``quantbridge sensitivity`` writes with
     ``wider="int16"``) on top of the fold and mse + int8_avx2: 0.975 / 0.975, 18.91 / 19.16 dB
     (IoU target met), ORT fused 1.24x the int8 file's time (as slow as float on this CPU).
+    ``Recipe(reader_bounds=True)`` (off by default; values only a hard-swish reads calibrated on
+    [-3, max], ``torch._reader_ranges``; stop 13, quantize_onnx, load 8-16): int8 0.962 / 0.954,
+    16.36 / 15.26 dB; the "default" preset 0.952 / 0.952, 14.94 / 14.97 dB; no change with mse.
+    Off because the recognizer reads 47% instead of 80% of its 64 lines with it (default preset).
     The bound is the measured level less a margin for other CPUs."""
     out = _quantize(tmp_path, DET, ocr_data.pages(range(8), 160, 160))
     x = ocr_data.pages(range(1000, 1008), 160, 160)
@@ -106,11 +106,10 @@ def test_detector_mask_iou(tmp_path, _):
         y = _ort(out, {"x": x}, optimize)
         got = y > 0.3
         iou = (expected & got).sum() / (expected | got).sum()
-        assert iou >= 0.94, f"text-mask IoU {iou:.4f} (optimize={optimize})"
-        # SQNR of the probability map: target 20 dB NOT met, measured 16.36 / 15.26 dB; 14.8
-        # fails the calibration on the whole hard-swish input range (14.50 / 14.08 dB)
+        assert iou >= 0.92, f"text-mask IoU {iou:.4f} (optimize={optimize})"
+        # SQNR of the probability map: target 20 dB NOT met, measured 14.50 / 14.08 dB
         sqnr = 10 * np.log10((probability**2).sum() / ((probability - y) ** 2).sum())
-        assert sqnr >= 14.8, f"SQNR {sqnr:.2f} dB (optimize={optimize})"
+        assert sqnr >= 13.0, f"SQNR {sqnr:.2f} dB (optimize={optimize})"
 
 
 @pytest.mark.parametrize("_", [pytest.param(None, marks=SLOW)])

@@ -1,4 +1,5 @@
-"""Calibration observes a value clamped to the interval its readers tell apart (``_reader_ranges``).
+"""``Recipe(reader_bounds=True)``: calibration observes a value clamped to the interval its
+readers tell apart (``_reader_ranges``).
 
 A conv output read only by a decomposed hard-swish ``x * clamp(x + 3, 0, 6) / 6`` (Paddle2ONNX,
 PP-LCNet) is 0 below -3 whatever x is, so its grid need not reach the conv's large negative
@@ -9,6 +10,8 @@ the hard-swish output's error falls, and that ONNX Runtime (node by node) agrees
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -16,8 +19,8 @@ import torch
 from torch import nn
 
 import quantbridge as qb
-import quantbridge.torch._quantize as quantize_module
 from quantbridge.numerics import PerTensor, QScheme, choose_qparams
+from quantbridge.recipe import Recipe
 from quantbridge.torch._reader_ranges import reader_bounds
 from quantbridge.torch._record import CONTAINER
 
@@ -49,8 +52,11 @@ def _data(n: int = 4) -> list[torch.Tensor]:
     return [torch.randn(2, 3, 6, 6, generator=g) for _ in range(n)]
 
 
-def _quantize(model):
-    return qb.quantize(model, _data(), recipe="int8", progress=False)
+BOUNDED = replace(Recipe.preset("int8"), reader_bounds=True)
+
+
+def _quantize(model, recipe=BOUNDED):
+    return qb.quantize(model, _data(), recipe=recipe, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +105,10 @@ def _hardswish_error(q, model) -> float:
         return float((q(x)[2] - model(x)[2]).abs().mean())
 
 
-def test_bounds_lower_the_error_after_the_hardswish(block, monkeypatch):
+def test_bounds_lower_the_error_after_the_hardswish(block):
     model, q = block
     bounded = _hardswish_error(q, model)
-    monkeypatch.setattr(quantize_module, "limit_observed_ranges", lambda gm: {})
-    whole = _hardswish_error(_quantize(model), model)
+    whole = _hardswish_error(_quantize(model, Recipe.preset("int8")), model)  # option off
     # conv1's grid step falls from ~(62 + 3) / 255 to ~6 / 255; the hard-swish's own output
     # grid (~3.4 / 255) then bounds the error: more than halved
     assert bounded < whole / 2, (bounded, whole)

@@ -109,7 +109,8 @@ def prepare(
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
-    limit_observed_ranges(gm)  # a value only relu / clamp / hard-swish reads: their interval
+    if recipe.reader_bounds:  # a value only relu / clamp / hard-swish reads: their interval
+        limit_observed_ranges(gm)
     if not points:
         warnings.warn(
             f"nothing in {type(model).__name__} is quantized: none of its ops is one the recipe "
