@@ -49,8 +49,9 @@ does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
 ``Recipe(reader_bounds=True)`` (off in every preset): with minmax activations, a value that only
 hard-swish (also ``x * clamp(x + 3, 0, 6)``), relu or clamp read is calibrated on the interval
 they tell apart (``torch._reader_ranges``; PP-OCRv4 det "default" 13.21 -> 14.94 dB, IoU 0.934
--> 0.952 ONNX Runtime node by node, but the recognizer reads 47% of 64 lines instead of 80%:
-unexplained, so opt-in).
+-> 0.952 ONNX Runtime node by node, but the recognizer reads 47% of 64 lines instead of 80%;
+without bias correction it lifts the recognizer 50% -> 73%: the conflict is unexplained, so
+opt-in).
 
 The default (issue 14), by measurement: the workloads and scoring of ``python -m bench --quick
 --only W --figures accuracy`` (``bench.suite.accuracy``; OCR rec / cls as

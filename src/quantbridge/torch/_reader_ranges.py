@@ -16,7 +16,10 @@ Only calibration reads the bounds: the frozen scales and zero points are what is
 
 Opt-in (``Recipe.reader_bounds``, off in every preset): with it, the default preset's PP-OCRv4
 recognizer (``quantize_onnx``, 32 / 64 lines, ORT node by node / fused) read 46.9% / 42.2% of the
-lines exactly against 79.7% / 78.1% without it, not explained yet (the detector gains below).
+lines exactly against 79.7% / 78.1% without it (the detector gains below). The loss comes with
+bias correction: without it (``bias_correction=False``) the option raises the same recognizer
+from 50.0% / 46.9% to 73.4% / 71.9%. Why the two conflict is not known yet (the one-pass
+correction reads float layer inputs, which the bounds do not change).
 
 Measured (``quantize_onnx``, 8 / 8 pages of 160 x 160, ONNX Runtime node by node / fused, mask
 IoU and SQNR against float, every one of the 62 convs a QLinearConv in the fused session; load
