@@ -25,6 +25,7 @@ from ._passes import fold_batchnorm, own_parameters, tensor_storages
 from ._placement import CONTAINER, place_quantizers
 from ._progress import progress_bar, stage
 from ._ranges import mismatched_concats
+from ._reader_ranges import limit_observed_ranges
 from ._signature import bind_first_batch, cast_float64, check_call_hook, float_dtype
 from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
@@ -109,6 +110,8 @@ def prepare(
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
+    if recipe.reader_bounds:  # a value only relu / clamp / hard-swish reads: their interval
+        limit_observed_ranges(gm)
     if not points:
         warnings.warn(
             f"nothing in {type(model).__name__} is quantized: none of its ops is one the recipe "

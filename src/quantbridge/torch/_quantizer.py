@@ -99,6 +99,9 @@ class Quantizer(nn.Module):
         self.enabled = True
         self.observer = None  # calibration statistics (CALIBRATING)
         self.tracker: MovingAverageMinMaxObserver | None = None  # moving average (TRACKING)
+        # (lo, hi): calibration observes the value clamped to what its readers tell apart
+        # (``_reader_ranges``; None: the whole value)
+        self.observe_bounds: tuple[float, float] | None = None
         self.register_buffer("scale", torch.ones(()))
         self.register_buffer("zero_point", torch.zeros((), dtype=torch.int32))
         # the persisted twin of ``_state`` (a Python value, so that forward never branches on data)
@@ -284,8 +287,11 @@ class Quantizer(nn.Module):
     def observe(self, x: torch.Tensor) -> None:
         if self.observer is None:
             self.observer = self._new_observer()
+        x = x.detach()
+        if self.observe_bounds is not None:
+            x = x.clamp(*self.observe_bounds)
         try:
-            self.observer.update(x.detach())
+            self.observer.update(x)
         except ValueError as e:
             raise ValueError(f"{self.kind} {self.name!r}: {e}") from None
 
