@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import peer_child, tools
+from . import peer_child, peer_prep, tools
 from .workloads import OCR_LINES, ROOT
 
 PEERS_PYTHON_ENV = "QB_BENCH_PEERS_PYTHON"
@@ -208,9 +208,16 @@ def peers_python(tool: str) -> str:
 
 
 def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -> dict:
-    """``peer_child`` in ``peers_python()``; its last stderr line is the error of a failure."""
+    """``peer_child`` in ``peers_python()``; its last stderr line is the error of a failure. The
+    peer gets the float file prepared as ``peer_prep.prepare`` says (opset >= 13, weights in
+    initializers; what changed is the row's ``prepared``), the same float function."""
     npz = path.with_suffix(".calib.npz")
     peer_child.save_batches(npz, calib_feeds)
+    prepared: dict = {}
+    if peer_prep.needs_prepare(float_onnx):  # opset 13, weights as initializers (peer_prep)
+        source = path.with_suffix(".float-prepared.onnx")
+        prepared = peer_prep.prepare(float_onnx, source)
+        float_onnx = source
     spec = {"tool": c.tool, "config": c.name, "float_onnx": str(float_onnx)}
     spec |= {"calib": str(npz), "out": str(path)}
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # bench only: no quantbridge in the child
@@ -223,6 +230,8 @@ def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -
         timeout=1800,
     )
     npz.unlink(missing_ok=True)
+    if prepared:
+        Path(float_onnx).unlink(missing_ok=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         raise RuntimeError(f"{c.tool} {c.name}: {lines[-1][:300] if lines else proc.returncode}")
@@ -231,4 +240,5 @@ def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -
         "total_s": report["seconds"],
         "version": report["version"],
         "settings": report["settings"],
+        **({"prepared": prepared} if prepared else {}),
     }

@@ -27,8 +27,13 @@ INTRO = (
     "tie margin; the column *ours - row* gives them for every peer configuration, against ours' "
     "default and ours' best row. A failed peer is a failed row, never a win. The last column counts the "
     "file's QuantizeLinear nodes on activations (and on float weights quantized at run time): "
-    "rows that quantize less of the graph are not the same INT8 model; then what ONNX Runtime's "
-    "optimized graph ran: its integer operators and the convolutions / GEMMs left in float."
+    "rows that quantize less of the graph are not the same INT8 model; then how many "
+    "convolutions / GEMMs multiply int8 inputs in the file (the verdicts' INT8 test), and what "
+    "ONNX Runtime's optimized graph ran: its integer operators and the convolutions / GEMMs left "
+    "in float (NNCF's and ModelOpt's files quantize conv inputs only, so ORT runs their convs in "
+    "float on int8 values: same accuracy as an int8 engine, not ORT's int8 speed). ONNX peers "
+    "get the float file at opset >= 13 with its weights as initializers (`peer_prep`): below "
+    "opset 13 they cannot write per-channel weights."
 )
 
 
@@ -107,6 +112,9 @@ def _coverage(graph: dict | None) -> str:
         return "-"
     extra = f" (+ {graph['float_weights_q']})" if graph["float_weights_q"] else ""
     ort = ""
+    if "file_int8_weighted" in graph:  # the file's arithmetic (accuracy.weighted_inputs)
+        ort += (f"; int8 inputs: {graph['file_int8_weighted']} of "
+                f"{graph['file_int8_weighted'] + graph['file_float_weighted']} conv/gemm")  # fmt: skip
     if "ort_int8_ops" in graph:  # what ONNX Runtime's optimized graph ran (accuracy.ort_compute)
         ort = f"; ORT: {graph['ort_int8_ops']} int8 ops, {graph['ort_float_weighted_ops']} float conv/gemm"
     return f"{graph['activation_q']}{extra}{ort}"
