@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.suite import accuracy, peer_prep, tools, verdicts  # noqa: E402
+from bench.suite import accuracy, peer_prep, report_accuracy, tools, verdicts  # noqa: E402
 
 C = 8  # output channels
 
@@ -214,3 +214,15 @@ def test_a_peer_in_nncf_layout_ahead_of_ours_counts_as_ours_behind():
     }
     default = next(c for c in verdicts.compare(acc, "lines") if c["kind"] == "default")
     assert default["status"] == "behind" and default["delta"]["median"] == 0.90625 - 0.9375
+
+
+def test_the_table_says_how_each_peer_was_fed():
+    ort_row = {"preprocess": "auto_merge=True", "preprocess_error": "Exception: Incomplete",
+               "opset": "12 -> 13"}  # fmt: skip
+    assert report_accuracy._fed(ort_row) == " (quant_pre_process auto_merge=True; opset 12 -> 13)"
+    assert report_accuracy._fed({"preprocess_error": "x"}) == " (not pre-processed)"
+    nncf_row = {"prepared": {"constants_moved": 420, "opset": "12 -> 13"}}
+    assert (
+        report_accuracy._fed(nncf_row) == " (420 Constant weights as initializers; opset 12 -> 13)"
+    )
+    assert report_accuracy._fed({}) == ""

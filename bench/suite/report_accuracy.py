@@ -82,6 +82,7 @@ def section(results: dict) -> list[str]:
             config = r.get("config", r["method"])
             config += " (default)" if r.get("default") and config != "default" else ""
             config += f", {r['variant']}" if r.get("variant") else ""
+            config += _fed(r)
             iou = r.get("mask_iou")
             iou = f" | {iou:.3f}" if extra and iou is not None else (" | -" if extra else "")
             secs = (r.get("seconds") or {}).get("total_s")
@@ -105,6 +106,24 @@ def vs_ours(acc: dict, row: dict, key: str) -> str:
     if diffs["default"] is None and diffs["best"] is None:
         return "-"
     return " / ".join("-" if d is None else verdicts.signed(key, d) for d in diffs.values())
+
+
+def _fed(row: dict) -> str:
+    """How the peer got its float file: ORT's pre-processing options, an opset upgrade, the
+    prepared file of NNCF / ModelOpt (``peer_prep``)."""
+    parts = []
+    if row.get("preprocess"):
+        parts.append(f"quant_pre_process {row['preprocess']}")
+    elif row.get("preprocess_error"):
+        parts.append("not pre-processed")
+    if row.get("opset"):
+        parts.append(f"opset {row['opset']}")
+    prepared = row.get("prepared") or {}
+    if prepared.get("constants_moved"):
+        parts.append(f"{prepared['constants_moved']} Constant weights as initializers")
+    if prepared.get("opset"):
+        parts.append(f"opset {prepared['opset']}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _coverage(graph: dict | None) -> str:
