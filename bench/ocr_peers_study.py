@@ -28,7 +28,7 @@ from bench.suite import accuracy, engines, ocr_lines, peer_child, peer_prep, too
 
 ROOT = Path(__file__).resolve().parents[1]
 ORT_DEFAULT = {"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}
-X86 = {"activation_type": "QUInt8", "weight_type": "QInt8", "per_channel": True}
+X86 = {"activation_type": "QUInt8", "weight_type": "QInt8", "per_channel": True, "opset13": True}
 
 
 class Lines:

@@ -141,7 +141,8 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
            for n in [*ours, *extra_ours]]  # fmt: skip
     out.append(Config("quantbridge", MSE_AVX2, workloads=lines))
     out.append(Config("quantbridge", TRANSFORMER, workloads=("minilm",)))
-    x86 = {"preprocess": True}  # u8/s8 per-channel: tools.quantize_ort's form
+    # u8/s8 per-channel: tools.quantize_ort's form; at opset >= 13 (per-channel needs it)
+    x86 = {"preprocess": True, "opset13": True}
     ort_default = {
         "preprocess": True,
         "activation_type": "QInt8",

@@ -142,9 +142,10 @@ def quantize_ort(
     overriding it: ``{"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}``
     are ORT's own defaults; ``"preprocess": True`` runs ``quant_pre_process`` first (timed; with
     its documented fallbacks, ``pre_process``; where none runs the float file is quantized as is
-    and the reason kept in ``preprocess_error``); per-channel weights on a file below opset 13
-    convert it to opset 13 first (``opset``), since ``quantize_static`` writes an ``axis`` that
-    older opsets lack and ONNX Runtime then refuses the file;
+    and the reason kept in ``preprocess_error``); ``"opset13": True`` with per-channel weights
+    converts a file below opset 13 to opset 13 first (``opset``; figure 1 does, the cost figure
+    does not need it), since ``quantize_static`` writes an ``axis`` that older opsets lack and
+    ONNX Runtime then refuses the file;
     ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins);
     ``"op_types_to_quantize"`` limits the quantized op types."""
     import logging
@@ -179,7 +180,7 @@ def quantize_ort(
             info |= pre_process(float_path, Path(tmp) / "pre.onnx")
             if "preprocess" in info:
                 source = Path(tmp) / "pre.onnx"
-        if s["per_channel"]:  # DequantizeLinear's axis needs opset 13 (peer_prep)
+        if s["per_channel"] and s.get("opset13"):  # DequantizeLinear's axis: opset 13
             source, info = _per_channel_opset(source, Path(tmp) / "opset13.onnx", info)
         reader, cache = Reader(calib_feeds), None
         if method in (ENTROPY_2048, ENTROPY_EQUAL):
