@@ -81,7 +81,7 @@ def _opset13(src: Path, dst: Path) -> Path:
 
 
 def ort(lines: Lines, tmp: Path) -> None:
-    print(f"float: {lines.line('float', lines.path)}", flush=True)
+    print(lines.line("float", lines.path), flush=True)
     sources = {"as given": lines.path, **_pre_processed(lines.path, tmp)}
     for label, src in list(sources.items()):
         if label != "as given":
