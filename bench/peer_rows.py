@@ -22,12 +22,14 @@ def main() -> None:
     p.add_argument("workload", choices=workloads.NAMES)
     p.add_argument("--tools", default="onnxruntime,nncf,modelopt")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--ours-recipes", default="", help="with --tools quantbridge: extra rows")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
     tools = args.tools.split(",")
     with tempfile.TemporaryDirectory(prefix="qb-peer-rows-") as tmp:
         w = workloads.BUILDERS[args.workload](Path(tmp), workloads.QUICK, print)
-        configs = [c for c in peers.configs(True) if c.tool in tools]
+        extra = tuple(n for n in args.ours_recipes.split(",") if n)
+        configs = [c for c in peers.configs(True, extra) if c.tool in tools]
         result = accuracy.run(w, Path(tmp), configs, print, repeats=args.repeats)
     result.pop("files")
     args.json.write_text(json.dumps({"workload": args.workload, **result}, indent=1, default=str))
