@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.suite import accuracy, peers, report_accuracy, workloads
@@ -32,7 +35,11 @@ def main() -> None:
         configs = [c for c in peers.configs(True, extra) if c.tool in tools]
         result = accuracy.run(w, Path(tmp), configs, print, repeats=args.repeats)
     result.pop("files")
-    args.json.write_text(json.dumps({"workload": args.workload, **result}, indent=1, default=str))
+    meta = {"command": "python -m bench.peer_rows " + " ".join(sys.argv[1:]),
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_average": os.getloadavg()}  # fmt: skip
+    args.json.write_text(
+        json.dumps({**meta, "workload": args.workload, **result}, indent=1, default=str)
+    )
     for r in result["rows"]:
         value = r.get("values") or r.get("error", "")[:160]
         print(f"{r['tool']} | {r['config']}{report_accuracy._fed(r)} | {value} | {r.get('graph')}")
