@@ -31,6 +31,7 @@ def main() -> None:
     tools = args.tools.split(",")
     with tempfile.TemporaryDirectory(prefix="qb-peer-rows-") as tmp:
         w = workloads.BUILDERS[args.workload](Path(tmp), workloads.QUICK, print)
+        w.variants = {}  # quick mode runs no variant rows (bench.__main__.plan)
         extra = tuple(n for n in args.ours_recipes.split(",") if n)
         configs = [c for c in peers.configs(True, extra) if c.tool in tools]
         result = accuracy.run(w, Path(tmp), configs, print, repeats=args.repeats)
