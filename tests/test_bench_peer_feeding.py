@@ -37,12 +37,17 @@ def _weights() -> np.ndarray:
 
 
 def _conv_file(path: Path, opset: int = 12) -> Path:
-    """x -> Conv (weight and bias in Constant nodes, as Paddle2ONNX writes them) -> y."""
+    """x -> Conv (weight and bias in Constant nodes, as Paddle2ONNX writes them) -> + 0 -> y."""
     w, b = _weights(), np.linspace(-1, 1, C).astype(np.float32)
     nodes = [
         helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
         helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(b)),
-        helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv"),
+        # shape-like arithmetic (a Cast of a Constant) stays as it is: NNCF fails on a Cast of
+        # an initializer
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(0.0))),
+        helper.make_node("Cast", ["k"], ["k32"], to=TensorProto.FLOAT),
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+        helper.make_node("Add", ["c", "k32"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -74,7 +79,7 @@ def test_prepare_moves_constant_weights_and_upgrades_the_opset_keeping_the_funct
     notes = peer_prep.prepare(src, tmp_path / "p.onnx")
     assert notes == {"constants_moved": 2, "opset": "12 -> 13"}
     model = onnx.load(str(tmp_path / "p.onnx"))
-    assert [n.op_type for n in model.graph.node] == ["Conv"]
+    assert [n.op_type for n in model.graph.node] == ["Constant", "Cast", "Conv", "Add"]
     assert sorted(i.name for i in model.graph.initializer) == ["b", "w"]
     assert peer_prep.default_opset(model) == 13 and not peer_prep.needs_prepare(tmp_path / "p.onnx")
     x = _x()

@@ -13,8 +13,8 @@ Found on the PP-OCR line models (opset 11/12, weights in ``Constant`` nodes; iss
 * **Weights in Constant nodes are not weights to a quantizer.** ONNX Runtime's, NNCF's and
   ModelOpt's quantizers read weights from initializers; a weight in a ``Constant`` node is
   calibrated and quantized like an activation (per-tensor, at run time).
-  ``constants_to_initializers`` moves every tensor-valued ``Constant`` into the initializer list
-  (same names, same values). ONNX Runtime's ``quant_pre_process`` does the same through its
+  ``constants_to_initializers`` moves the ``Constant`` weights into the initializer list (same
+  names, same values). ONNX Runtime's ``quant_pre_process`` does the same through its
   optimizer where its shape inference runs; ``PRE_PROCESS_OPTIONS`` lists its documented
   fallbacks (``tools.pre_process`` tries them in order).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's axis attribute: opset >= 13
+WEIGHT_READERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})  # weight 1, bias 2
 
 # quant_pre_process's documented options, tried in order until one runs: its full symbolic shape
 # inference, then with conflicting symbolic dimensions merged (PP-OCRv4 rec: "Incomplete symbolic
@@ -39,17 +40,34 @@ def default_opset(model) -> int:
 
 
 def constants_to_initializers(model) -> int:
-    """Move tensor-valued ``Constant`` nodes of the main graph into initializers, in place;
-    returns how many moved. Constants with other attributes (``value_float`` ...) stay."""
+    """Move the tensor-valued ``Constant`` nodes of the main graph that are weights (read only as
+    the weight or bias input of a Conv / ConvTranspose / Gemm / MatMul) into initializers, in
+    place; returns how many moved. Other constants stay nodes: NNCF 3.4's ONNX pre-pass fails on
+    a Cast of an initializer (``AttributeError: type``, PP-OCR's shape arithmetic)."""
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for node in model.graph.node:
+        for slot, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node.op_type, slot))
+    outputs = {o.name for o in model.graph.output}
+
+    def is_weight(name: str) -> bool:
+        uses = readers.get(name, [])
+        return (
+            bool(uses)
+            and name not in outputs
+            and all(op in WEIGHT_READERS and slot in (1, 2) for op, slot in uses)
+        )
+
     moved, keep = 0, []
     for node in model.graph.node:
-        attrs = {a.name: a for a in node.attribute}
+        attrs = [a.name for a in node.attribute]
         if (
             node.op_type == "Constant"
             and node.domain in ("", "ai.onnx")
-            and list(attrs) == ["value"]
+            and attrs == ["value"]
+            and is_weight(node.output[0])
         ):
-            tensor = attrs["value"].t
+            tensor = node.attribute[0].t
             tensor.name = node.output[0]
             model.graph.initializer.append(tensor)
             moved += 1
@@ -93,5 +111,4 @@ def needs_prepare(src: Path) -> bool:
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
-    has_constants = any(n.op_type == "Constant" for n in model.graph.node)
-    return has_constants or default_opset(model) < PER_CHANNEL_OPSET
+    return constants_to_initializers(model) > 0 or default_opset(model) < PER_CHANNEL_OPSET

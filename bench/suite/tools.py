@@ -147,7 +147,8 @@ def quantize_ort(
     does not need it), since ``quantize_static`` writes an ``axis`` that older opsets lack and
     ONNX Runtime then refuses the file;
     ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins);
-    ``"op_types_to_quantize"`` limits the quantized op types."""
+    ``"op_types_to_quantize"`` limits the quantized op types; ``"reduce_range": True`` writes
+    7-bit weights (ORT's documented setting for x86 CPUs without VNNI)."""
     import logging
 
     from onnxruntime.quantization import (
@@ -194,6 +195,7 @@ def quantize_ort(
             activation_type=getattr(QuantType, s["activation_type"]),
             weight_type=getattr(QuantType, s["weight_type"]),
             per_channel=s["per_channel"],
+            reduce_range=s.get("reduce_range", False),
             calibrate_method=calibrate_method,
             nodes_to_exclude=list(nodes_to_exclude),
             op_types_to_quantize=s.get("op_types_to_quantize"),
