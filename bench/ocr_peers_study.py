@@ -72,6 +72,8 @@ def _pre_processed(src: Path, tmp: Path) -> dict[str, Path]:
             out[label] = tmp / f"pre.{label}.onnx"
         except Exception as e:
             print(f"quant_pre_process({label}): {tools.short_error(e)}", flush=True)
+        finally:  # a failed symbolic shape inference leaves it in the working directory
+            Path("sym_shape_infer_temp.onnx").unlink(missing_ok=True)
     return out
 
 
