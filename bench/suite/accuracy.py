@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from quantbridge.optables import DATA_MOVEMENT_OPS, WEIGHTED_OPS
+
 from . import engines, ocr_lines, peers, tools
 from .workloads import Workload
 
@@ -103,6 +105,31 @@ def quantized_coverage(path: Path) -> dict[str, int]:
     return {"activation_q": len(qs) - on_constants, "float_weights_q": on_constants}
 
 
+def weighted_inputs(path: Path) -> dict[str, int]:
+    """The file's own arithmetic: weighted ops (Conv, Gemm, MatMul ...) whose first two inputs
+    both come from a DequantizeLinear (through data movement: a Transpose of a dequantized tensor
+    is still int8 values), i.e. that an int8 engine runs as integer products whatever follows
+    (``file_int8_weighted``), and the others (``file_float_weighted``). NNCF's and ModelOpt's
+    layouts quantize conv inputs only: ONNX Runtime runs such a conv in float for want of an
+    output Q (``ort_compute``), on exactly the int8 values OpenVINO / TensorRT multiply."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def dequantized(name: str) -> bool:
+        node = producer.get(name)
+        if node is not None and node.op_type == "Concat":  # every part, not the first alone
+            return all(dequantized(i) for i in node.input)
+        if node is not None and node.op_type in DATA_MOVEMENT_OPS and node.input:
+            return dequantized(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    weighted = [n for n in model.graph.node if n.op_type in WEIGHTED_OPS and len(n.input) >= 2]
+    int8 = sum(1 for n in weighted if dequantized(n.input[0]) and dequantized(n.input[1]))
+    return {"file_int8_weighted": int8, "file_float_weighted": len(weighted) - int8}
+
+
 def ort_compute(path: Path) -> dict[str, int]:
     """What ONNX Runtime's optimized graph runs (``engines.compute_ops``): integer operators
     (QLinearConv, QGemm, QLinearAdd, ...) and weighted ops left in float. A QDQ file whose convs
@@ -136,7 +163,8 @@ def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, fil
             scores = _ort_eval(w, path, ref)
             if r == 0:
                 files[f"{c.tool}/{c.name}"] = str(path)
-                extra["graph"] = quantized_coverage(path) | ort_compute(path)
+                extra["graph"] = quantized_coverage(path) | weighted_inputs(path)
+                extra["graph"] |= ort_compute(path)
         key = key or next(iter(scores))
         values.append(scores[key])
         extra |= {k: v for k, v in scores.items() if k != key}  # mask IoU: repeat 0's

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import peer_child, tools
+from . import peer_child, peer_prep, tools
 from .workloads import OCR_LINES, ROOT
 
 PEERS_PYTHON_ENV = "QB_BENCH_PEERS_PYTHON"
@@ -159,7 +159,10 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     """The rows of figure 1: ``quick`` keeps every tool's default and one best-setting row."""
     # "native": the platform preset (7-bit weights where ONNX Runtime's and OpenVINO's u8s8
     # kernels saturate, i.e. x86 without VNNI; quantbridge._platform) - the figure runs in them
-    ours = ["default", "native", BEST] + ([] if quick else ["minmax", "percentile", "entropy"])
+    # "int8": 8-bit weights, minmax (one image ahead of "native" on digits in every repeat, even
+    # with ORT's u8s8 row there: bench/results/peer-rows/digits-ours-int8-ort-r3.json)
+    ours = ["default", "native", "int8", BEST]
+    ours += [] if quick else ["minmax", "percentile", "entropy"]
     # the OCR line models (ONNX files; quantize + export ~20-80 s a row here): ours' default and
     # its best there only; PyTorch FX does not run on them (not an ONNX peer)
     lines = OCR_LINES
@@ -168,7 +171,8 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(Config("quantbridge", MSE_AVX2, workloads=lines))
     out.append(Config("quantbridge", TRANSFORMER, workloads=("minilm",)))
     out.append(Config("quantbridge", WEIGHTED_INPUTS, workloads=("minilm",)))
-    x86 = {"preprocess": True}  # u8/s8 per-channel: tools.quantize_ort's form
+    # u8/s8 per-channel: tools.quantize_ort's form; at opset >= 13 (per-channel needs it)
+    x86 = {"preprocess": True, "opset13": True}
     ort_default = {
         "preprocess": True,
         "activation_type": "QInt8",
@@ -181,6 +185,10 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
         Config("onnxruntime", f"u8s8 per-channel {m}", settings={**x86, "method": m})
         for m in ort_methods
     ]
+    # ORT's documented setting for x86 without VNNI (this CPU): 7-bit weights, which its fused
+    # u8s8 kernels do not saturate (ours' "native" rows do the same)
+    reduced = {**x86, "method": "minmax", "reduce_range": True}
+    out.append(Config("onnxruntime", "u8s8 per-channel minmax, reduce_range", settings=reduced))
     # transformers: only the weighted ops quantized (the attention-mask Add and the Softmax,
     # which ORT's defaults quantize, stay float)
     matmul_only = {**x86, "method": "minmax", "op_types_to_quantize": ["MatMul", "Gemm"]}
@@ -235,9 +243,16 @@ def peers_python(tool: str) -> str:
 
 
 def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -> dict:
-    """``peer_child`` in ``peers_python()``; its last stderr line is the error of a failure."""
+    """``peer_child`` in ``peers_python()``; its last stderr line is the error of a failure. The
+    peer gets the float file prepared as ``peer_prep.prepare`` says (opset >= 13, weights in
+    initializers; what changed is the row's ``prepared``), the same float function."""
     npz = path.with_suffix(".calib.npz")
     peer_child.save_batches(npz, calib_feeds)
+    prepared: dict = {}
+    if peer_prep.needs_prepare(float_onnx):  # opset 13, weights as initializers (peer_prep)
+        source = path.with_suffix(".float-prepared.onnx")
+        prepared = peer_prep.prepare(float_onnx, source)
+        float_onnx = source
     spec = {"tool": c.tool, "config": c.name, "float_onnx": str(float_onnx)}
     spec |= {"calib": str(npz), "out": str(path)}
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # bench only: no quantbridge in the child
@@ -250,6 +265,8 @@ def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -
         timeout=1800,
     )
     npz.unlink(missing_ok=True)
+    if prepared:
+        Path(float_onnx).unlink(missing_ok=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         raise RuntimeError(f"{c.tool} {c.name}: {lines[-1][:300] if lines else proc.returncode}")
@@ -258,4 +275,5 @@ def run_peer_child(c: Config, float_onnx: Path, calib_feeds: list, path: Path) -
         "total_s": report["seconds"],
         "version": report["version"],
         "settings": report["settings"],
+        **({"prepared": prepared} if prepared else {}),
     }

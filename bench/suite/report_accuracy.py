@@ -27,8 +27,13 @@ INTRO = (
     "tie margin; the column *ours - row* gives them for every peer configuration, against ours' "
     "default and ours' best row. A failed peer is a failed row, never a win. The last column counts the "
     "file's QuantizeLinear nodes on activations (and on float weights quantized at run time): "
-    "rows that quantize less of the graph are not the same INT8 model; then what ONNX Runtime's "
-    "optimized graph ran: its integer operators and the convolutions / GEMMs left in float."
+    "rows that quantize less of the graph are not the same INT8 model; then how many "
+    "convolutions / GEMMs multiply int8 inputs in the file (the verdicts' INT8 test), and what "
+    "ONNX Runtime's optimized graph ran: its integer operators and the convolutions / GEMMs left "
+    "in float (NNCF's and ModelOpt's files quantize conv inputs only, so ORT runs their convs in "
+    "float on int8 values: same accuracy as an int8 engine, not ORT's int8 speed). ONNX peers "
+    "get the float file at opset >= 13 with its weights as initializers (`peer_prep`): below "
+    "opset 13 they cannot write per-channel weights."
 )
 
 
@@ -77,6 +82,7 @@ def section(results: dict) -> list[str]:
             config = r.get("config", r["method"])
             config += " (default)" if r.get("default") and config != "default" else ""
             config += f", {r['variant']}" if r.get("variant") else ""
+            config += _fed(r)
             iou = r.get("mask_iou")
             iou = f" | {iou:.3f}" if extra and iou is not None else (" | -" if extra else "")
             secs = (r.get("seconds") or {}).get("total_s")
@@ -102,11 +108,32 @@ def vs_ours(acc: dict, row: dict, key: str) -> str:
     return " / ".join("-" if d is None else verdicts.signed(key, d) for d in diffs.values())
 
 
+def _fed(row: dict) -> str:
+    """How the peer got its float file: ORT's pre-processing options, an opset upgrade, the
+    prepared file of NNCF / ModelOpt (``peer_prep``)."""
+    parts = []
+    if row.get("preprocess"):
+        parts.append(f"quant_pre_process {row['preprocess']}")
+    elif row.get("preprocess_error"):
+        parts.append("not pre-processed")
+    if row.get("opset"):
+        parts.append(f"opset {row['opset']}")
+    prepared = row.get("prepared") or {}
+    if prepared.get("constants_moved"):
+        parts.append(f"{prepared['constants_moved']} Constant weights as initializers")
+    if prepared.get("opset"):
+        parts.append(f"opset {prepared['opset']}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _coverage(graph: dict | None) -> str:
     if not graph:
         return "-"
     extra = f" (+ {graph['float_weights_q']})" if graph["float_weights_q"] else ""
     ort = ""
+    if "file_int8_weighted" in graph:  # the file's arithmetic (accuracy.weighted_inputs)
+        ort += (f"; int8 inputs: {graph['file_int8_weighted']} of "
+                f"{graph['file_int8_weighted'] + graph['file_float_weighted']} conv/gemm")  # fmt: skip
     if "ort_int8_ops" in graph:  # what ONNX Runtime's optimized graph ran (accuracy.ort_compute)
         ort = f"; ORT: {graph['ort_int8_ops']} int8 ops, {graph['ort_float_weighted_ops']} float conv/gemm"
     return f"{graph['activation_q']}{extra}{ort}"

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from . import peer_prep
+
 PERCENTILE = 99.999
 METHODS = ("minmax", "percentile", "entropy")
 ENTROPY_2048 = "entropy (2048 bins)"  # ONNX Runtime only: its entropy with TensorRT's bin count
@@ -138,10 +140,15 @@ def quantize_ort(
 ) -> dict[str, float]:
     """``quantize_static`` with the suite's x86 form (QDQ u8/s8 per-channel), or ``settings``
     overriding it: ``{"activation_type": "QInt8", "weight_type": "QInt8", "per_channel": False}``
-    are ORT's own defaults; ``"preprocess": True`` runs ``quant_pre_process`` first (timed; where
-    it fails the float file is quantized as is and the reason kept in ``preprocess_error``);
+    are ORT's own defaults; ``"preprocess": True`` runs ``quant_pre_process`` first (timed; with
+    its documented fallbacks, ``pre_process``; where none runs the float file is quantized as is
+    and the reason kept in ``preprocess_error``); ``"opset13": True`` with per-channel weights
+    converts a file below opset 13 to opset 13 first (``opset``; figure 1 does, the cost figure
+    does not need it), since ``quantize_static`` writes an ``axis`` that older opsets lack and
+    ONNX Runtime then refuses the file;
     ``"num_quantized_bins"`` sets the KL search's resolution (with 2048 histogram bins);
-    ``"op_types_to_quantize"`` limits the quantized op types."""
+    ``"op_types_to_quantize"`` limits the quantized op types; ``"reduce_range": True`` writes
+    7-bit weights (ORT's documented setting for x86 CPUs without VNNI)."""
     import logging
 
     from onnxruntime.quantization import (
@@ -171,13 +178,11 @@ def quantize_ort(
     with tempfile.TemporaryDirectory(prefix="qb-bench-ort-") as tmp:
         source = Path(float_path)
         if s.get("preprocess"):
-            from onnxruntime.quantization.shape_inference import quant_pre_process
-
-            try:
-                quant_pre_process(str(float_path), str(Path(tmp) / "pre.onnx"))
+            info |= pre_process(float_path, Path(tmp) / "pre.onnx")
+            if "preprocess" in info:
                 source = Path(tmp) / "pre.onnx"
-            except Exception as e:  # documented as optional: quantize the file as is
-                info["preprocess_error"] = short_error(e)
+        if s["per_channel"] and s.get("opset13"):  # DequantizeLinear's axis: opset 13
+            source, info = _per_channel_opset(source, Path(tmp) / "opset13.onnx", info)
         reader, cache = Reader(calib_feeds), None
         if method in (ENTROPY_2048, ENTROPY_EQUAL):
             bins = 128 if method == ENTROPY_2048 else s.get("num_quantized_bins", 256)
@@ -190,6 +195,7 @@ def quantize_ort(
             activation_type=getattr(QuantType, s["activation_type"]),
             weight_type=getattr(QuantType, s["weight_type"]),
             per_channel=s["per_channel"],
+            reduce_range=s.get("reduce_range", False),
             calibrate_method=calibrate_method,
             nodes_to_exclude=list(nodes_to_exclude),
             op_types_to_quantize=s.get("op_types_to_quantize"),
@@ -197,6 +203,42 @@ def quantize_ort(
             calibration_cache_path=cache,
         )
     return {"total_s": time.perf_counter() - t0, **info}
+
+
+def pre_process(src: Path, dst: Path, run=None) -> dict:
+    """ONNX Runtime's ``quant_pre_process`` with the first of its documented options
+    (``peer_prep.PRE_PROCESS_OPTIONS``) that runs; returns ``{"preprocess": options used}``, plus
+    the first failure as ``preprocess_error`` (alone when none ran). ``run``: the pre-processing
+    function (ONNX Runtime's by default). A failing symbolic shape inference leaves
+    ``sym_shape_infer_temp.onnx`` in the working directory: removed unless it was there before."""
+    if run is None:
+        from onnxruntime.quantization.shape_inference import quant_pre_process as run
+    leftover = Path("sym_shape_infer_temp.onnx")
+    had_leftover = leftover.exists()
+    info: dict = {}
+    for options in peer_prep.PRE_PROCESS_OPTIONS:
+        try:
+            run(str(src), str(dst), **options)
+        except Exception as e:  # documented as optional: its next documented option
+            info.setdefault("preprocess_error", short_error(e))
+            continue
+        finally:
+            if not had_leftover:
+                leftover.unlink(missing_ok=True)
+        info["preprocess"] = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+        break
+    return info
+
+
+def _per_channel_opset(source: Path, dst: Path, info: dict) -> tuple[Path, dict]:
+    import onnx
+
+    model = onnx.load(str(source))
+    upgraded, old = peer_prep.upgrade_opset(model)
+    if upgraded is model:
+        return source, info
+    onnx.save(upgraded, str(dst))
+    return dst, {**info, "opset": f"{old} -> {peer_prep.default_opset(upgraded)}"}
 
 
 def _entropy_cache(float_path: Path, reader, tmp: Path, num_quantized_bins: int = 128) -> Path:

@@ -8,10 +8,11 @@ What counts (issue 14's review of the previous counting):
   metric), with their run-to-run spread when a row carries one value per calibration repeat
   (``row["values"]``): the per-repeat differences' median [min-max]. There is no tie margin:
   a peer ahead by 0.03 dB is ahead. A peer that failed is reported as failed and counted as
-  nothing, never as our win. A row whose file ONNX Runtime runs mostly in float (fewer int8
-  operators than weighted operators left float in its optimized graph, ``row["graph"]``; e.g.
-  ModelOpt's "max, fp32 elsewhere" on ResNet-18-style: 0 int8 convs) is not an INT8 result: it
-  is listed as such and compared with nothing, for ours as for a peer.
+  nothing, never as our win. A row whose file leaves most weighted ops with float inputs (fewer
+  weighted ops whose data and weight inputs are both dequantized int8 values than others,
+  ``row["graph"]``; rows without that census: fewer int8 operators than weighted operators left
+  float in ONNX Runtime's optimized graph) is not an INT8 result: it is listed as such and
+  compared with nothing, for ours as for a peer.
 * **Speed** ratios count only when both forms of the pair took the same number of calls per
   sample (a sample is the fastest of ``k`` calls; a larger ``k`` alone lowers a form's time)
   and both forms' outputs matched the reference (``outputs[form]["ok"]``): an engine that
@@ -41,9 +42,19 @@ def row_value(row: dict, key: str) -> float | None:
 
 
 def not_int8(row: dict) -> str | None:
-    """Why the row's file is not an INT8 model in ONNX Runtime (None when it is, or when the row
-    carries no op census: torch's own rows)."""
+    """Why the row's file is not an INT8 model (None when it is, or when the row carries no op
+    census: torch's own rows). Judged on the file's arithmetic where the row has that census
+    (``accuracy.weighted_inputs``: weighted ops whose data and weight inputs are both
+    dequantized int8 values), else on what ONNX Runtime's optimized graph ran: NNCF's and
+    ModelOpt's layouts (Q/DQ on conv inputs only) are int8 convolutions in OpenVINO / TensorRT
+    that ONNX Runtime runs in float on the same int8 values, so its census alone would exclude a
+    peer whose accuracy is that of an INT8 model."""
     graph = row.get("graph") or {}
+    if "file_int8_weighted" in graph:
+        int8, floats = graph["file_int8_weighted"], graph.get("file_float_weighted", 0)
+        if int8 >= floats:
+            return None
+        return f"not INT8: {int8} weighted ops with int8 inputs, {floats} with float inputs"
     if "ort_int8_ops" not in graph:
         return None
     int8, floats = graph["ort_int8_ops"], graph.get("ort_float_weighted_ops", 0)

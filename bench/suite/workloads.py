@@ -364,7 +364,10 @@ def ocr_rec(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
                "with Pillow + DejaVu fonts (tests/onnx/ocr_data.py, as the tests); fraction of "
                "lines read exactly with greedy CTC (float's own beside)",
                "quantbridge quantizes the ONNX file with `qb.quantize_onnx` (the CLI's "
-               "`quantbridge quantize`); its best here is `--method mse --recipe int8_avx2`"],
+               "`quantbridge quantize`); its best here is `--method mse --recipe int8_avx2`",
+               "ONNX Runtime's default writes per-tensor int8 weights: on this model that alone "
+               "reads no line (per-tensor weights on `p2o.Conv.28` alone, every other layer "
+               "float: 0/32; `python -m bench.ocr_peers_study layers`, bench/README.md)"],
     )  # fmt: skip
 
 
