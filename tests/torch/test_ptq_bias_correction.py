@@ -163,3 +163,30 @@ def test_one_pass_quantizes_each_weight_once_not_per_batch(monkeypatch):
     layers = _bias_correction._corrected_layers(qmodel)
     assert len(layers) >= 3
     assert sorted(weight_calls) == sorted(node.args[1].target for node in layers)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "groups"),
+    [
+        ((1, 3), (1, 1), (0, 1), 1),  # PP-OCRv4 rec neck convs (conv2d_33, conv2d_36)
+        ((5, 5), (2, 1), (2, 2), 4),  # depthwise, height-only stride (conv2d_21, conv2d_29)
+        ((3, 3), (1, 2), (1, 1), 4),  # depthwise, width-only stride (conv2d_11)
+        ((3, 1), (2, 1), (1, 0), 2),
+    ],
+)
+def test_tap_means_with_per_axis_geometry(kernel, stride, padding, groups):
+    # the property test above draws one kernel/stride/padding for every axis and groups <= 2;
+    # the PP-OCRv4 recognizer has per-axis ones and depthwise convs (issue 9: its bias correction
+    # was checked per layer against the exported file, these are those geometries). float64
+    # against the convolution itself: equal to float64 rounding (bound 1e-12 of sum|w| max|x|)
+    g = torch.Generator().manual_seed(sum(kernel) + 7 * groups)
+    x = torch.randn(2, 4, 6, 9, generator=g, dtype=torch.float64) + 0.5
+    w = torch.randn(8, 4 // groups, *kernel, generator=g, dtype=torch.float64)
+    args = (x, w, None, list(stride), list(padding), [1, 1], groups)
+    node = types.SimpleNamespace(target=aten.conv2d.default, args=args, kwargs={})
+    means, count = tap_means(node, x, w)
+    y = aten.conv2d.default(*args)
+    assert count == y.shape[0] * y.shape[2] * y.shape[3]
+    want = y.mean(dim=(0, 2, 3))
+    got = mean_output(w, means, groups)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12 * float(w.abs().sum() * x.abs().max()))
