@@ -1,8 +1,10 @@
 """Weight scales raised so that every int32 bias fits (``numerics.fit_weight_scale_to_bias``).
 
-An int32 bias is stored at ``input_scale * weight_scale``. A weight channel that is all zero gets
-the floor scale 2**-23, so its bias step is ``input_scale * 2**-23`` and a bias above ``256 *
-input_scale`` would saturate: the channel's output (a constant) would be wrong in every engine.
+An int32 bias is stored at ``input_scale * weight_scale``. A weight channel that is nearly dead
+(weights under ``qmax * 2**-23``, e.g. a batch norm slimmed to gamma ~1e-6 folded into its conv;
+an all-zero channel gets scale 1.0) gets the floor scale 2**-23, so its bias step is
+``input_scale * 2**-23`` and a bias above ``256 * input_scale`` would saturate: the channel's
+output (about its bias) would be wrong in every engine.
 ``fit_bias_grids`` raises such weight scales once the input scale is known, as ONNX Runtime's
 quantizer does: such a channel's codes are 0 or tiny, so the change costs nothing measurable. A
 live channel (a weight step above the floor) whose bias still would saturate is raised too (its
