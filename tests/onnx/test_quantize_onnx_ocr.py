@@ -175,7 +175,8 @@ def test_recognizer_reads_lines(tmp_path, _):
     instead of four: 88.3% / 87.9% on 256 lines, not landed). Activations all float (7-bit
     weights only): 96.9% of 256. Bound: the measured level less 3 lines, the spread this
     sample shows with 4th-digit scale changes (57/64 = 0.89), so that a real regression fails
-    it."""
+    it. Issue 9's target (91%) on this sample: 59/64 = 92.2% (stop 13: 60/64 node by node,
+    62/64 fused; 92.6% / 93.8% of 256 lines), asserted; the float model reads 99.22% of 256."""
     calib, _texts = ocr_data.lines(range(32))
     out = _quantize(tmp_path, REC, calib, "--method", "percentile", "--recipe", "int8_avx2")
     x, texts = ocr_data.lines(range(1000, 1064))
@@ -187,7 +188,8 @@ def test_recognizer_reads_lines(tmp_path, _):
 
     assert read(REC) >= 0.9  # the lines are readable
     for optimize in (False, True):
-        assert read(out, optimize) >= 57 / 64, f"optimize={optimize}"
+        lines_read = read(out, optimize)
+        assert lines_read >= 59 / 64, f"{lines_read:.4f} of 64 lines (optimize={optimize})"
 
 
 @pytest.mark.parametrize("_", [pytest.param(None, marks=SLOW)])
