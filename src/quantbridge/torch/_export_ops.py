@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..numerics import dequantize, fake_quantize, storage_dtype
-from ._bias_fit import fit_bias_grid, fit_bias_grids
+from ._bias_fit import fit_bias_grids
 from ._fakequant import BiasQuantizer, ConstantQuantizer, QState, Quantizer, WeightQuantizer
 
 
@@ -76,7 +76,12 @@ def export_mode(model: nn.Module):
     (non-persistent buffers, which a quantizer's forward takes as the sign to emit the export
     ops) and removes them on the way out."""
     touched: list[tuple[nn.Module, list[str]]] = []
-    fit_bias_grids(model)  # a bias trained or corrected since the freeze must still fit int32
+    for m in model.modules():  # QAT weights follow the weight: their current range
+        if isinstance(m, WeightQuantizer) and m.enabled and m.qstate is QState.CALIBRATING:
+            m(model.get_parameter(m.weight_name))
+    # every int32 bias fits its grid: a bias trained or corrected since the freeze, or a weight
+    # range followed just now, raises its weight step where needed (``_bias_fit``)
+    fit_bias_grids(model, following=True)
     try:
         for m in model.modules():
             names = _prepare(model, m)
@@ -102,12 +107,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
     if isinstance(m, WeightQuantizer):
         if not m.enabled:
             return []
-        w = model.get_parameter(m.weight_name)
-        if m.qstate is QState.CALIBRATING:  # QAT weights follow the weight: its current range
-            m(w)
-            for bq in model.modules():  # ... raised where the op's int32 bias needs it
-                if isinstance(bq, BiasQuantizer) and bq.weight_quantizer is m:
-                    fit_bias_grid(model, bq, following=True)
+        w = model.get_parameter(m.weight_name)  # (a following range is set in export_mode)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
         _set(m, "export_scale", m.current_scale().clone())
