@@ -3,8 +3,10 @@ error against the float model falls, on a net where per-tensor weights shift it 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
+from functools import partial
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
 from quantbridge.torch.ptq import _bias_correction
-from quantbridge.torch.ptq._bias_correction import mean_output, tap_means
+from quantbridge.torch.ptq._bias_correction import _channel_means, mean_output, tap_means
+from quantbridge.torch.ptq._graph import record
 
 aten = torch.ops.aten
 
@@ -190,3 +193,77 @@ def test_tap_means_with_per_axis_geometry(kernel, stride, padding, groups):
     want = y.mean(dim=(0, 2, 3))
     got = mean_output(w, means, groups)
     assert torch.allclose(got, want, rtol=0, atol=1e-12 * float(w.abs().sum() * x.abs().max()))
+
+
+class _ResidualNet(torch.nn.Module):
+    """Strided conv, grouped conv, a residual add and a linear head: the shapes the sequential
+    pass walks (a value read twice stays held until its second reader)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.pw = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        y = y + self.pw(torch.relu(self.grouped(y)))
+        return self.head(y.mean((2, 3)))
+
+
+def _quadratic_shifts(qmodel, batches) -> None:
+    """The reference: per layer in graph order a whole quantized pass over every batch, with the
+    corrections before it applied (what the library did before its one-pass walk)."""
+    layers = _bias_correction._corrected_layers(qmodel)
+    float_sums: dict = {}
+    float_counts: dict = {}
+    with qb.float_mode(qmodel):
+        record(
+            qmodel,
+            batches,
+            set(layers),
+            lambda n, v: _channel_means(n, v, float_sums, float_counts),
+        )
+    for node in layers:
+        sums: dict = {}
+        counts: dict = {}
+        record(qmodel, batches, {node}, partial(_channel_means, sums=sums, counts=counts))
+        shift = float_sums[node] / float_counts[node] - sums[node] / counts[node]
+        _bias_correction._add_to_bias(qmodel, node, shift)
+
+
+def _bias_shifts(before, after) -> dict:
+    return {
+        name: (after.get_parameter(name) - p).detach()
+        for name, p in before.named_parameters()
+        if name.endswith("bias")
+    }
+
+
+@pytest.mark.parametrize("memory", [None, 1])
+def test_sequential_walk_equals_a_quantized_pass_per_layer(monkeypatch, memory):
+    # one quantized pass with every batch at once (bias applied and the layer re-run at each
+    # corrected layer) against a whole pass per layer: the same float32 programs on the same
+    # values, so the same shifts (bound: float32 rounding of the corrected bias, 2 ulp of it).
+    # memory=1 byte: only the first batch fits, so both sides use the first batch only
+    g = torch.Generator().manual_seed(5)
+    batches = [((torch.randn(n, 3, 10, 10, generator=g),), {}) for n in (4, 4, 3)]
+    recipe = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=False)
+    plain = qb.quantize(_ResidualNet().eval(), [a[0] for a, _ in batches], recipe, progress=False)
+    layers = _bias_correction._corrected_layers(plain)
+    assert [n.target for n in layers].count(aten.linear.default) == 1 and len(layers) == 4
+    walked, reference = copy.deepcopy(plain), copy.deepcopy(plain)
+    if memory is not None:
+        monkeypatch.setattr(_bias_correction, "SEQUENTIAL_MEMORY", memory)
+    assert _bias_correction.correct_bias(walked, batches, sequential=True, progress=False) == 4
+    _quadratic_shifts(reference, batches if memory is None else batches[:1])
+    want, got = _bias_shifts(plain, reference), _bias_shifts(plain, walked)
+    assert want.keys() == got.keys() and len(want) == 4
+    for name, shift in want.items():
+        assert shift.abs().max() > 0, name
+        bias = plain.get_parameter(name).abs() + shift.abs()
+        bound = 2 * torch.finfo(torch.float32).eps * bias
+        assert torch.all((got[name] - shift).abs() <= bound), name

@@ -242,7 +242,8 @@ def calibrate_and_freeze(
             kept = record_calls(forward_loop, qmodel, ada.calib_batches)
         adaround(qmodel, kept, ada, progress)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
-        correct_bias(qmodel, batches, sequential=recipe.bias_correction == "sequential")
+        sequential = recipe.bias_correction == "sequential"
+        correct_bias(qmodel, batches, sequential, progress)
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
 

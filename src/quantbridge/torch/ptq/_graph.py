@@ -1,5 +1,6 @@
 """Graph helpers the PTQ methods share: read and replace the weight and bias of a captured
-conv / linear node, and run the captured graph recording chosen nodes' values."""
+conv / linear node, and run the captured graph: batch by batch recording chosen nodes' values
+(``record``), or every batch at once node by node (``Lockstep``)."""
 
 from __future__ import annotations
 
@@ -81,31 +82,83 @@ def record(
     watched: set[torch.fx.Node],
     on_value: Callable[[torch.fx.Node, torch.Tensor], None],
     on_args: Callable[[torch.fx.Node, tuple], None] | None = None,
-    stop_after: torch.fx.Node | None = None,
 ) -> None:
-    """Run every batch through ``gm``; ``on_value(node, value)`` for each watched node's output,
-    ``on_args(node, args)`` with its evaluated arguments. ``stop_after``: skip the rest of the
-    graph once that node ran."""
+    """Run every batch through ``gm``, one at a time; ``on_value(node, value)`` for each watched
+    node's output, ``on_args(node, args)`` with its evaluated arguments (before it runs)."""
 
-    class _Recorder(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node):
-            if n in watched and on_args is not None:
-                args, _ = self.fetch_args_kwargs_from_env(n)
-                on_args(n, args)
-            out = super().run_node(n)
-            if n in watched:
-                on_value(n, out)
-            if n is stop_after:
-                raise _Stop
-            return out
+    def before(node, step):
+        if node in watched and on_args is not None:
+            on_args(node, step.args(node)[0])
 
-    with torch.no_grad():
+    def after(node, values, step):
+        if node in watched:
+            on_value(node, values[0])
+
+    for batch in batches:
+        Lockstep(gm, [batch]).run(after, before)
+
+
+class Lockstep:
+    """``batches`` ((args, kwargs) calls) through ``gm`` together, node by node: each node runs on
+    every batch before the next node does, and a value is freed once no later node reads it, so
+    what is held is one value per live edge per batch. A pass can then change a parameter after
+    the node that reads it ran on every batch, and run that node again (``rerun``) before the
+    rest of the graph sees it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, batches: Iterable[tuple[tuple, dict]]):
+        self.gm = gm
+        self.runs = []
         for args, kwargs in batches:
-            try:
-                _Recorder(gm).run(*tree_flatten((args, kwargs))[0])
-            except _Stop:
-                pass
+            run = torch.fx.Interpreter(gm)  # one environment per batch (its ``env``)
+            run.env = {}
+            run.args_iter = iter(gm.graph.process_inputs(*tree_flatten((args, kwargs))[0]))
+            self.runs.append(run)
+
+    def args(self, node: torch.fx.Node) -> list[tuple]:
+        """``node``'s evaluated positional arguments, one tuple per batch."""
+        return [run.fetch_args_kwargs_from_env(node)[0] for run in self.runs]
+
+    def rerun(self, nodes: Iterable[torch.fx.Node]) -> list:
+        """Run ``nodes`` (in order; their inputs still held) again on every batch; the last
+        one's new values."""
+        values: list = []
+        for node in nodes:
+            values = [run.run_node(node) for run in self.runs]
+            for run, value in zip(self.runs, values, strict=True):
+                run.env[node] = value
+        return values
+
+    def run(
+        self,
+        after: Callable[[torch.fx.Node, list, Lockstep], None],
+        before: Callable[[torch.fx.Node, Lockstep], None] | None = None,
+    ) -> int:
+        """Every node in graph order: ``before(node, self)``, the node on every batch, then
+        ``after(node, values, self)`` (one value per batch; its inputs are freed only after
+        that). Returns the peak bytes of the tensors held: a parameter read is not counted, a
+        view counts as a copy (an upper bound)."""
+        if not self.runs:
+            return 0
+        last_uses = self.runs[0].user_to_last_uses
+        sizes: dict = {}
+        held = peak = 0
+        with torch.no_grad():
+            for node in self.gm.graph.nodes:
+                if before is not None:
+                    before(node, self)
+                values = self.rerun([node])
+                if node.op != "get_attr":
+                    sizes[node] = sum(_nbytes(v) for v in values)
+                    held += sizes[node]
+                    peak = max(peak, held)
+                after(node, values, self)
+                for dead in last_uses.get(node, ()):
+                    for run in self.runs:
+                        del run.env[dead]
+                    held -= sizes.pop(dead, 0)
+        return peak
 
 
-class _Stop(Exception):
-    pass
+def _nbytes(value) -> int:
+    leaves, _ = tree_flatten(value)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
