@@ -103,10 +103,12 @@ def sequential_recipe():
     inputs (``bias_correction="sequential"``) instead of one float pass: the one-pass shift
     assumes a float input and overcorrects where upstream drift already cancels part of a
     layer's weight error (PP-OCRv4 recognizer, 256 lines: one pass 78.5%, none 92.6%,
-    sequential 99.22% = float). Bench quick, one repeat, 2026-12-01 (``/tmp/s7/seq_rows.py``,
-    ``bench.peer_rows`` plus this row): ResNet-18-style 44.71 -> 47.31 dB at 5.9 -> 37.9 s,
-    MobileNetV2-style 49.39 -> 54.92 dB at 12.4 -> 77.4 s. Not on the OCR line models here (the
-    recognizer's quantize takes ~10 min with it on this machine)."""
+    sequential 99.22% = float). Runs on every workload, the OCR line models too, since the
+    sequential pass walks the graph once with every calibration batch (``torch.ptq.
+    _bias_correction``): ResNet-18-style quantize + export CPU 7.3 -> 12.6 s (the quadratic
+    version: 5.9 -> 37.9 s wall). Bench quick, one repeat, fused / node by node, 2026-12-01
+    (``/tmp/seqbc/rows.py``): ResNet-18-style 44.71 / 44.69 -> 47.31 / 47.35 dB,
+    MobileNetV2-style 49.39 / 49.56 -> 54.92 / 55.41 dB, digits 97.78 both."""
     import dataclasses
 
     import quantbridge as qb
@@ -190,7 +192,7 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out = [Config("quantbridge", n, n == "default", exclude=() if n == "default" else lines)
            for n in [*ours, *extra_ours]]  # fmt: skip
     out.append(Config("quantbridge", MSE_AVX2, workloads=lines))
-    out.append(Config("quantbridge", SEQUENTIAL, exclude=lines))
+    out.append(Config("quantbridge", SEQUENTIAL))
     out.append(Config("quantbridge", TRANSFORMER, workloads=("minilm",)))
     out.append(Config("quantbridge", WEIGHTED_INPUTS, workloads=("minilm",)))
     # u8/s8 per-channel: tools.quantize_ort's form; at opset >= 13 (per-channel needs it)
