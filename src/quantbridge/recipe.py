@@ -146,6 +146,7 @@ _LATER = {
     "smoothquant_scope": "all",
     "activation_scope": "all",
     "reader_bounds": False,
+    "split_ranges": False,
 }
 
 
@@ -185,6 +186,9 @@ class Recipe:
     # minmax calibration of a value only hard-swish / relu / clamp read, on their interval
     # (``torch._reader_ranges``); off: PP-OCRv4 det +1.7-1.9 dB, but rec (default) 80% -> 47%
     reader_bounds: bool = False
+    # a conv whose output channels differ widely in range (through hard-swish...) becomes one
+    # conv per range group, each with its own grids (``torch.ptq._split_ranges``); exact in float
+    split_ranges: bool = False
     smoothquant: float | str | None = None
     smoothquant_scope: str = "all"  # or "transformer" (``_recipe_parts.SMOOTHQUANT_SCOPES``)
     bias_correction: bool | str = False

@@ -31,6 +31,7 @@ from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
+from .ptq._split_ranges import split_ranges
 from .ptq._smoothquant import replay, smooth
 
 
@@ -99,6 +100,8 @@ def prepare(
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)
+    if recipe.split_ranges:  # before placement: the split convs get their own quantizers
+        split_ranges(gm, batches)
     alphas = None
     if recipe.smoothquant is not None and smoothed is None:
         smoothed, alphas = smooth(gm, recipe, batches)
