@@ -53,8 +53,10 @@ def _captured(model: nn.Module) -> torch.fx.GraphModule:
 
 
 def _convs(gm: torch.fx.GraphModule) -> int:
-    return sum(n.op == "call_function" and n.target == torch.ops.aten.conv2d.default
-               for n in gm.graph.nodes)
+    return sum(
+        n.op == "call_function" and n.target == torch.ops.aten.conv2d.default
+        for n in gm.graph.nodes
+    )
 
 
 def test_groups_follow_the_ranges():
@@ -93,5 +95,6 @@ def test_split_lowers_the_quantized_error():
     model = WideNarrow()
     base = qb.Recipe.preset("int8")
     plain, split = _sqnr_db(model, base), _sqnr_db(model, replace(base, split_ranges=True))
-    # the narrow half's hard-swish inputs get a grid 50x finer; measured 16.9 -> 31.5 dB
-    assert split >= plain + 6.0, (plain, split)
+    # the narrow half's hard-swish inputs get a grid ~50x finer: measured 5.65 -> 26.66 dB (int8,
+    # minmax); half that gain bounds it against calibration-data changes
+    assert split >= plain + 10.0, (plain, split)

@@ -31,8 +31,8 @@ from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
-from .ptq._split_ranges import split_ranges
 from .ptq._smoothquant import replay, smooth
+from .ptq._split_ranges import split_ranges
 
 
 class _FirstCall(Exception):

@@ -212,9 +212,7 @@ class _Plan:
 
 
 def _factors(groups, lo, hi) -> list[float]:
-    ranges = [
-        float(hi[idx].max().clamp_min(0) - lo[idx].min().clamp_max(0)) for idx in groups
-    ]
+    ranges = [float(hi[idx].max().clamp_min(0) - lo[idx].min().clamp_max(0)) for idx in groups]
     top = max(ranges)
     return [top / r if r > 0 else 1.0 for r in ranges]
 
@@ -255,8 +253,9 @@ def _scale_columns(gm, reader, groups, k) -> None:
     wn, _ = weight_and_bias(gm, reader)
     w = get_tensor(gm, wn)
     perm = torch.tensor([c for idx in groups for c in idx])
-    kk = torch.tensor([kg for idx, kg in zip(groups, k, strict=True) for _ in idx],
-                      dtype=torch.float64)
+    kk = torch.tensor(
+        [kg for idx, kg in zip(groups, k, strict=True) for _ in idx], dtype=torch.float64
+    )
     shape = [1, -1] + [1] * (w.ndim - 2)
     new = (w.double()[:, perm] / kk.reshape(shape)).to(w.dtype)
     with gm.graph.inserting_before(reader):
@@ -304,13 +303,17 @@ def _plan(gm, conv) -> _Plan | None:
     for e in ends:
         if groups_of(e) == 1:
             mixing.append(e)
-        elif _is_depthwise(gm, e) and e.users and all(
-            u.op == "call_function"
-            and u.target in CONV_OPS
-            and groups_of(u) == 1
-            and u.args[0] is e
-            and weight_and_bias(gm, u) is not None
-            for u in e.users
+        elif (
+            _is_depthwise(gm, e)
+            and e.users
+            and all(
+                u.op == "call_function"
+                and u.target in CONV_OPS
+                and groups_of(u) == 1
+                and u.args[0] is e
+                and weight_and_bias(gm, u) is not None
+                for u in e.users
+            )
         ):
             depthwise.append(e)
             readers.extend(e.users)
