@@ -69,6 +69,7 @@ def prepare(
     progress: bool | None = None,
     ptq_batches: list | None = None,
     smoothed: list[str] | None = None,
+    split: dict | None = None,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -101,7 +102,7 @@ def prepare(
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)
     if recipe.split_ranges:  # before placement: the split convs get their own quantizers
-        split_ranges(gm, batches)
+        split = split_ranges(gm, batches, split)  # ``load`` replays the recorded split
     alphas = None
     if recipe.smoothquant is not None and smoothed is None:
         smoothed, alphas = smooth(gm, recipe, batches)
@@ -130,6 +131,8 @@ def prepare(
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
     }
+    if recipe.split_ranges:
+        qmodel.qb_capture["split_ranges"] = split
     if recipe.smoothquant is not None:
         qmodel.qb_capture["smoothed"] = list(smoothed)
         if alphas is not None:

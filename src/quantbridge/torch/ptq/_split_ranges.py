@@ -57,12 +57,39 @@ ELEMENTWISE = frozenset(
 )
 
 
-def split_ranges(gm: torch.fx.GraphModule, batches) -> int:
-    """Split every conv of ``gm`` whose channel ranges on ``batches`` pay for it; returns the
-    number of convs split. The float function is unchanged up to float32 rounding."""
+def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) -> dict:
+    """Split every conv of ``gm`` whose channel ranges on ``batches`` pay for it. Returns the
+    split as data, ``{conv node name: {"groups": [[channel, ...], ...], "factors": {reader node
+    name: [k_g, ...]}}}``: ``replay`` (that dict, e.g. from a checkpoint) redoes the same split
+    without data. The float function is unchanged up to float32 rounding."""
     plans = [p for c in list(gm.graph.nodes) if (p := _plan(gm, c)) is not None]
-    if not plans:
-        return 0
+    if replay is not None:
+        plans = [p for p in plans if p.conv.name in replay]
+        if len(plans) != len(replay):
+            raise ValueError(
+                f"split_ranges: the recorded split names convs {sorted(replay)} but this graph "
+                f"splits {sorted(p.conv.name for p in plans)}: a different model"
+            )
+    elif plans:
+        replay = _measure(gm, batches, plans)
+    old = set()
+    for p in plans:
+        if p.conv.name in (replay or {}):
+            old |= {n.target for n in p.weights(gm)}
+            p.rewrite(gm, replay[p.conv.name])
+    if old:
+        gm.graph.eliminate_dead_code()
+        used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+        for target in old - used:  # the split convs' and rescaled readers' old tensors
+            owner, attr = _owner(gm, target)
+            delattr(owner, attr)
+        gm.graph.lint()
+        gm.recompile()
+    return replay or {}
+
+
+def _measure(gm, batches, plans) -> dict:
+    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays."""
     watched = {n for p in plans for n in p.watched()}
     lo: dict = {}
     hi: dict = {}
@@ -74,23 +101,14 @@ def split_ranges(gm: torch.fx.GraphModule, batches) -> int:
         hi[n] = torch.maximum(hi[n], b) if n in hi else b
 
     record(gm, batches, watched, on_value)
-    done = 0
-    old = set()
+    found = {}
     for p in plans:
         groups = channel_groups(lo[p.conv], hi[p.conv])
         if len(groups) > 1:
-            old |= {n.target for n in p.weights(gm)}
-            p.rewrite(gm, groups, lo, hi)
-            done += 1
-    if done:
-        gm.graph.eliminate_dead_code()
-        used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-        for target in old - used:  # the split convs' and rescaled readers' old tensors
-            owner, attr = _owner(gm, target)
-            delattr(owner, attr)
-        gm.graph.lint()
-        gm.recompile()
-    return done
+            ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
+            factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
+            found[p.conv.name] = {"groups": groups, "factors": factors}
+    return found
 
 
 def channel_groups(lo: torch.Tensor, hi: torch.Tensor) -> list[list[int]]:
@@ -168,8 +186,8 @@ class _Plan:
     def watched(self):
         return [self.conv, self.out, *self.depthwise]
 
-    def rewrite(self, gm, groups, lo, hi) -> None:
-        g = gm.graph
+    def rewrite(self, gm, split: dict) -> None:
+        g, groups, factors = gm.graph, split["groups"], split["factors"]
         w_node, b_node = weight_and_bias(gm, self.conv)
         w, b = get_tensor(gm, w_node), get_tensor(gm, b_node) if b_node is not None else None
         outs = []
@@ -185,7 +203,7 @@ class _Plan:
             dw_w, dw_b = weight_and_bias(gm, dw)
             dwt = get_tensor(gm, dw_w)
             dbt = get_tensor(gm, dw_b) if dw_b is not None else None
-            k = _factors(groups, lo[dw], hi[dw])
+            k = factors[dw.name]
             with g.inserting_before(dw):
                 parts = [
                     _conv_copy(gm, dw, value, dwt, dbt, idx, kg, f"g{gi}")
@@ -197,7 +215,7 @@ class _Plan:
                 _scale_columns(gm, r, groups, k)
                 r.replace_input_with(dw, cat)
         if self.mixing:  # x_g * k_g concatenated
-            k = _factors(groups, lo[self.out], hi[self.out])
+            k = factors[self.out.name]
             parts = []
             for value, kg in zip(outs, k, strict=True):
                 with g.inserting_after(value):
