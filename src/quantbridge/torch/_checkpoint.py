@@ -332,6 +332,7 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         dynamic, fold_bn = capture["dynamic"], capture["fold_bn"]
         separate = capture.get("separate_concats", [])  # older checkpoints: none
         smooth = {"smoothed": capture.get("smoothed")}  # SmoothQuant's divisions (torch.ptq)
+        smooth["split"] = capture.get("split_ranges")  # the range-group split (torch.ptq)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
     saved_class, this_class = header.get("model_class", "?"), _class_name(model)

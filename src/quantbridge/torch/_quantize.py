@@ -32,6 +32,7 @@ from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
 from .ptq._smoothquant import replay, smooth
+from .ptq._split_ranges import split_ranges
 
 
 class _FirstCall(Exception):
@@ -68,6 +69,7 @@ def prepare(
     progress: bool | None = None,
     ptq_batches: list | None = None,
     smoothed: list[str] | None = None,
+    split: dict | None = None,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -99,6 +101,8 @@ def prepare(
     batches = ptq_batches or [(example_args, example_kwargs)]
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)
+    if recipe.split_ranges:  # before placement: the split convs get their own quantizers
+        split = split_ranges(gm, batches, split)  # ``load`` replays the recorded split
     alphas = None
     if recipe.smoothquant is not None and smoothed is None:
         smoothed, alphas = smooth(gm, recipe, batches)
@@ -127,6 +131,8 @@ def prepare(
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
     }
+    if recipe.split_ranges:
+        qmodel.qb_capture["split_ranges"] = split
     if recipe.smoothquant is not None:
         qmodel.qb_capture["smoothed"] = list(smoothed)
         if alphas is not None:

@@ -21,6 +21,7 @@ def needs_batches(recipe: Recipe) -> bool:
             ("equalize", recipe.equalize),  # its high-bias absorption reads the data
             ("smoothquant", recipe.smoothquant is not None),
             ("bias_correction", recipe.bias_correction),
+            ("split_ranges", recipe.split_ranges),  # the channel ranges it cuts on
         )
         if on
     ]

@@ -1,0 +1,344 @@
+"""Range-group channel split: a conv whose output channels differ widely in range gets one int8
+grid per group of channels instead of one for all (``Recipe.split_ranges``).
+
+An activation is quantized per tensor (one scale: ONNX Runtime's ``QLinearConv`` takes one output
+scale). When a conv's output channels differ ~50x in range (PP-OCRv4 det's stem: std 0.23 vs
+12.4), the grid the widest channel needs rounds the narrow ones to a few levels, and a
+non-homogeneous activation after it (hard-swish, ``hs(k x) != k hs(x)``) forbids moving a
+per-channel scale through it (cross-layer equalization needs ReLU). Splitting is exact instead:
+
+* the channels of conv ``C`` (groups = 1) are sorted by calibration range and cut into at most
+  ``MAX_GROUPS`` contiguous groups, minimising ``sum_c (R_g / r_c)^2`` (each channel's quantization
+  noise relative to its own range ``r_c`` when its group's grid spans ``R_g``); a cut is kept only
+  where it lowers that sum ``GAIN`` times;
+* ``C`` becomes one conv per group (its weight / bias rows), and the element-wise ops between
+  ``C`` and the convs reading its result (the *region*: add / mul / div / clamp / relu ... with
+  scalar constants) are copied per group, so each group's values get their own grids;
+* at the region's end each group is brought to one common range and the groups are concatenated:
+  a depthwise reader is itself split per group with the factor ``k_g`` folded into its weight and
+  bias (exact: it is linear), its result concatenated for the convs reading it; a channel-mixing
+  reader gets ``x_g * k_g`` concatenated. The convs reading the concatenation take
+  ``W[:, perm] / k`` (``perm`` the channel order of the concatenation): the float function is
+  unchanged up to float32 rounding; the integer graph has one more conv per group.
+
+``k_g = R / R_g`` (``R`` the widest group's range at the concatenation), so one grid serves all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._passes import _owner
+from ._graph import CONV_OPS, conv_geometry, get_tensor, groups_of, record, weight_and_bias
+
+aten = torch.ops.aten
+MAX_GROUPS = 3
+# a cut must lower the summed relative noise power GAIN times (6 dB). PP-OCRv4 det (seq. bias
+# correction + fold_affine + mse, ORT node by node / fused, QLinearConv count, fused time at 1
+# thread): 4 -> 19.69 / 19.62 dB, 71 convs, 1.08x; 2 -> 19.90 / 19.66, 86, 1.21x; 1.5 with 4
+# groups -> 19.85 / 20.02, 94, 1.29x (unsplit 18.57 / 18.29, 62, 1.00x): 4 keeps most of the gain
+GAIN = 4.0
+FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
+ELEMENTWISE = frozenset(
+    {
+        aten.add.Tensor,
+        aten.sub.Tensor,
+        aten.mul.Tensor,
+        aten.div.Tensor,
+        aten.clamp.default,
+        aten.clamp_min.default,
+        aten.clamp_max.default,
+        aten.relu.default,
+        aten.hardtanh.default,
+        aten.hardswish.default,
+        aten.hardsigmoid.default,
+        aten.sigmoid.default,
+        aten.silu.default,
+        aten.tanh.default,
+    }
+)
+
+
+def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) -> dict:
+    """Split every conv of ``gm`` whose channel ranges on ``batches`` pay for it. Returns the
+    split as data, ``{conv node name: {"groups": [[channel, ...], ...], "factors": {reader node
+    name: [k_g, ...]}}}``: ``replay`` (that dict, e.g. from a checkpoint) redoes the same split
+    without data. The float function is unchanged up to float32 rounding."""
+    plans = [p for c in list(gm.graph.nodes) if (p := _plan(gm, c)) is not None]
+    if replay is not None:
+        plans = [p for p in plans if p.conv.name in replay]
+        if len(plans) != len(replay):
+            raise ValueError(
+                f"split_ranges: the recorded split names convs {sorted(replay)} but this graph "
+                f"splits {sorted(p.conv.name for p in plans)}: a different model"
+            )
+    elif plans:
+        replay = _measure(gm, batches, plans)
+    old = set()
+    for p in plans:
+        if p.conv.name in (replay or {}):
+            old |= {n.target for n in p.weights(gm)}
+            p.rewrite(gm, replay[p.conv.name])
+    if old:
+        gm.graph.eliminate_dead_code()
+        used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+        for target in old - used:  # the split convs' and rescaled readers' old tensors
+            owner, attr = _owner(gm, target)
+            delattr(owner, attr)
+        gm.graph.lint()
+        gm.recompile()
+    return replay or {}
+
+
+def _measure(gm, batches, plans) -> dict:
+    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays."""
+    watched = {n for p in plans for n in p.watched()}
+    lo: dict = {}
+    hi: dict = {}
+
+    def on_value(n, out):
+        flat = out.detach().double().transpose(0, 1).reshape(out.shape[1], -1)
+        a, b = flat.amin(1), flat.amax(1)
+        lo[n] = torch.minimum(lo[n], a) if n in lo else a
+        hi[n] = torch.maximum(hi[n], b) if n in hi else b
+
+    record(gm, batches, watched, on_value)
+    found = {}
+    for p in plans:
+        groups = channel_groups(lo[p.conv], hi[p.conv])
+        if len(groups) > 1:
+            ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
+            factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
+            found[p.conv.name] = {"groups": groups, "factors": factors}
+    return found
+
+
+def channel_groups(lo: torch.Tensor, hi: torch.Tensor) -> list[list[int]]:
+    """Channels cut into contiguous groups of the range order (see the module docstring); one
+    group (all channels) when no cut lowers the relative noise ``GAIN`` times."""
+    r = (hi - lo).clamp_min(0)
+    r = torch.maximum(r, r.max() * FLOOR).clamp_min(1e-30)
+    order = torch.argsort(r).numpy()
+    w = 1.0 / r.numpy()[order] ** 2
+    los, his = lo.numpy()[order], hi.numpy()[order]
+    n = len(order)
+    cost = np.full((n + 1, n + 1), np.inf)  # cost[i, j]: channels order[i:j] as one group
+    for i in range(n):
+        mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
+        mn = np.minimum(np.minimum.accumulate(los[i:]), 0.0)
+        cost[i, i + 1 :] = (mx - mn) ** 2 * np.cumsum(w[i:])
+    best, cuts = cost[0, n], []
+    for g in range(2, min(MAX_GROUPS, n) + 1):
+        total, found = _best_cuts(cost, n, g)
+        if total * GAIN > best:
+            break
+        best, cuts = total, found
+    bounds = [0, *cuts, n]
+    return [sorted(order[a:b].tolist()) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _best_cuts(cost: np.ndarray, n: int, g: int) -> tuple[float, list[int]]:
+    """(cost, cut points) of the best split of ``[0, n)`` into ``g`` contiguous groups."""
+    dp = np.full((g + 1, n + 1), np.inf)
+    arg = np.zeros((g + 1, n + 1), dtype=np.int64)
+    dp[0, 0] = 0.0
+    for k in range(1, g + 1):
+        for j in range(k, n + 1):
+            v = dp[k - 1, :j] + cost[:j, j]
+            arg[k, j] = int(np.argmin(v))
+            dp[k, j] = v[arg[k, j]]
+    cuts, j = [], n
+    for k in range(g, 1, -1):
+        j = int(arg[k, j])
+        cuts.append(j)
+    return float(dp[g, n]), sorted(cuts)
+
+
+def _is_depthwise(gm, node) -> bool:
+    wb = weight_and_bias(gm, node)
+    return wb is not None and get_tensor(gm, wb[0]).shape[1] == 1 and groups_of(node) > 1
+
+
+def _only_node_args(node, inside) -> bool:
+    for a in (*node.args, *node.kwargs.values()):
+        if isinstance(a, torch.fx.Node):
+            if a not in inside:
+                return False
+        elif isinstance(a, (list, tuple, dict)) or (a is not None and not _number(a)):
+            return False
+    return True
+
+
+def _number(a) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
+
+
+class _Plan:
+    """One conv, its element-wise region and the convs at the region's end."""
+
+    def __init__(self, conv, region, out, depthwise, mixing, readers):
+        self.conv, self.region, self.out = conv, region, out
+        self.depthwise, self.mixing, self.readers = depthwise, mixing, readers
+
+    def weights(self, gm):
+        """The get_attr nodes of every conv the rewrite replaces or rescales."""
+        convs = [self.conv, *self.depthwise, *self.readers, *self.mixing]
+        return [n for c in convs for n in weight_and_bias(gm, c) if n is not None]
+
+    def watched(self):
+        return [self.conv, self.out, *self.depthwise]
+
+    def rewrite(self, gm, split: dict) -> None:
+        g, groups, factors = gm.graph, split["groups"], split["factors"]
+        w_node, b_node = weight_and_bias(gm, self.conv)
+        w, b = get_tensor(gm, w_node), get_tensor(gm, b_node) if b_node is not None else None
+        outs = []
+        for gi, idx in enumerate(groups):  # the conv and its region, once per group
+            with g.inserting_before(self.conv):
+                anchor = _conv_copy(gm, self.conv, self.conv.args[0], w, b, idx, 1.0, f"g{gi}")
+            env = {self.conv: anchor}
+            for n in self.region:
+                with g.inserting_after(anchor):
+                    env[n] = anchor = g.node_copy(n, lambda a, env=env: env[a])
+            outs.append(env[self.out])
+        for dw in self.depthwise:  # split too, factor folded in; its readers read the concat
+            dw_w, dw_b = weight_and_bias(gm, dw)
+            dwt = get_tensor(gm, dw_w)
+            dbt = get_tensor(gm, dw_b) if dw_b is not None else None
+            k = factors[dw.name]
+            with g.inserting_before(dw):
+                parts = [
+                    _conv_copy(gm, dw, value, dwt, dbt, idx, kg, f"g{gi}")
+                    for gi, (idx, value, kg) in enumerate(zip(groups, outs, k, strict=True))
+                ]
+                cat = g.call_function(aten.cat.default, (parts, 1))
+                cat.meta = dict(dw.meta)
+            for r in list(dw.users):
+                _scale_columns(gm, r, groups, k)
+                r.replace_input_with(dw, cat)
+        if self.mixing:  # x_g * k_g concatenated
+            k = factors[self.out.name]
+            parts = []
+            for value, kg in zip(outs, k, strict=True):
+                with g.inserting_after(value):
+                    parts.append(g.call_function(aten.mul.Tensor, (value, float(kg))))
+                parts[-1].meta = dict(value.meta)
+            with g.inserting_before(self.mixing[0]):
+                cat = g.call_function(aten.cat.default, (parts, 1))
+                cat.meta = dict(self.out.meta)
+            for r in self.mixing:
+                _scale_columns(gm, r, groups, k)
+                r.replace_input_with(self.out, cat)
+
+
+def _factors(groups, lo, hi) -> list[float]:
+    ranges = [float(hi[idx].max().clamp_min(0) - lo[idx].min().clamp_max(0)) for idx in groups]
+    top = max(ranges)
+    return [top / r if r > 0 else 1.0 for r in ranges]
+
+
+def _param(gm, name: str, value: torch.Tensor, like) -> torch.fx.Node:
+    base = name.replace(".", "_")
+    i = 0
+    while hasattr(gm, f"{base}_{i}"):
+        i += 1
+    gm.register_parameter(f"{base}_{i}", nn.Parameter(value.detach().clone(), requires_grad=False))
+    node = gm.graph.get_attr(f"{base}_{i}")
+    node.meta = dict(like.meta)
+    return node
+
+
+def _conv_copy(gm, conv, inp, w, b, idx, k: float, tag: str) -> torch.fx.Node:
+    """``conv``'s output channels ``idx`` (times ``k``) as a new conv node reading ``inp``; a
+    depthwise ``conv`` keeps one group per channel."""
+    t = torch.tensor(idx)
+    wb = weight_and_bias(gm, conv)
+    dims = w.ndim - 2
+    stride, padding, dilation = conv_geometry(conv, dims)
+    groups = len(idx) if groups_of(conv) > 1 else 1
+    w_new = (w.double()[t] * k).to(w.dtype)
+    b_new = (b.double()[t] * k).to(b.dtype) if b is not None else None
+    wn = _param(gm, f"{wb[0].target}_split{tag}", w_new, wb[0])
+    bn = _param(gm, f"{wb[0].target}_split{tag}_bias", b_new, wb[0]) if b is not None else None
+    node = gm.graph.call_function(
+        conv.target, (inp, wn, bn, list(stride), list(padding), list(dilation), groups)
+    )
+    node.meta = dict(conv.meta)
+    return node
+
+
+def _scale_columns(gm, reader, groups, k) -> None:
+    """``reader`` (a groups = 1 conv) reads the concatenation: input column ``j`` is channel
+    ``perm[j]`` times ``k`` of its group, so the weight becomes ``W[:, perm] / k``."""
+    wn, _ = weight_and_bias(gm, reader)
+    w = get_tensor(gm, wn)
+    perm = torch.tensor([c for idx in groups for c in idx])
+    kk = torch.tensor(
+        [kg for idx, kg in zip(groups, k, strict=True) for _ in idx], dtype=torch.float64
+    )
+    shape = [1, -1] + [1] * (w.ndim - 2)
+    new = (w.double()[:, perm] / kk.reshape(shape)).to(w.dtype)
+    with gm.graph.inserting_before(reader):
+        node = _param(gm, f"{wn.target}_cat", new, wn)
+    reader.replace_input_with(wn, node)
+
+
+def _plan(gm, conv) -> _Plan | None:
+    """The split plan of ``conv``, or None where the graph does not allow one."""
+    if conv.op != "call_function" or conv.target not in CONV_OPS or groups_of(conv) != 1:
+        return None
+    if weight_and_bias(gm, conv) is None:
+        return None
+    inside = {conv}
+    region: list = []
+    ends: list = []
+    started = False
+    for n in gm.graph.nodes:
+        if n is conv:
+            started = True
+            continue
+        if not started or not any(a in inside for a in n.all_input_nodes):
+            continue
+        if n.op == "call_function" and n.target in ELEMENTWISE and _only_node_args(n, inside):
+            region.append(n)
+            inside.add(n)
+        elif (
+            n.op == "call_function"
+            and n.target in CONV_OPS
+            and n.args[0] in inside
+            and sum(a in inside for a in n.all_input_nodes) == 1
+            and weight_and_bias(gm, n) is not None
+        ):
+            ends.append(n)
+        else:
+            return None
+    if not region or not ends or len({e.args[0] for e in ends}) != 1:
+        return None
+    out = ends[0].args[0]
+    if any(u not in inside and u not in ends for r in region for u in r.users):
+        return None
+    if len(conv.users) and any(u not in inside for u in conv.users):
+        return None
+    depthwise, mixing, readers = [], [], []
+    for e in ends:
+        if groups_of(e) == 1:
+            mixing.append(e)
+        elif (
+            _is_depthwise(gm, e)
+            and e.users
+            and all(
+                u.op == "call_function"
+                and u.target in CONV_OPS
+                and groups_of(u) == 1
+                and u.args[0] is e
+                and weight_and_bias(gm, u) is not None
+                for u in e.users
+            )
+        ):
+            depthwise.append(e)
+            readers.extend(e.users)
+        else:
+            return None
+    return _Plan(conv, region, out, depthwise, mixing, readers)
