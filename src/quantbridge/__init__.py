@@ -7,7 +7,6 @@ fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in
 """
 
 from ._version import __version__
-from .debug import CompareResult, compare, sensitivity
 from .engine import EngineModel, integer_mode, to_engine
 from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
@@ -68,3 +67,18 @@ __all__ = [
     "sync_observers",
     "to_engine",
 ]
+
+# The debug layer (``compare``, ``sensitivity``: ONNX Runtime sessions, the HTML report) loads on
+# first use: ``quantize`` and ``export`` never need it, and ``import quantbridge`` then skips it
+# and onnxruntime (0.09 of 0.88 CPU s on top of torch, torch.export and onnxscript, 2026-12-01).
+_DEBUG_NAMES = {"CompareResult", "compare", "sensitivity", "debug"}
+
+
+def __getattr__(name: str):
+    if name not in _DEBUG_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import quantbridge.debug as debug  # not ``from . import``: it asks this hook first
+
+    value = debug if name == "debug" else getattr(debug, name)
+    globals()[name] = value
+    return value
