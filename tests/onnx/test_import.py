@@ -137,15 +137,21 @@ def test_det_matches_onnxruntime(det, height, width):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def cls_rec():
+    """The classifier and the recognizer imported once for the two tests that only read them
+    (``test_imported_model_trains`` imports its own classifier: it trains it)."""
+    return qb.import_onnx(CLS), qb.import_onnx(REC)
+
+
 @needs_ppocr
-def test_cls_and_rec_match_onnxruntime():
+def test_cls_and_rec_match_onnxruntime(cls_rec):
     """Classifier: 2 probabilities (measured max error 2e-6, tolerance 2e-5). Recognizer: CTC
     probabilities over 6625 characters, two line widths (dynamic width; measured 7e-6, tolerance
     5e-5: LayerNorm-style reductions and attention softmax in float32)."""
-    cls = qb.import_onnx(CLS)
+    cls, rec = cls_rec
     x = _text_images([3, 4], 48, 192)
     np.testing.assert_allclose(_torch(cls, x), _ort(CLS, {"x": x})[0], rtol=0, atol=2e-5)
-    rec = qb.import_onnx(REC)
     for width in (320, 160):
         x = _text_images([5, 6], 48, width)
         expected = _ort(REC, {"x": x})[0]
@@ -154,7 +160,7 @@ def test_cls_and_rec_match_onnxruntime():
 
 
 @needs_ppocr
-def test_weights_are_named_submodules(det):
+def test_weights_are_named_submodules(det, cls_rec):
     proto = onnx.load(str(DET))
     count = {op: sum(n.op_type == op for n in proto.graph.node) for op in ("Conv", "ConvTranspose")}
     modules = dict(det.named_children())
@@ -165,10 +171,9 @@ def test_weights_are_named_submodules(det):
     assert det.p2o_Conv_1.groups == 16  # depthwise
     assert all(p.requires_grad for p in det.parameters())
     # the Paddle bias pattern Conv -> Add(Reshape(b)) is the conv's own bias (Case 2)
-    cls = qb.import_onnx(CLS)
+    cls, rec = cls_rec
     assert isinstance(cls.Conv_3, nn.Conv2d) and cls.Conv_3.bias is not None
     # MatMul with a constant weight is nn.Linear; activation @ activation (attention) is not
-    rec = qb.import_onnx(REC)
     proto = onnx.load(str(REC))
     consts = {n.output[0] for n in proto.graph.node if n.op_type == "Constant"}
     weighted = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
