@@ -37,7 +37,7 @@ def test_default_recipe_is_the_measured_default_preset():
     assert r == Recipe.preset("default") == resolve_recipe("default")
     assert (r.weights.scheme.qmin, r.weights.scheme.qmax) == (-63, 63)
     assert (r.activations.scheme.qmin, r.activations.scheme.qmax) == (0, 255)
-    assert (r.quantize_outputs, r.equalize, r.bias_correction) == (False, False, True)
+    assert (r.quantize_outputs, r.equalize, r.bias_correction) == (False, False, "sequential")
     assert Recipe() == Recipe.preset("int8")
     assert (Recipe().weights.scheme.qmin, Recipe().quantize_outputs) == (-127, True)
     for fn in (qb.quantize, qb.quantize_onnx):
