@@ -52,6 +52,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, help="folder for the ONNX files (default: a temp folder)")
     p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: write the report of a results file (to --markdown, default "
+        "BENCHMARKS.md) with this checkout's report code",
+    )
+    p.add_argument(
         "--boost",
         action="store_true",
         help="run in an own session with autogroup nice -10 (needs root; a shared machine)",
@@ -80,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.suite import machine, report
 
     root = Path(__file__).resolve().parents[1]
+    if args.render:
+        return render(args.render, args.markdown or root / "BENCHMARKS.md", root)
     boost = machine.boost_priority() if args.boost else "off"
     mode = "quick" if args.quick else "full"
     partial = bool(args.only or args.figures)
@@ -98,12 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": {},
         "stage_seconds": {},
     }
-    if args.work:
-        args.work.mkdir(parents=True, exist_ok=True)
-        run_suite(args, args.work, results, log)
-    else:
-        with tempfile.TemporaryDirectory(prefix="qb-bench-") as work:
-            run_suite(args, Path(work), results, log)
+    with machine.LoadSampler() as load:
+        if args.work:
+            args.work.mkdir(parents=True, exist_ok=True)
+            run_suite(args, args.work, results, log)
+        else:
+            with tempfile.TemporaryDirectory(prefix="qb-bench-") as work:
+                run_suite(args, Path(work), results, log)
+    results["machine"]["load_samples"] = load.summary()
     results["total_seconds"] = time.time() - started
     try:
         results["json"] = str(json_path.resolve().relative_to(root))
@@ -120,6 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {md_path}")
     else:
         print(text)
+    return 0
+
+
+def render(json_path: Path, md_path: Path, root: Path) -> int:
+    """The report of an earlier run's results, by this checkout's report code (the header says
+    both versions): a report fix reaches a committed run without measuring again."""
+    from bench.suite import machine, report
+
+    results = json.loads(json_path.read_text())
+    results["rendered"] = {
+        "git": machine._git(root),
+        "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "json": str(json_path),
+    }
+    md_path.write_text(report.render(results))
+    print(f"wrote {md_path}", file=sys.stderr)
     return 0
 
 
