@@ -54,6 +54,10 @@ def render(results: dict) -> str:
         f"`{raw}`. How it measures: `bench/README.md`.",
         "",
     ]
+    if results.get("incomplete"):
+        done = ", ".join(results.get("stage_seconds", {})) or "nothing"
+        lines += [f"**Incomplete run**: stopped after stage `{results['incomplete']}`; stages "
+                  f"done: {done}. Figures and workloads not listed were not measured.", ""]  # fmt: skip
     again = results.get("rendered")
     if again:
         lines += [f"Report written again on {again['at']} by `python -m bench --render {again['json']}` "
