@@ -52,6 +52,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, help="folder for the ONNX files (default: a temp folder)")
     p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: write the report of a results file (to --markdown, default "
+        "BENCHMARKS.md) with this checkout's report code",
+    )
+    p.add_argument(
         "--boost",
         action="store_true",
         help="run in an own session with autogroup nice -10 (needs root; a shared machine)",
@@ -80,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.suite import machine, report
 
     root = Path(__file__).resolve().parents[1]
+    if args.render:
+        return render(args.render, args.markdown or root / "BENCHMARKS.md", root)
     boost = machine.boost_priority() if args.boost else "off"
     mode = "quick" if args.quick else "full"
     partial = bool(args.only or args.figures)
@@ -98,20 +107,32 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": {},
         "stage_seconds": {},
     }
-    if args.work:
-        args.work.mkdir(parents=True, exist_ok=True)
-        run_suite(args, args.work, results, log)
-    else:
-        with tempfile.TemporaryDirectory(prefix="qb-bench-") as work:
-            run_suite(args, Path(work), results, log)
-    results["total_seconds"] = time.time() - started
     try:
         results["json"] = str(json_path.resolve().relative_to(root))
     except ValueError:
         results["json"] = str(json_path)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+
+    load = machine.LoadSampler()
+
+    def checkpoint(stage: str) -> None:
+        """The results so far, after each stage: a run stopped before its end still leaves its
+        numbers (``"incomplete"`` names the last stage done; ``--render`` reports them)."""
+        so_far = {**results, "incomplete": stage, "total_seconds": time.time() - started}
+        so_far["machine"] = {**results["machine"], "load_samples": load.summary()}
+        json_path.write_text(json.dumps(so_far, indent=1, default=str))
+
+    with load:
+        if args.work:
+            args.work.mkdir(parents=True, exist_ok=True)
+            run_suite(args, args.work, results, log, checkpoint)
+        else:
+            with tempfile.TemporaryDirectory(prefix="qb-bench-") as work:
+                run_suite(args, Path(work), results, log, checkpoint)
+    results["machine"]["load_samples"] = load.summary()
+    results["total_seconds"] = time.time() - started
     results["machine"]["load_average_end"] = list(os.getloadavg())
     results["machine"]["git_end"] = machine._git(root)  # the library may change under a long run
-    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=1, default=str))
     log(f"wrote {json_path}")
     text = report.render(results)
@@ -120,6 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {md_path}")
     else:
         print(text)
+    return 0
+
+
+def render(json_path: Path, md_path: Path, root: Path) -> int:
+    """The report of an earlier run's results, by this checkout's report code (the header says
+    both versions): a report fix reaches a committed run without measuring again."""
+    from bench.suite import machine, report
+
+    results = json.loads(json_path.read_text())
+    results["rendered"] = {
+        "git": machine._git(root),
+        "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "json": str(json_path),
+    }
+    md_path.write_text(report.render(results))
+    print(f"wrote {md_path}", file=sys.stderr)
     return 0
 
 
@@ -151,7 +188,7 @@ def plan(quick: bool) -> dict:
     }
 
 
-def run_suite(args, work: Path, results: dict, log) -> None:
+def run_suite(args, work: Path, results: dict, log, checkpoint=lambda stage: None) -> None:
     from bench.suite import accuracy, cost, peers, qat, speed, workloads
 
     p = plan(args.quick)
@@ -205,6 +242,7 @@ def run_suite(args, work: Path, results: dict, log) -> None:
             files = _prefer_minmax(files)
             entry["speed"] = speed.run(w, files, work, p["rounds"], p["speed_budget_s"], log)
         results["stage_seconds"][name] = time.time() - t0
+        checkpoint(name)
     if "qat" in figures:
         t0 = time.time()
         log("[qat] figure 4: QAT training step (bench/qat_step.py)")
@@ -213,6 +251,7 @@ def run_suite(args, work: Path, results: dict, log) -> None:
         except Exception as e:
             results["qat"] = {"error": f"{type(e).__name__}: {e}"}
         results["stage_seconds"]["qat"] = time.time() - t0
+        checkpoint("qat")
     if "engine" in figures:
         t0 = time.time()
         log("[engine] figure 5: qb.to_engine call vs float torch, qmodel, raw session")

@@ -233,3 +233,16 @@ def test_the_table_says_how_each_peer_was_fed():
         report_accuracy._fed(nncf_row) == " (420 Constant weights as initializers; opset 12 -> 13)"
     )
     assert report_accuracy._fed({}) == ""
+
+
+def test_the_table_shows_the_files_census_beside_what_ort_ran():
+    # NNCF's layout: the file multiplies int8 inputs in 45 of 51 convs, ORT runs 38 in float;
+    # the row's cell must show both (the ORT part used to overwrite the file's census)
+    graph = {"activation_q": 60, "float_weights_q": 0, **NNCF_LIKE}
+    cell = report_accuracy._coverage(graph)
+    assert cell == (
+        f"60; int8 inputs: {NNCF_LIKE['file_int8_weighted']} of "
+        f"{NNCF_LIKE['file_int8_weighted'] + NNCF_LIKE['file_float_weighted']} conv/gemm; "
+        f"ORT: {NNCF_LIKE['ort_int8_ops']} int8 ops, {NNCF_LIKE['ort_float_weighted_ops']} "
+        "float conv/gemm"
+    )

@@ -114,6 +114,20 @@ def test_report_renders_every_figure():
     for heading in ("## Targets", "## 2. Speed", "## 3. Cost", "## 4. QAT"):
         assert heading in text
     assert "ours >= 3x faster than float" in text
+    assert "Incomplete run" not in text and "written again" not in text
+    # a run stopped after a stage, rendered again by a later checkout, with its load sampled
+    results["machine"] |= {"git": {"commit": "abc", "branch": "bench", "library_modified": False},
+                           "load_samples": {"period_s": 30, "n": 3, "min": 1.0, "median": 2.0,
+                                            "max": 9.5}}  # fmt: skip
+    results |= {"incomplete": "resnet18", "stage_seconds": {"resnet18": 5.0},
+                "rendered": {"at": "later", "json": "r.json", "git": {"commit": "def"}}}  # fmt: skip
+    text = report.render(results)
+    assert "**Incomplete run**: stopped after stage `resnet18`; stages done: resnet18." in text
+    assert (
+        "`python -m bench --render r.json` at git def from that run's numbers (measured at git bench@abc)"
+        in text
+    )
+    assert "sampled every 30 s: min 1.0, median 2.0, max 9.5 (3 samples)" in text
 
 
 def test_interleave_takes_the_fastest_of_calls_per_sample():

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.suite import cost, report, verdicts  # noqa: E402
+from bench.suite import accuracy_summary, cost, report, verdicts  # noqa: E402
 from bench.suite.speed import check_output  # noqa: E402
 from bench.suite.timing import interleave  # noqa: E402
 
@@ -252,7 +252,7 @@ def test_qat_ratio_against_pytorch_needs_like_with_like():
     assert row[2] == "not judged (not like with like)" and "folds BatchNorm" in row[1]
 
 
-def test_report_prints_the_comparison_table():
+def test_report_prints_the_summary_table():
     rows = [
         _row("quantbridge", "default", [0.98, 0.97], True, "top1"),
         _row("onnxruntime", "default", [0.97, 0.97], True, "top1"),
@@ -261,9 +261,70 @@ def test_report_prints_the_comparison_table():
     results = _results(rows, "top1")
     results["workloads"]["w"] |= {"title": "W", "notes": []}
     text = "\n".join(report._accuracy(results))
-    assert "| onnxruntime | +0.50 points [+0.00..+1.00] (ahead; ours default vs default)" in text
-    assert "| modelopt | peer failed: ModuleNotFoundError" in text
-    assert "failed: `ModuleNotFoundError" in text  # the row itself
+    # ours 98/97 vs ORT 97/97: +1 and 0 points per repeat -> median +0.50 [+0.00..+1.00]
+    assert ("| w (top-1) | 97.50 % [97.00-98.00] | 97.50 % [97.00-98.00] (default) | onnxruntime "
+            "| 97.00 % [97.00-97.00] | 97.00 % [97.00-97.00] (default) "
+            "| +0.50 points [+0.00..+1.00] | +0.50 points [+0.00..+1.00] |") in text  # fmt: skip
+    assert ("|  |  |  | modelopt | failed: ModuleNotFoundError: No module named 'nncf' "
+            "| failed: ModuleNotFoundError: No module named 'nncf' "
+            "| not compared (peer failed) | not compared (peer failed) |") in text  # fmt: skip
+    assert "failed: `ModuleNotFoundError" in text  # the row itself, in the workload's table
+
+
+def test_summary_table_compares_int8_rows_only_signed_with_spread():
+    def census(row, int8, floats):
+        return {**row, "graph": {"file_int8_weighted": int8, "file_float_weighted": floats}}
+
+    rows = [
+        _row("quantbridge", "default", [30.0, 31.0, 29.0], True),
+        _row("quantbridge", "best", [35.0, 36.0, 34.0]),
+        _row("onnxruntime", "default", [31.0, 30.0, 30.0], True),
+        _row("onnxruntime", "x", [36.0, 35.0, 37.0]),
+        _failed("nncf", "default", True),
+        census(_row("modelopt", "default", [40.0, 40.0, 40.0], True), 0, 5),
+        census(_row("modelopt", "max", [33.0, 33.0, 33.0]), 5, 0),
+    ]
+    acc = _results(rows)["workloads"]["w"]["accuracy"]
+    lines = accuracy_summary.workload_rows("w", acc, "sqnr_db")
+    cells = [[c.strip() for c in ln.split("|")[1:-1]] for ln in lines]
+    assert [c[3] for c in cells] == ["onnxruntime", "nncf", "modelopt"]
+    # ours' cells on the first row: default, and the best INT8 row named
+    assert cells[0][:3] == ["w", "30.00 dB [29.00-31.00]", "35.00 dB [34.00-36.00] (best)"]
+    # ORT: default 30 - 31, 31 - 30, 29 - 30 -> -1 [-1..+1]; best x: 35-36, 36-35, 34-37
+    assert cells[0][4:] == ["30.00 dB [30.00-31.00]", "36.00 dB [35.00-37.00] (x)",
+                            "**-1.00 dB [-1.00..+1.00] behind**",
+                            "**-1.00 dB [-3.00..+1.00] behind**"]  # fmt: skip
+    # a failed peer: its reason, never a win
+    assert cells[1][4:] == ["failed: ModuleNotFoundError: No module named 'nncf'"] * 2 + [
+        "not compared (peer failed)"] * 2  # fmt: skip
+    # ModelOpt's default (40 dB, its convs multiply float inputs) reads so and is not compared;
+    # its best INT8 row is "max", 33 dB: 35-33, 36-33, 34-33 -> +2 [+1..+3]
+    assert cells[2][4] == ("40.00 dB [40.00-40.00]; not INT8: 0 weighted ops with int8 inputs, "
+                           "5 with float inputs")  # fmt: skip
+    assert cells[2][5:] == ["33.00 dB [33.00-33.00] (max)", "not compared (peer not INT8)",
+                            "+2.00 dB [+1.00..+3.00]"]  # fmt: skip
+    # the Targets table says the same: behind on ORT, the others not compared
+    _, measured, verdict = _target(_results(rows), "best")
+    assert "behind 1" in measured and "w vs onnxruntime -1.00 dB [-3.00..+1.00]" in measured
+    assert verdict == "**not met**"
+
+
+def test_summary_table_when_no_peer_row_is_int8_or_ours_failed():
+    def census(row, int8, floats):
+        return {**row, "graph": {"file_int8_weighted": int8, "file_float_weighted": floats}}
+
+    rows = [
+        {**_failed("quantbridge", "default", True), "error": "ValueError: bad"},
+        _row("quantbridge", "native", [0.9], key="cosine"),
+        census(_row("nncf", "default", [0.95], True, "cosine"), 1, 4),
+    ]
+    acc = _results(rows, "cosine")["workloads"]["w"]["accuracy"]
+    cells = [c.strip() for c in accuracy_summary.workload_rows("w", acc, "cosine")[0].split("|")]
+    assert cells[2:4] == ["failed: ValueError: bad", "0.9000 (native)"]
+    assert (
+        cells[6] == "no INT8 row (not INT8: 1 weighted ops with int8 inputs, 4 with float inputs)"
+    )
+    assert cells[7:9] == ["not compared (peer not INT8)", "not compared (peer not INT8)"]
 
 
 def _engine_batch(ratio, wrapper_us, raw_ms, ok=True):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import statistics
 import subprocess
+import threading
 from pathlib import Path
 
 # ISA features that decide which INT8 / BF16 kernels the engines pick on x86.
@@ -65,7 +67,14 @@ def _git(root: Path) -> dict[str, object]:
             text=True,
             timeout=10,
         ).stdout.strip()
-        return {"commit": commit or None, "library_modified": bool(dirty)}
+        branch = subprocess.run(
+            ["git", "rev-parse", "--abbrev-ref", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return {"commit": commit or None, "branch": branch or None, "library_modified": bool(dirty)}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "library_modified": None}
 
@@ -104,3 +113,39 @@ def boost_priority(nice: int = -10) -> str:
             return f"nice {nice}"
         except OSError as e:
             return f"none ({e.strerror})"
+
+
+class LoadSampler:
+    """The 1-minute load average every ``period`` seconds while the suite runs, so the report can
+    say how loaded a shared machine was (start and end alone miss a busy middle). A daemon thread
+    that wakes twice a minute: nothing a timing notices."""
+
+    def __init__(self, period: float = 30.0) -> None:
+        self.period, self.samples = period, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        if hasattr(os, "getloadavg"):
+            self.samples.append(os.getloadavg()[0])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def __enter__(self) -> LoadSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def summary(self) -> dict | None:
+        """``{"period_s", "n", "min", "median", "max"}`` of the samples (None without any)."""
+        if not self.samples:
+            return None
+        return {"period_s": self.period, "n": len(self.samples), "min": min(self.samples),
+                "median": statistics.median(self.samples), "max": max(self.samples)}  # fmt: skip

@@ -1,9 +1,10 @@
-"""Figure 1's section of ``BENCHMARKS.md``: every configuration's result, then per peer the signed
-differences default-vs-default and best-vs-best (``verdicts.compare``). Nothing is measured here."""
+"""Figure 1's section of ``BENCHMARKS.md``: first the one summary table (``accuracy_summary``: per
+workload and peer, default vs default and best vs best, signed, with spread), then every
+configuration's result per workload. Nothing is measured here."""
 
 from __future__ import annotations
 
-from . import verdicts
+from . import accuracy_summary, verdicts
 
 METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float",
                 "lines": "lines read exactly", "agreement": "same class as float"}  # fmt: skip
@@ -59,8 +60,22 @@ def cell(row: dict, key: str) -> str:
     return text
 
 
+SUMMARY = (
+    "### Summary: ours and every peer, default and best, per workload",
+    "",
+    "Values are median [min-max] over calibration repeats; *ours best* and *peer best* are the "
+    "best INT8 row of each tool (named); differences are ours - peer per repeat, median "
+    "[min..max], **bold** where ours is behind. A failed peer reads `failed: <reason>` and a "
+    "file whose convs / GEMMs mostly multiply float inputs reads `not INT8`: neither is "
+    "compared. Every row behind these cells is in the per-workload tables below.",
+    "",
+)
+
+
 def section(results: dict) -> list[str]:
     out = ["## 1. Accuracy of the INT8 result", "", INTRO, ""]
+    summary = accuracy_summary.table(results, METRIC_NAMES)
+    out += [*SUMMARY, *summary] if summary else []
     for name, entry in results["workloads"].items():
         if "error" in entry:
             out += [f"### {name}", "", f"Not run: {entry['error']}", ""]
@@ -92,8 +107,6 @@ def section(results: dict) -> list[str]:
                 f"| {vs_ours(acc, r, key)} | {secs} | {_coverage(r.get('graph'))} |"
             )
         out.append("")
-        if "config" in (acc["rows"] or [{}])[0]:
-            out += comparison(acc, key)
     return out
 
 
@@ -135,31 +148,5 @@ def _coverage(graph: dict | None) -> str:
         ort += (f"; int8 inputs: {graph['file_int8_weighted']} of "
                 f"{graph['file_int8_weighted'] + graph['file_float_weighted']} conv/gemm")  # fmt: skip
     if "ort_int8_ops" in graph:  # what ONNX Runtime's optimized graph ran (accuracy.ort_compute)
-        ort = f"; ORT: {graph['ort_int8_ops']} int8 ops, {graph['ort_float_weighted_ops']} float conv/gemm"
+        ort += f"; ORT: {graph['ort_int8_ops']} int8 ops, {graph['ort_float_weighted_ops']} float conv/gemm"
     return f"{graph['activation_q']}{extra}{ort}"
-
-
-def comparison(acc: dict, key: str) -> list[str]:
-    comps = verdicts.compare(acc, key)
-    if not comps:
-        return []
-    out = ["| peer | default vs default (ours - peer) | best vs best (ours - peer) |",
-           "|---|---|---|"]  # fmt: skip
-    by_peer: dict[str, dict[str, dict]] = {}
-    for c in comps:
-        by_peer.setdefault(c["peer"], {})[c["kind"]] = c
-    for peer, kinds in by_peer.items():
-        cells = []
-        for kind in ("default", "best"):
-            c = kinds.get(kind)
-            if c is None:
-                cells.append("-")
-            elif "delta" in c:
-                cells.append(
-                    f"{verdicts.signed(key, c['delta'])} ({c['status']}; ours {c['ours']} vs "
-                    f"{c['theirs']})"
-                )
-            else:
-                cells.append(c["status"][:160])
-        out.append(f"| {peer} | {cells[0]} | {cells[1]} |")
-    return [*out, ""]

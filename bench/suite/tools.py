@@ -292,7 +292,12 @@ def quantize_fx(model, calib: list, kind: str):
         model = float_module(model)  # an ONNX path: qb.import_onnx, timed with FX
         first = calib[0]
         example = tuple(first.values()) if isinstance(first, dict) else (first,)
-        prepared = prepare_fx(copy.deepcopy(model).eval(), _fx_qconfig_mapping(kind), example)
+        try:
+            prepared = prepare_fx(copy.deepcopy(model).eval(), _fx_qconfig_mapping(kind), example)
+        except (TypeError, torch.fx.proxy.TraceError) as e:  # FX's limit, not the feeding
+            raise RuntimeError(
+                f"FX symbolic tracing cannot capture the model: {short_error(e)}"
+            ) from e
         with torch.no_grad():
             for batch in calib:
                 prepared(**batch) if isinstance(batch, dict) else prepared(batch)

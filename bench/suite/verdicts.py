@@ -119,7 +119,8 @@ def compare(acc: dict, key: str) -> list[dict]:
             ("default", ours_default, their_default),
             ("best", ours_best, _best(theirs, key)),
         ):
-            c = {"kind": kind, "peer": tool}
+            # the rows compared (or why not), for the summary table (``accuracy_summary``)
+            c = {"kind": kind, "peer": tool, "ours_row": mine, "peer_row": peer}
             if kind == "best" and peer is None:
                 failed = [r for r in theirs if "error" in r]
                 floats = [not_int8(r) for r in theirs if not_int8(r)]
