@@ -217,10 +217,11 @@ class Recipe:
     # Alone, at quick bench sizes in ORT (8-bit weights, 2026-12-01): equalize MobileNetV2-style
     # 25.40 -> 29.20 dB, ResNet-18-style 36.58 -> 36.59; smoothquant "auto" MiniLM 0.9890 ->
     # 0.9932 cosine but MobileNetV2-style 25.40 -> 25.24 dB at 2-3x the quantize time;
-    # bias_correction "sequential" ~10x the time of True for no gain there (25.45 vs 25.48 dB);
-    # on the default preset (7-bit weights, float outputs) it gains: ResNet-18-style 44.71 ->
-    # 47.31 dB, MobileNetV2-style 49.39 -> 54.92 (6x the time), PP-OCRv4 rec 78.5% -> 99.22%
-    # of 256 lines (= float; ``bench.suite.peers.sequential_recipe``); MiniLM 0.855 -> 0.833.
+    # bias_correction "sequential" (then per layer, ~10x the time): no gain there (25.45 vs
+    # 25.48 dB); on the default preset (7-bit weights, float outputs) it gains: ResNet-18-style
+    # 44.71 -> 47.31 dB, MobileNetV2-style 49.39 -> 54.92 (one quantized pass now: 1.2-1.7x
+    # the quantize time), rec 78.5% -> 99.22% of 256 lines (percentile); MiniLM 0.855 ->
+    # 0.833. The default since stop 14.
     equalize: bool = False
     # fold constant ``* k`` / ``+ t`` next to a conv/linear into it (``torch._fold_affine*``); off:
     # PP-OCRv4 det mse +2.2 dB, but rec 95.3% -> 84.4% lines (64) with the same final grids
