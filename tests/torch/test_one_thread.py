@@ -2,6 +2,8 @@
 after it, also when the block raises; bias correction's per-layer statistics run inside it with
 the same result."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -30,7 +32,8 @@ def test_one_thread_inside_and_restored_also_on_error(two_threads):
 
 
 def test_bias_correction_pins_only_its_small_ops_with_the_same_result(two_threads, monkeypatch):
-    """The per-layer statistics (tap means) run at one thread, the float pass's layers at the
+    """One-pass bias correction (the default's until stop 14; the default is "sequential" now,
+    which reads no tap means): the per-layer statistics (tap means) run at one thread, the float pass's layers at the
     caller's count; the corrected model is bit-identical to one computed without the pin."""
     seen = []
     real = bc.tap_means
@@ -43,11 +46,12 @@ def test_bias_correction_pins_only_its_small_ops_with_the_same_result(two_thread
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
     calib = [torch.randn(4, 3, 12, 12, generator=g) for _ in range(2)]
     monkeypatch.setattr(bc, "tap_means", spy)
-    pinned = qb.quantize(model, calib, progress=False)  # the default: bias correction on
+    one_pass = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=True)
+    pinned = qb.quantize(model, calib, one_pass, progress=False)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     monkeypatch.setattr(bc, "one_thread", _Unpinned)
     seen.clear()
-    free = qb.quantize(model, calib, progress=False)
+    free = qb.quantize(model, calib, one_pass, progress=False)
     assert set(seen) == {2}
     for name, value in pinned.state_dict().items():
         assert torch.equal(value, free.state_dict()[name]), name
