@@ -219,13 +219,12 @@ def _bias_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
     return chain[::-1]
 
 
-def _sequential_shifts(qmodel, layers, batches, progress) -> dict:
-    """Per layer in graph order, applied before the graph goes on: mean float output minus mean
-    quantized output with the corrections before it. One float pass, then one quantized pass with
+def _correct_sequentially(qmodel, layers, batches, progress) -> None:
+    """Per layer in graph order, applied to its bias before the graph goes on: mean float output
+    minus mean quantized output with the corrections before it. One float pass, then one quantized pass with
     every kept batch at once (``Lockstep``): at a corrected layer its shift goes into the float
     bias, and the layer runs again with the bias through its int32 quantizer."""
     float_means, kept = _float_means(qmodel, layers, batches, progress)
-    shifts: dict = {}
 
     def after(node, values, step):
         if node not in float_means:
@@ -234,8 +233,7 @@ def _sequential_shifts(qmodel, layers, batches, progress) -> dict:
         counts: dict = {}
         for value in values:  # as the float pass: at torch's threads (their sum order)
             _channel_means(node, value, sums, counts)
-        shifts[node] = float_means[node] - sums[node] / counts[node]
-        _add_to_bias(qmodel, node, shifts[node])
+        _add_to_bias(qmodel, node, float_means[node] - sums[node] / counts[node])
         step.rerun([*_bias_chain(node), node])
 
     what = f"bias correction: sequential, {len(layers)} layers on {len(kept)} batches"
@@ -243,7 +241,6 @@ def _sequential_shifts(qmodel, layers, batches, progress) -> dict:
         what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
     with stage(what, progress):
         Lockstep(qmodel, kept).run(after)
-    return shifts
 
 
 def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:
@@ -261,7 +258,7 @@ def correct_bias(
     if not layers:
         return 0
     if sequential:
-        _sequential_shifts(qmodel, list(layers), list(batches), progress)  # applied as it goes
+        _correct_sequentially(qmodel, list(layers), list(batches), progress)
         return len(layers)
     with stage(f"bias correction: one pass, {len(layers)} layers", progress):
         shifts = _local_shifts(qmodel, layers, batches)
