@@ -59,11 +59,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "BENCHMARKS.md) with this checkout's report code",
     )
     p.add_argument(
+        "--add",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="ROWS_JSON",
+        help="with --render: rows measured later by `python -m bench.peer_rows` replace or join "
+        "the run's rows of that workload (bench.suite.merge; the header says which and when)",
+    )
+    p.add_argument(
         "--boost",
         action="store_true",
         help="run in an own session with autogroup nice -10 (needs root; a shared machine)",
     )
     args = p.parse_args(argv)
+    if args.add and not args.render:
+        p.error("--add needs --render RUN.json: rows are merged into an earlier run's results")
     args.workloads = _pick(p, args.only, NAMES, "--only")
     args.figures_ = _pick(p, args.figures, FIGURES, "--figures")
     return args
@@ -88,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(__file__).resolve().parents[1]
     if args.render:
-        return render(args.render, args.markdown or root / "BENCHMARKS.md", root)
+        return render(args.render, args.markdown or root / "BENCHMARKS.md", root, args.add)
     boost = machine.boost_priority() if args.boost else "off"
     mode = "quick" if args.quick else "full"
     partial = bool(args.only or args.figures)
@@ -144,12 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(json_path: Path, md_path: Path, root: Path) -> int:
+def render(json_path: Path, md_path: Path, root: Path, added: list[Path] = ()) -> int:
     """The report of an earlier run's results, by this checkout's report code (the header says
-    both versions): a report fix reaches a committed run without measuring again."""
-    from bench.suite import machine, report
+    both versions): a report fix reaches a committed run without measuring again. ``added``:
+    rows files of ``bench.peer_rows`` merged in first (``bench.suite.merge``)."""
+    from bench.suite import machine, merge, report
 
     results = json.loads(json_path.read_text())
+    merge.add_files(results, list(added))
     results["rendered"] = {
         "git": machine._git(root),
         "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

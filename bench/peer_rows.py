@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.suite import accuracy, peers, report_accuracy, workloads
+from bench.suite import accuracy, machine, peers, report_accuracy, workloads
 
 
 def main() -> None:
@@ -37,7 +37,8 @@ def main() -> None:
         result = accuracy.run(w, Path(tmp), configs, print, repeats=args.repeats)
     result.pop("files")
     meta = {"command": "python -m bench.peer_rows " + " ".join(sys.argv[1:]),
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_average": os.getloadavg()}  # fmt: skip
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_average": os.getloadavg(),
+            "git": machine._git(workloads.ROOT)}  # fmt: skip
     args.json.write_text(
         json.dumps({**meta, "workload": args.workload, **result}, indent=1, default=str)
     )

@@ -63,6 +63,12 @@ def render(results: dict) -> str:
         lines += [f"Report written again on {again['at']} by `python -m bench --render {again['json']}` "
                   f"at git {_version(again['git'])} from that run's numbers (measured at git "
                   f"{_version(results['machine'].get('git') or {})}).", ""]  # fmt: skip
+    for a in results.get("added_rows", []):
+        load = a.get("load_average")
+        at_load = f", load average {load[0]:.1f}" if load else ""
+        lines += [f"Rows measured after the run and merged in (`--add`): {a['workload']}: "
+                  f"{', '.join(f'`{n}`' for n in a['rows'])}, by `{a['command']}` at git "
+                  f"{_version(a['git'])}, finished {a['finished']}{at_load}.", ""]  # fmt: skip
     lines += _machine(results)
     rows = targets(results)
     if rows:

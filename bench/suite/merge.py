@@ -1,0 +1,70 @@
+"""Rows measured after a run, merged into its results: ``python -m bench --render RUN.json --add ROWS.json``.
+
+A whole ``python -m bench`` run takes about 100 minutes here. When one quantbridge row changes
+(a new recipe, a fix), ``python -m bench.peer_rows W --tools quantbridge --ours-recipes NAME
+--repeats R --json ROWS.json`` measures that workload's rows again with the same data, sizes,
+calibration repeats and scoring; ``add_rows`` puts them into the run's results: a row with the
+same tool and configuration is replaced, a new one is appended. Every added row carries
+``"added"`` (the command, the git version and when it finished), and the results list every
+addition under ``"added_rows"``, which the report's header prints: the report says which numbers
+were measured when, at which version.
+
+Refused (``ValueError`` naming the file and the fix): a rows file for a workload the run did not
+measure, or with another number of calibration repeats (the verdicts compare repeat by repeat).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["add_rows", "add_files"]
+
+
+def add_rows(results: dict, added: dict, source: str = "rows file") -> list[str]:
+    """Merge ``added`` (a ``bench.peer_rows`` JSON) into ``results`` in place; returns the
+    ``tool/config`` names merged."""
+    workload = added.get("workload")
+    rows = added.get("rows")
+    if not workload or rows is None:
+        raise ValueError(f"{source}: not a `python -m bench.peer_rows` file (no workload / rows)")
+    accuracy = results.get("workloads", {}).get(workload, {}).get("accuracy")
+    if accuracy is None:
+        measured = sorted(w for w, e in results.get("workloads", {}).items() if "accuracy" in e)
+        raise ValueError(
+            f"{source}: workload {workload!r} has no accuracy figure in this run (it has "
+            f"{measured}); add rows only to a workload the run measured"
+        )
+    repeats = added.get("repeats")
+    if repeats != accuracy.get("repeats"):
+        raise ValueError(
+            f"{source}: {repeats} calibration repeats, the run has {accuracy.get('repeats')}; "
+            f"measure again with `--repeats {accuracy.get('repeats')}`"
+        )
+    stamp = {
+        "command": added.get("command", "?"),
+        "git": added.get("git") or {},
+        "finished": added.get("finished", "?"),
+    }
+    index = {(r["tool"], r["config"]): i for i, r in enumerate(accuracy["rows"])}
+    names = []
+    for row in rows:
+        row = {**row, "added": stamp}
+        key = (row["tool"], row["config"])
+        if key in index:
+            accuracy["rows"][index[key]] = row
+        else:
+            index[key] = len(accuracy["rows"])
+            accuracy["rows"].append(row)
+        names.append(f"{key[0]}/{key[1]}")
+    load = added.get("load_average")
+    results.setdefault("added_rows", []).append(
+        {"workload": workload, "rows": names, **stamp, "load_average": load}
+    )
+    return names
+
+
+def add_files(results: dict, paths: list[Path]) -> None:
+    """``add_rows`` for each rows file, in order (a later file wins over an earlier one)."""
+    for path in paths:
+        add_rows(results, json.loads(Path(path).read_text()), source=str(path))

@@ -1,0 +1,111 @@
+"""Rows measured after a bench run, merged into its results (``bench/suite/merge.py``).
+
+Hand-made results: a replaced row must change the verdict the report prints, a new row must join
+ours' best, and the header must say which rows were measured later, at which version. A rows file
+with another number of calibration repeats, or for a workload the run did not measure, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import main as bench_main  # noqa: E402
+from bench.suite import machine, merge, report, verdicts  # noqa: E402
+
+
+def _row(tool, config, values, default=False):
+    return {"tool": tool, "method": config, "config": config, "default": default,
+            "values": values, "sqnr_db": sorted(values)[len(values) // 2]}  # fmt: skip
+
+
+def _run():
+    rows = [
+        _row("quantbridge", "default", [15.0, 15.2, 15.4], default=True),
+        _row("nncf", "default", [14.0, 14.1, 14.2], default=True),
+        _row("nncf", "mixed", [19.0, 19.3, 19.4]),
+    ]
+    accuracy = {"metric": "sqnr", "repeats": 3, "rows": rows}
+    return {"workloads": {"ocr_det": {"title": "Detector", "notes": [], "accuracy": accuracy}}}
+
+
+def _whole_run():
+    """``_run`` with what the report's header reads (this machine's description)."""
+    return {**_run(), "command": "python -m bench --quick", "mode": "quick",
+            "started": "2026-12-01", "machine": {**machine.describe(ROOT), "priority": "off"}}  # fmt: skip
+
+
+def _added(rows, repeats=3, workload="ocr_det"):
+    return {"command": "python -m bench.peer_rows ocr_det --tools quantbridge",
+            "finished": "2026-12-01 23:59:00 UTC", "load_average": [3.0, 3.0, 3.0],
+            "git": {"commit": "abc1234", "branch": "main", "library_modified": False},
+            "workload": workload, "repeats": repeats, "metric": "sqnr", "rows": rows}  # fmt: skip
+
+
+def _best_verdict(results):
+    (row,) = [t for t in verdicts.accuracy_targets(results) if "best" in t[0]]
+    return row
+
+
+def test_a_new_row_joins_ours_best_and_flips_the_verdict():
+    results = _run()
+    assert _best_verdict(results)[2] == "**not met**"  # 15.2 < 19.3
+    names = merge.add_rows(results, _added([_row("quantbridge", "split", [20.1, 20.2, 20.4])]))
+    assert names == ["quantbridge/split"]
+    rows = results["workloads"]["ocr_det"]["accuracy"]["rows"]
+    assert [r["config"] for r in rows] == ["default", "default", "mixed", "split"]
+    assert rows[-1]["added"]["git"]["commit"] == "abc1234"
+    assert _best_verdict(results)[2] == "met"
+
+
+def test_a_row_of_the_same_tool_and_configuration_is_replaced():
+    results = _run()
+    merge.add_rows(results, _added([_row("quantbridge", "default", [16.0, 16.1, 16.2], True)]))
+    rows = results["workloads"]["ocr_det"]["accuracy"]["rows"]
+    assert len(rows) == 3
+    assert rows[0]["values"] == [16.0, 16.1, 16.2] and "added" in rows[0]
+    # the default verdict now compares 16.x with NNCF's 14.x, repeat by repeat: +2.0 dB each
+    (default,) = [t for t in verdicts.accuracy_targets(results) if "default" in t[0]]
+    assert default[2] == "met"
+
+
+def test_the_header_says_which_rows_were_measured_later():
+    results = _whole_run()
+    merge.add_rows(results, _added([_row("quantbridge", "split", [20.1, 20.2, 20.4])]))
+    text = report.render(results)
+    assert "merged in (`--add`): ocr_det: `quantbridge/split`" in text
+    assert "main@abc1234" in text and "load average 3.0" in text
+
+
+def test_refused_rows_name_the_file_and_the_fix():
+    with pytest.raises(
+        ValueError, match=r"x\.json: 1 calibration repeats, the run has 3; .*--repeats 3"
+    ):
+        merge.add_rows(_run(), _added([], repeats=1), source="x.json")
+    with pytest.raises(
+        ValueError, match=r"workload 'minilm' has no accuracy figure .*\['ocr_det'\]"
+    ):
+        merge.add_rows(_run(), _added([], workload="minilm"))
+    with pytest.raises(ValueError, match="not a `python -m bench.peer_rows` file"):
+        merge.add_rows(_run(), {"rows": []})
+
+
+def test_render_with_add_writes_the_merged_report(tmp_path):
+    run = _whole_run()
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "rows.json").write_text(
+        json.dumps(_added([_row("quantbridge", "split", [20.1, 20.2, 20.4])]))
+    )
+    md = tmp_path / "B.md"
+    argv = ["--render", str(tmp_path / "run.json"), "--add", str(tmp_path / "rows.json")]
+    assert bench_main([*argv, "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "`quantbridge/split`" in text and "20.20" in text
+    with pytest.raises(SystemExit):  # --add without --render: nothing to merge into
+        bench_main(["--add", str(tmp_path / "rows.json")])
