@@ -124,3 +124,27 @@ def test_numpy_and_torch_agree_bit_for_bit(x, scale, zero_point):
         _bits(dequantize(q, scale, zero_point)),
         _bits(dequantize(torch.from_numpy(q), scale, zero_point)),
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    x=arrays(F32, (3, 5), elements=st.floats(width=32)),  # NaN, +-inf, -0.0, 3e38 included
+    scale=arrays(F32, 3, elements=st.floats(2.0**-30, 2.0**30, width=32)),
+    zero_point=arrays(np.int32, 3, elements=st.integers(-128, 255)),
+    per_channel=st.booleans(),
+    signed=st.booleans(),
+)
+def test_fake_quantize_is_dequantize_of_quantize_bit_for_bit(
+    x, scale, zero_point, per_channel, signed
+):
+    # fake_quantize runs the composed formula in fewer passes (clip(round(t), qmin - z, qmax - z)
+    # instead of clip(round(t) + z, qmin, qmax) - z, NaN -> 0 after the division): the result
+    # must be the composition's to the bit, +0.0 for a zero code included (no -0.0).
+    qmin, qmax = (-128, 127) if signed else (0, 255)
+    zero_point = np.clip(zero_point, qmin, qmax).astype(F32)
+    axis, s, z = (0, scale, zero_point) if per_channel else (None, scale[0], zero_point[0])
+    for xs in (x, torch.from_numpy(x)):
+        expected = dequantize(quantize(xs, s, z, qmin, qmax, axis), s, z, axis)
+        np.testing.assert_array_equal(
+            _bits(fake_quantize(xs, s, z, qmin, qmax, axis)), _bits(expected)
+        )
