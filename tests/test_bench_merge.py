@@ -109,3 +109,21 @@ def test_render_with_add_writes_the_merged_report(tmp_path):
     assert "`quantbridge/split`" in text and "20.20" in text
     with pytest.raises(SystemExit):  # --add without --render: nothing to merge into
         bench_main(["--add", str(tmp_path / "rows.json")])
+
+
+def test_a_partial_run_replaces_whole_workloads_and_the_cost_figure():
+    results = {**_run(), "mode": "quick", "plan": {"repeats": 3}, "cost": {"old": True}}
+    part = _run()
+    part["workloads"]["ocr_det"]["accuracy"]["rows"][1] = _row("nncf", "default", [16.0] * 3, True)
+    part |= {"mode": "quick", "plan": {"repeats": 3}, "cost": {"new": True},
+             "command": "python -m bench --quick --only ocr_det", "started": "2026-12-01 23:50",
+             "machine": {"git": {"commit": "def5678"}, "load_average_end": [2.0, 2.0, 2.0]}}  # fmt: skip
+    assert merge.add_run(results, part) == ["ocr_det", "cost figure"]
+    assert results["cost"] == {"new": True}
+    (default,) = [t for t in verdicts.accuracy_targets(results) if "default" in t[0]]
+    assert default[2] == "**not met**"  # NNCF's default now 16.0 > ours' 15.x
+    assert results["added_rows"][-1]["git"]["commit"] == "def5678"
+    with pytest.raises(ValueError, match="a 'full' run cannot replace parts of a 'quick' run"):
+        merge.add_run(results, {**part, "mode": "full"})
+    with pytest.raises(ValueError, match="1 calibration repeats, the run has 3"):
+        merge.add_run(results, {**part, "plan": {"repeats": 1}})

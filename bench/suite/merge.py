@@ -9,8 +9,13 @@ same tool and configuration is replaced, a new one is appended. Every added row 
 addition under ``"added_rows"``, which the report's header prints: the report says which numbers
 were measured when, at which version.
 
+A partial run (``python -m bench --quick --only W1,W2 --json PART.json``, same mode) can be added
+too: its workloads replace the run's whole entries (every figure of them: accuracy rows of every
+tool, speed), its cost figure the run's, each listed in ``"added_rows"`` the same way.
+
 Refused (``ValueError`` naming the file and the fix): a rows file for a workload the run did not
-measure, or with another number of calibration repeats (the verdicts compare repeat by repeat).
+measure, with another number of calibration repeats (the verdicts compare repeat by repeat), or a
+partial run of another mode.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["add_rows", "add_files"]
+__all__ = ["add_rows", "add_run", "add_files"]
 
 
 def add_rows(results: dict, added: dict, source: str = "rows file") -> list[str]:
@@ -64,7 +69,49 @@ def add_rows(results: dict, added: dict, source: str = "rows file") -> list[str]
     return names
 
 
+def add_run(results: dict, part: dict, source: str = "partial run") -> list[str]:
+    """Replace ``results``' workloads (and cost figures) by those of ``part``, a partial
+    ``python -m bench`` run of the same mode; returns the names replaced."""
+    if part.get("mode") != results.get("mode"):
+        raise ValueError(
+            f"{source}: a {part.get('mode')!r} run cannot replace parts of a "
+            f"{results.get('mode')!r} run; measure again with the run's mode"
+        )
+    repeats = (part.get("plan") or {}).get("repeats")
+    if repeats != (results.get("plan") or {}).get("repeats"):
+        raise ValueError(
+            f"{source}: {repeats} calibration repeats, the run has "
+            f"{(results.get('plan') or {}).get('repeats')}; measure again with the same --repeats"
+        )
+    names = []
+    for name, entry in part.get("workloads", {}).items():
+        results["workloads"][name] = {**entry, "added": True}
+        names.append(name)
+    for key in ("cost", "cost_ocr_det"):
+        if key in part:
+            results[key] = part[key]
+            names.append(f"{key} figure")
+    machine = part.get("machine") or {}
+    load = machine.get("load_average_end")
+    results.setdefault("added_rows", []).append(
+        {
+            "workload": "whole workloads",
+            "rows": names,
+            "command": part.get("command", "?"),
+            "git": machine.get("git") or {},
+            "finished": part.get("started", "?") + " (started)",
+            "load_average": load,
+        }  # fmt: skip
+    )
+    return names
+
+
 def add_files(results: dict, paths: list[Path]) -> None:
-    """``add_rows`` for each rows file, in order (a later file wins over an earlier one)."""
+    """``add_rows`` (a ``bench.peer_rows`` file) or ``add_run`` (a partial run) for each file,
+    in order (a later file wins over an earlier one)."""
     for path in paths:
-        add_rows(results, json.loads(Path(path).read_text()), source=str(path))
+        doc = json.loads(Path(path).read_text())
+        if "workloads" in doc:
+            add_run(results, doc, source=str(path))
+        else:
+            add_rows(results, doc, source=str(path))
