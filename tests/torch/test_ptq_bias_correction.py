@@ -267,3 +267,20 @@ def test_sequential_walk_equals_a_quantized_pass_per_layer(monkeypatch, memory):
         bias = plain.get_parameter(name).abs() + shift.abs()
         bound = 2 * torch.finfo(torch.float32).eps * bias
         assert torch.all((got[name] - shift).abs() <= bound), name
+
+
+def test_channel_means_are_float64_means_over_every_other_dim():
+    # _channel_means reduces in one float64-accumulating sum (no float64 copy, no transpose);
+    # reference: float64 copy, channels last, column sums. Equal to float64 rounding; a 1-D
+    # linear output (an unbatched call) is its own sum, not a scalar.
+    from quantbridge.torch.ptq._bias_correction import _channel_means
+
+    conv = type("N", (), {"target": torch.ops.aten.conv2d.default})()
+    linear = type("N", (), {"target": torch.ops.aten.linear.default})()
+    y = torch.randn(3, 5, 7, 4) * 100
+    for node, axis, value in ((conv, 1, y), (linear, 3, y), (linear, 0, y[0, 0, 0])):
+        sums, counts = {}, {}
+        _channel_means(node, value, sums, counts)
+        ref = value.double().movedim(axis, -1).reshape(-1, value.shape[axis])
+        assert counts[node] == ref.shape[0]
+        torch.testing.assert_close(sums[node], ref.sum(0), rtol=1e-12, atol=1e-9)

@@ -81,9 +81,12 @@ def _corrected_layers(qmodel: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 def _channel_means(node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dict) -> None:
     axis = 1 if node.target in CONV_OPS else y.ndim - 1
-    y = y.double().movedim(axis, -1).reshape(-1, y.shape[axis])
-    sums[node] = sums.get(node, 0) + y.sum(0)
-    counts[node] = counts.get(node, 0) + y.shape[0]
+    # one float64-accumulating reduction over every other dim: no float64 copy, no transpose
+    # (a 1-D output is its own sum: ``sum(dim=())`` would reduce every dim)
+    dims = tuple(d for d in range(y.ndim) if d != axis)
+    total = y.sum(dim=dims, dtype=torch.float64) if dims else y.double()
+    sums[node] = sums.get(node, 0) + total
+    counts[node] = counts.get(node, 0) + y.numel() // y.shape[axis]
 
 
 def tap_means(
