@@ -192,6 +192,34 @@ def test_weighted_inputs_counts_convs_and_matmuls_on_int8_values(tmp_path):
     assert counts == {"file_int8_weighted": 2, "file_float_weighted": 2}
 
 
+def test_residual_adds_counts_adds_of_two_int8_activations(tmp_path):
+    """ModelOpt's CNN layout: a residual add whose shortcut is dequantized and whose other operand
+    is a float conv output is float; an add of two dequantized values (one through a MaxPool) is
+    int8; an add of a constant (a bias) is no residual add."""
+    nodes = [*_qdq("x"), *_qdq("y")]
+    nodes.append(helper.make_node("Relu", ["x"], ["r"]))  # float activation
+    nodes.append(helper.make_node("Add", ["x_dq", "r"], ["a1"]))  # float
+    nodes.append(helper.make_node("MaxPool", ["y_dq"], ["p"], kernel_shape=[1, 1]))
+    nodes.append(helper.make_node("Add", ["x_dq", "p"], ["a2"]))  # int8 through MaxPool
+    nodes.append(helper.make_node("Add", ["a1", "b"], ["a3"]))  # bias: not counted
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3, 3]) for n in ("x", "y")],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("a2", "a3")],
+        [
+            numpy_helper.from_array(np.ones((1, 2, 1, 1), np.float32), "b"),
+            numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+            numpy_helper.from_array(np.array(0, np.int8), "z"),
+        ],
+    )
+    onnx.save(helper.make_model(graph), str(tmp_path / "g.onnx"))
+    assert accuracy.residual_adds(tmp_path / "g.onnx") == {
+        "file_int8_adds": 1,
+        "file_float_adds": 1,
+    }
+
+
 def _row(tool: str, value: float, default: bool, graph: dict) -> dict:
     return {"tool": tool, "config": "default" if default else "best", "method": "m",
             "default": default, "values": [value], "graph": graph}  # fmt: skip

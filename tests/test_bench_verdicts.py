@@ -309,6 +309,58 @@ def test_summary_table_compares_int8_rows_only_signed_with_spread():
     assert verdict == "**not met**"
 
 
+def test_both_conv_inputs_only_rows_say_their_layout_in_the_summary():
+    """Ours under activation_scope="weighted_inputs" and ModelOpt's CNN file both leave their
+    residual adds float (accuracy.residual_adds): the summary marks both rows, compared as any
+    INT8 rows are, and an all-activations row (NNCF's: adds on int8 values) carries no mark."""
+
+    def census(row, int8_adds, float_adds):
+        graph = {"file_int8_weighted": 20, "file_float_weighted": 1,
+                 "file_int8_adds": int8_adds, "file_float_adds": float_adds}  # fmt: skip
+        return {**row, "graph": graph}
+
+    rows = [
+        census(_row("quantbridge", "default", [47.0], True), 8, 0),
+        census(_row("quantbridge", "conv", [68.0]), 0, 8),
+        census(_row("nncf", "default", [43.0], True), 8, 0),
+        census(_row("modelopt", "max", [53.0], True), 0, 8),
+    ]
+    acc = _results(rows)["workloads"]["w"]["accuracy"]
+    lines = accuracy_summary.workload_rows("w", acc, "sqnr_db")
+    cells = [[c.strip() for c in ln.split("|")[1:-1]] for ln in lines]
+    mark = "layout: conv inputs only, 8 of 8 residual adds float"
+    assert cells[0][1] == "47.00 dB"  # ours' default: every activation, no mark
+    assert cells[0][2] == f"68.00 dB (conv); {mark}"
+    assert cells[0][3:6] == ["nncf", "43.00 dB", "43.00 dB (default)"]
+    assert cells[1][3:6] == ["modelopt", f"53.00 dB; {mark}", f"53.00 dB (max); {mark}"]
+    # the marked rows are still INT8 results, compared signed: 68 - 53
+    best = next(c for c in verdicts.compare(acc, "sqnr_db")
+                if c["kind"] == "best" and c["peer"] == "modelopt")  # fmt: skip
+    assert best["status"] == "ahead" and best["delta"]["median"] == 15.0
+    # half the adds int8 or fewer float than int8: not this layout; no census: no mark
+    assert verdicts.layout({"graph": {"file_int8_adds": 4, "file_float_adds": 4}}) is not None
+    assert verdicts.layout({"graph": {"file_int8_adds": 5, "file_float_adds": 3}}) is None
+    assert verdicts.layout({"graph": {"file_int8_weighted": 20}}) is None
+
+
+def test_constant_output_sqnr_is_how_far_the_input_dependent_part_lies_below():
+    """Hand-made: two samples 3 +- 1 (sum of squares 16 + 4 = 20), their deviation from the mean
+    3 is +-1 (sum 2): a constant output 3 scores exactly 10 log10(20 / 2) = 10 dB."""
+    from bench.suite import accuracy, report_accuracy
+
+    ref = np.array([[4.0], [2.0]], np.float32)
+    assert accuracy.constant_output_sqnr_db(ref) == pytest.approx(10.0, abs=1e-9)  # exact ratio
+    # an input-independent float output: no input-dependent part, a constant is exact
+    assert accuracy.constant_output_sqnr_db(np.ones((3, 2), np.float32)) == float("inf")
+    assert "scores 45.80 dB" in report_accuracy.constant_note(45.8)
+    results = _results(
+        [_row("quantbridge", "default", [44.6], True), _row("nncf", "d", [43.0], True)]
+    )
+    results["workloads"]["w"]["accuracy"]["constant_sqnr_db"] = 45.8
+    table = "\n".join(accuracy_summary.table(results, {"sqnr_db": "SQNR dB vs float"}))
+    assert "| w (SQNR dB vs float; an output ignoring the input: 45.80 dB) | 44.60 dB |" in table
+
+
 def test_summary_table_when_no_peer_row_is_int8_or_ours_failed():
     def census(row, int8, floats):
         return {**row, "graph": {"file_int8_weighted": int8, "file_float_weighted": floats}}

@@ -130,6 +130,45 @@ def weighted_inputs(path: Path) -> dict[str, int]:
     return {"file_int8_weighted": int8, "file_float_weighted": len(weighted) - int8}
 
 
+def residual_adds(path: Path) -> dict[str, int]:
+    """The file's adds of two activations (residual adds; an add of a constant, a bias, is not
+    one): on int8 values (both operands come from a DequantizeLinear, through data movement) or
+    not. Tells the layouts apart (``verdicts.layout``): ours' default and NNCF's files quantize
+    both operands; ModelOpt's quantizes the shortcut only and ``activation_scope=
+    "weighted_inputs"`` neither, so their residual sums (what a ResNet's output carries) stay
+    float."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {i.name for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+
+    def dequantized(name: str) -> bool:
+        node = producer.get(name)
+        while node is not None and node.op_type in DATA_MOVEMENT_OPS and node.input:
+            node = producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    adds = [n for n in model.graph.node if n.op_type == "Add" and len(n.input) == 2]
+    adds = [n for n in adds if not any(i in constants for i in n.input)]
+    int8 = sum(1 for n in adds if all(dequantized(i) for i in n.input))
+    return {"file_int8_adds": int8, "file_float_adds": len(adds) - int8}
+
+
+def constant_output_sqnr_db(ref: np.ndarray) -> float:
+    """The SQNR a model scores that ignores its input and outputs the float model's mean output
+    over the evaluation samples: ``10 log10(sum ref^2 / sum (ref - mean)^2)``, how far the
+    input-dependent part of the float output lies below its constant part. Random-weight CNNs
+    whose BN statistics do not match their activations lose the input layer after layer
+    (ResNet-18-style, bench quick: 45.8 dB; MobileNetV2-style: 142 dB, its logits do not depend
+    on the input at float32 precision): a row's SQNR there mostly measures how well it keeps
+    the constant part (the biases' accumulated mean error), and a row below this value tracks
+    the input less than a constant does."""
+    ref = ref.astype(np.float64)
+    return sqnr_db(ref, np.broadcast_to(ref.mean(0, keepdims=True), ref.shape))
+
+
 def ort_compute(path: Path) -> dict[str, int]:
     """What ONNX Runtime's optimized graph runs (``engines.compute_ops``): integer operators
     (QLinearConv, QGemm, QLinearAdd, ...) and weighted ops left in float. A QDQ file whose convs
@@ -164,6 +203,7 @@ def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, fil
             if r == 0:
                 files[f"{c.tool}/{c.name}"] = str(path)
                 extra["graph"] = quantized_coverage(path) | weighted_inputs(path)
+                extra["graph"] |= residual_adds(path)
                 extra["graph"] |= ort_compute(path)
         key = key or next(iter(scores))
         values.append(scores[key])
@@ -189,6 +229,8 @@ def run(
     result: dict = {
         "metric": w.metric,
         "float": score(w, ref, ref) if w.metric in ("top1", "lines") else None,
+        # the score of an output that ignores the input (``constant_output_sqnr_db``)
+        "constant_sqnr_db": constant_output_sqnr_db(ref) if w.metric == "sqnr" else None,
         "repeats": repeats,
         "rows": [],
         "files": {},

@@ -33,7 +33,8 @@ def value(row: dict, key: str) -> str:
 
 def row_cell(row: dict | None, key: str, named: bool) -> str:
     """A chosen row: its value (and configuration when ``named``), or ``failed: <reason>``, or
-    its value marked ``not INT8``."""
+    its value marked ``not INT8``; and its layout where it is not every activation quantized
+    (``verdicts.layout``)."""
     if row is None:
         return "not run"
     if "error" in row:
@@ -42,7 +43,9 @@ def row_cell(row: dict | None, key: str, named: bool) -> str:
         return f"not run: {row['not_applicable']}"
     text = value(row, key) + (f" ({row['config']})" if named else "")
     why = verdicts.not_int8(row)
-    return f"{text}; {why}" if why else text
+    text = f"{text}; {why}" if why else text
+    layout = verdicts.layout(row)  # a file that leaves its residual sums float says so
+    return f"{text}; {layout}" if layout else text
 
 
 def difference_cell(c: dict, key: str) -> str:
@@ -87,5 +90,7 @@ def table(results: dict, metric_names: dict[str, str]) -> list[str]:
         if not acc or "config" not in (acc["rows"] or [{}])[0]:
             continue
         key = verdicts.primary(acc["metric"])
-        body += workload_rows(f"{name} ({metric_names.get(key, key)})", acc, key)
+        floor = acc.get("constant_sqnr_db")  # what an input-blind output scores (accuracy)
+        floor = f"; an output ignoring the input: {floor:.2f} dB" if floor is not None else ""
+        body += workload_rows(f"{name} ({metric_names.get(key, key)}{floor})", acc, key)
     return [*HEADER, *body, ""] if body else []

@@ -89,6 +89,8 @@ def section(results: dict) -> list[str]:
         if acc.get("float"):
             out.append(f"Float model in ONNX Runtime: {FLOAT_NAMES[key]} "
                        f"{_value(key, acc['float'][key])}.")  # fmt: skip
+        if acc.get("constant_sqnr_db") is not None:
+            out.append(constant_note(acc["constant_sqnr_db"]))
         out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
         extra = " | text-mask IoU" if name == "ocr_det" else ""
         out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | ours - row (default / best) | quantize s | activation Q (+ float weights Q'd at run time) |",
@@ -108,6 +110,16 @@ def section(results: dict) -> list[str]:
             )
         out.append("")
     return out
+
+
+def constant_note(db: float) -> str:
+    """What an output that ignores the input scores here (``accuracy.constant_output_sqnr_db``)."""
+    return (
+        f"An output that ignores the input (the float model's mean output over the evaluation "
+        f"samples) scores {db:.2f} dB: the float output's input-dependent part lies {db:.2f} dB "
+        "below its constant part, so a row's SQNR minus this value is how well it tracks the "
+        "input, and a row below it tracks the input less than a constant does."
+    )
 
 
 def vs_ours(acc: dict, row: dict, key: str) -> str:
@@ -147,6 +159,8 @@ def _coverage(graph: dict | None) -> str:
     if "file_int8_weighted" in graph:  # the file's arithmetic (accuracy.weighted_inputs)
         ort += (f"; int8 inputs: {graph['file_int8_weighted']} of "
                 f"{graph['file_int8_weighted'] + graph['file_float_weighted']} conv/gemm")  # fmt: skip
+    if "file_int8_adds" in graph:  # residual adds on int8 values or not (accuracy.residual_adds)
+        ort += f"; residual adds: {graph['file_int8_adds']} int8, {graph['file_float_adds']} float"
     if "ort_int8_ops" in graph:  # what ONNX Runtime's optimized graph ran (accuracy.ort_compute)
         ort += f"; ORT: {graph['ort_int8_ops']} int8 ops, {graph['ort_float_weighted_ops']} float conv/gemm"
     return f"{graph['activation_q']}{extra}{ort}"

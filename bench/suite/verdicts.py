@@ -63,6 +63,20 @@ def not_int8(row: dict) -> str | None:
     return f"not INT8 in ORT: {int8} int8 ops, {floats} weighted ops float"
 
 
+def layout(row: dict) -> str | None:
+    """``"conv inputs only"`` when the row's file leaves most of its residual adds on float
+    values (``accuracy.residual_adds``: ModelOpt's CNN files, NNCF's transformer row, ours under
+    ``activation_scope="weighted_inputs"``), else None (every activation quantized, no residual
+    add, or no census). Such a file is INT8 in its convs (``not_int8``) but not the same INT8
+    model as one whose residual sums are int8 too: the report says so beside the row wherever it
+    is compared, for ours as for a peer, so neither side's win reads cleaner than it is."""
+    graph = row.get("graph") or {}
+    floats, int8 = graph.get("file_float_adds", 0), graph.get("file_int8_adds", 0)
+    if floats == 0 or floats < int8:
+        return None
+    return f"layout: conv inputs only, {floats} of {floats + int8} residual adds float"
+
+
 def _best(rows: list[dict], key: str) -> dict | None:
     ok = [r for r in rows if row_value(r, key) is not None and not_int8(r) is None]
     return max(ok, key=lambda r: row_value(r, key)) if ok else None

@@ -45,8 +45,9 @@ e.g. ``dataclasses.replace(Recipe.preset("native"), equalize=True, bias_correcti
 ``activation_scope="weighted_inputs"`` (off, ``"all"``, in every preset): only the inputs of
 conv / linear and both matmul operands are quantized, every element-wise op float (NNCF's
 transformer layout; ``torch._scope``, docs/attention.md): MiniLM-L6 with SmoothQuant "auto"
-0.9965 mean cosine in ORT vs 0.9928 for the ``transformer`` preset; not integer-only, and not
-for CNNs (ORT runs a conv whose output is not quantized in float).
+0.9965 mean cosine in ORT vs 0.9928 for the ``transformer`` preset; not integer-only. On CNNs it
+is ModelOpt's layout (conv inputs only, residual adds float; ORT runs a conv whose output is not
+quantized in float on its int8 inputs): the bench's row ``peers.CONV_INPUTS``.
 
 Every preset also puts the constant operand of a quantized add / mul (``x * 0.1666``, ``x + 3.0``,
 ``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
