@@ -62,7 +62,25 @@ def test_score_dispatches_the_line_metrics():
     assert accuracy.score(rec, _probs(steps), _probs(steps)) == {"lines": 0.5}
     cls = Workload("ocr_cls", "t", "agreement", Path("x"), [], [], [])
     ref = np.array([[0.9, 0.1], [0.2, 0.8]], np.float32)
-    assert accuracy.score(cls, ref, ref[::-1].copy()) == {"agreement": 0.0}
+    scores = accuracy.score(cls, ref, ref[::-1].copy())
+    assert scores["agreement"] == 0.0 and set(scores) == {"agreement", "logit_sqnr_db"}
+
+
+def test_logit_sqnr_is_the_sqnr_of_the_logits_behind_the_softmax():
+    z_ref = np.array([[2.0, -1.0, 0.5], [0.1, 0.3, -2.0], [-3.0, 4.0, 1.0]])
+    z_out = z_ref + np.array([[0.2, -0.1, 0.0], [-0.3, 0.1, 0.4], [0.0, 0.5, -0.2]])
+    softmax = lambda z: np.exp(z) / np.exp(z).sum(-1, keepdims=True)  # noqa: E731
+    # independent reference: the centred logits themselves, no log of probabilities
+    centred = lambda z: z - z.mean(-1, keepdims=True)  # noqa: E731
+    e = centred(z_out) - centred(z_ref)
+    expected = 10 * np.log10(np.sum(centred(z_ref) ** 2) / np.sum(e**2))
+    p_ref, p_out = softmax(z_ref).astype(np.float32), softmax(z_out).astype(np.float32)
+    # float32 probabilities: log p carries ~1e-7 relative error, far below 1e-4 dB here
+    assert ocr_lines.logit_sqnr_db(p_ref, p_out) == pytest.approx(expected, abs=1e-4)
+    assert ocr_lines.logit_sqnr_db(p_ref, p_ref) == float("inf")
+    # a shift of every logit of a sample is invisible after softmax, and to the metric
+    shifted = softmax(z_out + 7.0).astype(np.float32)
+    assert ocr_lines.logit_sqnr_db(p_ref, shifted) == pytest.approx(expected, abs=1e-4)
 
 
 def _row(tool, config, values, default=False, key="lines"):
@@ -109,3 +127,10 @@ def test_absolute_goals_are_judged_on_ours_best_int8_row():
     )
     assert goals["Goal: OCR detector >= 20 dB SQNR"][1] == "**not met**"
     assert not any("MiniLM" in t for t in goals)  # not run: not judged
+
+
+def test_classifier_rows_show_the_logit_sqnr_of_every_repeat():
+    row = {"logit_sqnr_db_values": [19.35, 20.56, 19.79], "logit_sqnr_db": 20.56}
+    assert report_accuracy._extra_cell("ocr_cls", row) == " | 19.79 [19.35-20.56]"
+    assert report_accuracy._extra_cell("ocr_cls", {"error": "x"}) == " | -"
+    assert report_accuracy._extra_cell("ocr_det", {"mask_iou": 0.9403}) == " | 0.940"

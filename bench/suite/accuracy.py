@@ -50,7 +50,8 @@ def score(w: Workload, ref: np.ndarray, out: np.ndarray) -> dict[str, float]:
     if w.metric == "lines":  # against the rendered texts, not against float
         return {"lines": ocr_lines.lines_read(out, w.labels, w.characters)}
     if w.metric == "agreement":
-        return {"agreement": ocr_lines.same_label(ref, out)}
+        return {"agreement": ocr_lines.same_label(ref, out),
+                "logit_sqnr_db": ocr_lines.logit_sqnr_db(ref, out)}  # fmt: skip
     if w.metric == "cosine":
         return {"cosine": mean_cosine(ref, out)}
     result = {"sqnr_db": sqnr_db(ref, out)}
@@ -207,7 +208,10 @@ def _config_row(c: peers.Config, w: Workload, work: Path, ref, repeats: int, fil
                 extra["graph"] |= ort_compute(path)
         key = key or next(iter(scores))
         values.append(scores[key])
-        extra |= {k: v for k, v in scores.items() if k != key}  # mask IoU: repeat 0's
+        for k, v in scores.items():  # mask IoU, logit SQNR: repeat 0's, and every repeat's
+            if k != key:
+                extra.setdefault(k, v)
+                extra.setdefault(f"{k}_values", []).append(v)
         seconds.append(secs.pop("total_s", None))
         extra |= {k: v for k, v in secs.items() if k not in ("calibrate_s", "export_s")}
     return {key: statistics.median(values), "values": values, **extra,

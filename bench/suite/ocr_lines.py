@@ -12,6 +12,11 @@ Metrics (higher is better, fractions in [0, 1]):
   ``metadata_props``) against the rendered text. The float model's own fraction is shown beside.
 * ``same_label``: the classifier's fraction of lines given the same class as the float model
   (argmax of the two-class output); half of the evaluation lines are upside down.
+* ``logit_sqnr_db`` (beside it, not a verdict): SQNR of the classifier's logits against float's,
+  read from its softmax output. On 32 lines one flipped line is 3.12 points and the flip is
+  decided by the one or two lines whose float margin is near 0 (ocr_cls, 2026-12-01: a line at
+  p = 0.61 flipped or not with the torch thread count of ours' calibration); the SQNR measures
+  every line (``python -m bench.cls_study``, bench/README.md).
 """
 
 from __future__ import annotations
@@ -56,6 +61,23 @@ def lines_read(probabilities: np.ndarray, texts: list[str], chars: list[str]) ->
     if len(read) != len(texts):
         raise ValueError(f"{len(read)} read-outs for {len(texts)} lines")
     return float(np.mean([a == b for a, b in zip(read, texts, strict=True)]))
+
+
+def logit_sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    """SQNR (dB) of ``out``'s logits against ``ref``'s, both softmax outputs (samples x classes):
+    ``log p`` minus its mean over the classes is the logits minus theirs (softmax forgets only
+    that constant), ``10 log10(sum z_ref^2 / sum (z_out - z_ref)^2)`` in float64. Probabilities
+    are clipped at float32's smallest normal number (an underflowed class: log 0)."""
+    if ref.shape != out.shape:
+        raise ValueError(f"outputs of shape {out.shape} against float's {ref.shape}")
+
+    def centred(p: np.ndarray) -> np.ndarray:
+        z = np.log(np.maximum(p.astype(np.float64), np.finfo(np.float32).tiny))
+        return z - z.mean(-1, keepdims=True)
+
+    z_ref, z_out = centred(ref), centred(out)
+    noise = np.sum((z_out - z_ref) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(z_ref**2) / noise))
 
 
 def same_label(ref: np.ndarray, out: np.ndarray) -> float:

@@ -4,6 +4,8 @@ configuration's result per workload. Nothing is measured here."""
 
 from __future__ import annotations
 
+import statistics
+
 from . import accuracy_summary, verdicts
 
 METRIC_NAMES = {"top1": "top-1", "cosine": "mean cosine vs float", "sqnr_db": "SQNR dB vs float",
@@ -92,7 +94,7 @@ def section(results: dict) -> list[str]:
         if acc.get("constant_sqnr_db") is not None:
             out.append(constant_note(acc["constant_sqnr_db"]))
         out += [f"Calibration repeats per row: {acc.get('repeats', 1)}.", ""]
-        extra = " | text-mask IoU" if name == "ocr_det" else ""
+        extra = {"ocr_det": " | text-mask IoU", "ocr_cls": " | logit SQNR dB"}.get(name, "")
         out += [f"| tool | configuration | {METRIC_NAMES[key]}{extra} | ours - row (default / best) | quantize s | activation Q (+ float weights Q'd at run time) |",
                 "|---|---|---|---|---|---|" + ("---|" if extra else "")]  # fmt: skip
         for r in acc["rows"]:
@@ -100,8 +102,7 @@ def section(results: dict) -> list[str]:
             config += " (default)" if r.get("default") and config != "default" else ""
             config += f", {r['variant']}" if r.get("variant") else ""
             config += _fed(r)
-            iou = r.get("mask_iou")
-            iou = f" | {iou:.3f}" if extra and iou is not None else (" | -" if extra else "")
+            iou = _extra_cell(name, r) if extra else ""
             secs = (r.get("seconds") or {}).get("total_s")
             secs = "-" if secs is None else f"{secs:.1f}"
             out.append(
@@ -120,6 +121,19 @@ def constant_note(db: float) -> str:
         "below its constant part, so a row's SQNR minus this value is how well it tracks the "
         "input, and a row below it tracks the input less than a constant does."
     )
+
+
+def _extra_cell(workload: str, row: dict) -> str:
+    """The det's text-mask IoU (repeat 0's), the classifier's logit SQNR (median [min-max] of
+    the repeats: its agreement turns on one line of 32, the SQNR on every line)."""
+    if workload == "ocr_det":
+        iou = row.get("mask_iou")
+        return " | -" if iou is None else f" | {iou:.3f}"
+    values = row.get("logit_sqnr_db_values") or []
+    if not values:
+        return " | -"
+    med = statistics.median(values)
+    return f" | {med:.2f}" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
 
 
 def vs_ours(acc: dict, row: dict, key: str) -> str:

@@ -27,6 +27,17 @@ def test_shape_mismatch_names_the_input_and_the_expected_shape(cnn):
         qb.compare(path, inputs={"x": bad})
 
 
+def test_a_negative_dim_value_is_a_dynamic_size():
+    """Paddle's exporter declares the batch as ``dim_value: -1`` (PP-OCR's classifier); ONNX
+    Runtime runs any batch there, so compare must not refuse a batch of 2 as a shape mismatch."""
+    model = conv_1x1_qdq(0.1, 1.0, 0.2)
+    for v in (*model.graph.input, *model.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = -1
+    x = np.linspace(0, 1, 512, dtype=np.float32).reshape(2, 1, 16, 16)
+    r = qb.compare(model, inputs={"x": x}, engines=["ort-ref"])
+    assert r.errors == {} and r.tensors
+
+
 def test_a_float_model_alone_is_refused_with_the_fix(tmp_path):
     model = conv_1x1_qdq(0.1, 1.0, 0.2)
     floats = helper.make_graph(

@@ -127,7 +127,11 @@ def feeds(model: onnx.ModelProto, inputs: Any, label: str) -> dict[str, np.ndarr
     for v in graph_inputs:
         x = np.asarray(inputs[v.name])
         dims = v.type.tensor_type.shape.dim
-        declared = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        # a negative dim_value is a dynamic size (Paddle's exporter writes -1 for the batch;
+        # ONNX Runtime runs any size there), like a dim_param
+        declared = tuple(
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in dims
+        )
         if len(declared) != x.ndim or any(
             d is not None and d != s for d, s in zip(declared, x.shape, strict=False)
         ):
