@@ -165,6 +165,7 @@ from ._recipe_parts import (
     AdaRound,
     Rule,
     TensorRecipe,
+    check_bias_correction,
     check_choice,
 )
 from ._recipe_parts import check_keys as _check_keys
@@ -189,6 +190,7 @@ _LATER = {
     "activation_scope": "all",
     "reader_bounds": False,
     "split_ranges": False,
+    "bias_correction_mask": "",
 }
 
 
@@ -235,6 +237,9 @@ class Recipe:
     smoothquant: float | str | None = None
     smoothquant_scope: str = "all"  # or "transformer" (``_recipe_parts.SMOOTHQUANT_SCOPES``)
     bias_correction: bool | str = False
+    # a keyword input ("attention_mask"): sequential bias correction's means skip its zero
+    # positions (padding; ``torch.ptq._bias_correction``); "": every position
+    bias_correction_mask: str = ""
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
@@ -267,11 +272,7 @@ class Recipe:
             object.__setattr__(self, "smoothquant", float(sq))
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
-        if self.bias_correction not in (False, True, "sequential"):
-            raise ValueError(
-                f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"
-                " 'sequential' (layer by layer)"
-            )
+        check_bias_correction(self.bias_correction, self.bias_correction_mask)
 
     # -- resolution ---------------------------------------------------------------------------
     def for_module(
