@@ -136,6 +136,24 @@ def masked_bias_correction_recipe():
 
 OURS[MASKED_BIAS_CORRECTION] = masked_bias_correction_recipe
 
+CHECKED_BIAS_CORRECTION = "default with output-checked bias correction"
+
+
+def checked_bias_correction_recipe():
+    """The default preset with ``Recipe.bias_correction_check``: the sequential correction's
+    biases are kept only if the output squared error on the calibration data fell, else the
+    uncorrected biases are restored (MiniLM-L6, torch: the correction raised it 14.18 -> 15.63
+    on the 48 calibration sentences, 18.32 -> 20.87 on 64 held-out ones). Costs one float and
+    two quantized passes over the calibration data."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(qb.Recipe.preset("default"), bias_correction_check=True)
+
+
+OURS[CHECKED_BIAS_CORRECTION] = checked_bias_correction_recipe
+
 
 TRANSFORMER = "transformer (native weights)"
 
@@ -212,6 +230,7 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(Config("quantbridge", MSE_AVX2, workloads=lines))
     out.append(Config("quantbridge", ONE_PASS))
     out.append(Config("quantbridge", MASKED_BIAS_CORRECTION, workloads=("minilm",)))
+    out.append(Config("quantbridge", CHECKED_BIAS_CORRECTION, exclude=lines))
     out.append(Config("quantbridge", TRANSFORMER, workloads=("minilm",)))
     out.append(Config("quantbridge", WEIGHTED_INPUTS, workloads=("minilm",)))
     # u8/s8 per-channel: tools.quantize_ort's form; at opset >= 13 (per-channel needs it)

@@ -191,6 +191,7 @@ _LATER = {
     "reader_bounds": False,
     "split_ranges": False,
     "bias_correction_mask": "",
+    "bias_correction_check": False,
 }
 
 
@@ -240,6 +241,8 @@ class Recipe:
     # a keyword input ("attention_mask"): sequential bias correction's means skip its zero
     # positions (padding; ``torch.ptq._bias_correction``); "": every position
     bias_correction_mask: str = ""
+    # keep the corrected biases only if the output error on the calibration data fell
+    bias_correction_check: bool = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
@@ -272,7 +275,9 @@ class Recipe:
             object.__setattr__(self, "smoothquant", float(sq))
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
-        check_bias_correction(self.bias_correction, self.bias_correction_mask)
+        check_bias_correction(
+            self.bias_correction, self.bias_correction_mask, self.bias_correction_check
+        )
 
     # -- resolution ---------------------------------------------------------------------------
     def for_module(

@@ -369,3 +369,39 @@ def test_sequential_mask_errors_name_the_fix():
     r = qb.Recipe(bias_correction="sequential", bias_correction_mask="attention_mask")
     assert qb.Recipe.from_json(r.to_json()) == r
     assert "bias_correction_mask" not in qb.Recipe.preset("default").to_dict()
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_output_check_keeps_a_correction_that_lowers_the_output_error(sequential):
+    # DepthwiseNet: the correction lowers the output error (first test): the checked run keeps
+    # exactly the unchecked run's biases
+    model = DepthwiseNet()
+    recipe = dataclasses.replace(_recipe(False), bias_correction=False)
+    plain = qb.quantize(model, _data(8, 1), recipe, progress=False)
+    batches = [((x,), {}) for x in _data(8, 1)]
+    checked, unchecked = copy.deepcopy(plain), copy.deepcopy(plain)
+    n = _bias_correction.correct_bias(checked, batches, sequential, False, check=True)
+    assert n == _bias_correction.correct_bias(unchecked, batches, sequential, False) > 0
+    for name, p in unchecked.named_parameters():
+        assert torch.equal(checked.get_parameter(name), p), name
+
+
+def test_output_check_restores_the_biases_when_the_output_error_rises(monkeypatch):
+    # a correction that raises the output error (MiniLM-L6's case, here forced: +1 on every
+    # bias) is undone bit for bit, and reported as 0 layers corrected
+    model = DepthwiseNet()
+    recipe = dataclasses.replace(_recipe(False), bias_correction=False)
+    plain = qb.quantize(model, _data(8, 1), recipe, progress=False)
+    batches = [((x,), {}) for x in _data(8, 1)]
+    wrong = lambda qmodel, layers, batches: {n: torch.ones(1) for n in layers}  # noqa: E731
+    monkeypatch.setattr(_bias_correction, "_local_shifts", wrong)
+    checked, unchecked = copy.deepcopy(plain), copy.deepcopy(plain)
+    reference = [[model(x)] for x in _data(8, 1)]
+    before = _bias_correction.output_error(plain, batches, reference)
+    assert _bias_correction.correct_bias(unchecked, batches, check=False) > 0
+    assert _bias_correction.output_error(unchecked, batches, reference) > before
+    assert _bias_correction.correct_bias(checked, batches, check=True) == 0
+    for name, p in plain.named_parameters():
+        assert torch.equal(checked.get_parameter(name), p), name
+    with pytest.raises(ValueError, match="bias_correction_check=True with bias_correction=False"):
+        qb.Recipe(bias_correction_check=True)

@@ -34,6 +34,15 @@ part about 10x). With the mask's name, a linear's means run over the positions w
 is nonzero, where its output's leading dimensions are the mask's (batch, tokens); elsewhere
 (convolutions, other shapes) over every position as before.
 
+Output check (``Recipe.bias_correction_check``, either variant): a shift that lowers each
+layer's own mean error can still raise the model's output error (MiniLM-L6: the padded-token
+masked sequential shifts lower the held-out error of 33 of the 36 linears, yet the sentence
+embeddings' squared error rises 18.3 -> 19.9, mean cosine 0.857 -> 0.844). With the check, the
+output squared error (every output tensor, float64 sums) against the float model on the
+calibration batches is measured before and after, and the corrected biases are kept only if it
+fell; otherwise the old biases are restored. Cost: one float and two quantized passes, a batch
+at a time.
+
 Layers without a bias are left alone (a new bias would be a new input of the op).
 
 The one-pass shift needs only the mean of each weight tap's input: for a convolution
@@ -53,6 +62,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
 
 from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from .._model import float_mode
@@ -287,16 +297,46 @@ def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:
         bias += shift.to(bias.dtype)
 
 
+def _outputs(qmodel, batches) -> list[list[torch.Tensor]]:
+    """Per batch, the graph's output tensors (flattened), a batch at a time."""
+    found: list = []
+
+    def after(node, values, step):
+        if node.op == "output":
+            leaves = tree_flatten(values[0])[0]
+            found.append([v.detach() for v in leaves if isinstance(v, torch.Tensor)])
+
+    for batch in batches:
+        Lockstep(qmodel, [batch]).run(after)
+    return found
+
+
+def output_error(qmodel, batches, reference: list) -> float:
+    """Sum over ``batches`` and output elements of (quantized - ``reference``)^2, in float64."""
+    total = 0.0
+    for got, want in zip(_outputs(qmodel, batches), reference, strict=True):
+        total += sum(
+            float((g.double() - w.double()).pow(2).sum()) for g, w in zip(got, want, strict=True)
+        )
+    return total
+
+
+def _biases(qmodel, layers) -> dict:
+    return {node: get_tensor(qmodel, attr_node(node.args[2])).detach().clone() for node in layers}
+
+
 def correct_bias(
     qmodel: torch.fx.GraphModule,
     batches,
     sequential: bool = False,
     progress: bool | None = None,
     mask: str = "",
+    check: bool = False,
 ) -> int:
     """Correct each quantized layer's float bias in place from ``batches`` ((args, kwargs)
-    calls); see the module docstring for the two variants and ``mask`` (the keyword input
-    marking real positions, sequential only). Returns the layers corrected."""
+    calls); see the module docstring for the two variants, ``mask`` (the keyword input marking
+    real positions, sequential only) and ``check`` (keep the corrections only if the output
+    error on ``batches`` fell). Returns the layers corrected (0 when the check restored them)."""
     if mask and not sequential:
         raise ValueError(
             f"bias correction mask {mask!r}: only the sequential correction reads it; use"
@@ -305,13 +345,32 @@ def correct_bias(
     layers = _corrected_layers(qmodel)
     if not layers:
         return 0
+    batches = list(batches)
+    if check:
+        with stage("bias correction: output error before", progress):
+            with float_mode(qmodel):
+                reference = _outputs(qmodel, batches)
+            before, saved = output_error(qmodel, batches, reference), _biases(qmodel, layers)
     if sequential:
-        batches = list(batches)
-        masks = position_masks(batches, mask)
-        _correct_sequentially(qmodel, list(layers), batches, progress, masks)
+        _correct_sequentially(
+            qmodel, list(layers), batches, progress, position_masks(batches, mask)
+        )
+    else:
+        with stage(f"bias correction: one pass, {len(layers)} layers", progress):
+            shifts = _local_shifts(qmodel, layers, batches)
+        for node, shift in shifts.items():
+            _add_to_bias(qmodel, node, shift)
+    if not check:
         return len(layers)
-    with stage(f"bias correction: one pass, {len(layers)} layers", progress):
-        shifts = _local_shifts(qmodel, layers, batches)
-    for node, shift in shifts.items():
-        _add_to_bias(qmodel, node, shift)
-    return len(layers)
+    after = output_error(qmodel, batches, reference)
+    kept = after < before
+    with stage(
+        f"bias correction: output error {before:.6g} -> {after:.6g}, "
+        + ("kept" if kept else "biases restored"),
+        progress,
+    ):
+        if not kept:
+            with torch.no_grad():
+                for node, bias in saved.items():
+                    get_tensor(qmodel, attr_node(node.args[2])).copy_(bias)
+    return len(layers) if kept else 0
