@@ -396,7 +396,8 @@ def test_output_check_restores_the_biases_when_the_output_error_rises(monkeypatc
     wrong = lambda qmodel, layers, batches: {n: torch.ones(1) for n in layers}  # noqa: E731
     monkeypatch.setattr(_bias_correction, "_local_shifts", wrong)
     checked, unchecked = copy.deepcopy(plain), copy.deepcopy(plain)
-    reference = [[model(x)] for x in _data(8, 1)]
+    with torch.no_grad():
+        reference = [[model(x)] for x in _data(8, 1)]
     before = _bias_correction.output_error(plain, batches, reference)
     assert _bias_correction.correct_bias(unchecked, batches, check=False) > 0
     assert _bias_correction.output_error(unchecked, batches, reference) > before
