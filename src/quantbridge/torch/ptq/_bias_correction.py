@@ -298,16 +298,12 @@ def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:
 
 
 def _outputs(qmodel, batches) -> list[list[torch.Tensor]]:
-    """Per batch, the graph's output tensors (flattened), a batch at a time."""
-    found: list = []
-
-    def after(node, values, step):
-        if node.op == "output":
-            leaves = tree_flatten(values[0])[0]
-            found.append([v.detach() for v in leaves if isinstance(v, torch.Tensor)])
-
-    for batch in batches:
-        Lockstep(qmodel, [batch]).run(after)
+    """Per batch, the model's output tensors (flattened), a batch at a time."""
+    found = []
+    with torch.no_grad():
+        for args, kwargs in batches:
+            leaves = tree_flatten(qmodel(*args, **kwargs))[0]
+            found.append([v for v in leaves if isinstance(v, torch.Tensor)])
     return found
 
 
