@@ -42,6 +42,12 @@ output squared error (every output tensor, float64 sums) against the float model
 calibration batches is measured before and after, and the corrected biases are kept only if it
 fell; otherwise the old biases are restored. Cost: one float and two quantized passes, a batch
 at a time.
+Why there (measured, not proven causal): past MiniLM's first block 30-99 % of a linear's mean
+error is a gain term (``a_c * mean(y_c)`` of a per-channel fit ``e = a y + b``; a gain + offset
+fit explains 6-33 % of the error variance), so the error is token-dependent and a constant
+fits it at the mean token only; the mean is 1-9 % of each linear's squared error. Not
+overfitting: the output error rises on the calibration sentences themselves (14.18 -> 14.75
+masked, 15.63 unmasked).
 
 Layers without a bias are left alone (a new bias would be a new input of the op).
 
