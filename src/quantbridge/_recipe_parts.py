@@ -36,6 +36,32 @@ def check_choice(what: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{what}={value!r}: use one of {list(choices)}")
 
 
+def check_bias_correction(bias_correction: Any, mask: Any, check: Any) -> None:
+    """``Recipe.bias_correction``, ``bias_correction_mask`` (read only by the sequential
+    correction) and ``bias_correction_check``."""
+    if bias_correction not in (False, True, "sequential"):
+        raise ValueError(
+            f"Recipe.bias_correction={bias_correction!r}: use False, True (one pass) or"
+            " 'sequential' (layer by layer)"
+        )
+    if not isinstance(mask, str):
+        raise TypeError(
+            f"Recipe.bias_correction_mask={mask!r}: the name of a keyword input (e.g."
+            " 'attention_mask'), or '' for every position"
+        )
+    if mask and bias_correction != "sequential":
+        raise ValueError(
+            f"Recipe.bias_correction_mask={mask!r} with bias_correction={bias_correction!r}: only"
+            " the sequential correction reads the mask; set bias_correction='sequential' or"
+            " bias_correction_mask=''"
+        )
+    if not isinstance(check, bool) or (check and not bias_correction):
+        raise ValueError(
+            f"Recipe.bias_correction_check={check!r} with bias_correction={bias_correction!r}:"
+            " a bool, True only with a bias correction (True or 'sequential')"
+        )
+
+
 @dataclass(frozen=True)
 class AdaRound:
     """AdaRound (Nagel et al. 2020): learn each weight's rounding, floor or ceil, layer by layer

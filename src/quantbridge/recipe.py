@@ -166,6 +166,7 @@ from ._recipe_parts import (
     AdaRound,
     Rule,
     TensorRecipe,
+    check_bias_correction,
     check_choice,
 )
 from ._recipe_parts import check_keys as _check_keys
@@ -190,6 +191,8 @@ _LATER = {
     "activation_scope": "all",
     "reader_bounds": False,
     "split_ranges": False,
+    "bias_correction_mask": "",
+    "bias_correction_check": False,
 }
 
 
@@ -236,6 +239,10 @@ class Recipe:
     smoothquant: float | str | None = None
     smoothquant_scope: str = "all"  # or "transformer" (``_recipe_parts.SMOOTHQUANT_SCOPES``)
     bias_correction: bool | str = False
+    # a keyword input ("attention_mask") whose zeros sequential bias correction's means skip
+    bias_correction_mask: str = ""
+    # keep the corrected biases only if the output error on the calibration data fell
+    bias_correction_check: bool = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
@@ -268,11 +275,9 @@ class Recipe:
             object.__setattr__(self, "smoothquant", float(sq))
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
-        if self.bias_correction not in (False, True, "sequential"):
-            raise ValueError(
-                f"Recipe.bias_correction={self.bias_correction!r}: use False, True (one pass) or"
-                " 'sequential' (layer by layer)"
-            )
+        check_bias_correction(
+            self.bias_correction, self.bias_correction_mask, self.bias_correction_check
+        )
 
     # -- resolution ---------------------------------------------------------------------------
     def for_module(

@@ -249,7 +249,8 @@ def calibrate_and_freeze(
         adaround(qmodel, kept, ada, progress)
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
         sequential = recipe.bias_correction == "sequential"
-        correct_bias(qmodel, batches, sequential, progress)
+        mask, check = recipe.bias_correction_mask, recipe.bias_correction_check
+        correct_bias(qmodel, batches, sequential, progress, mask, check)
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
 
