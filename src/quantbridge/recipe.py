@@ -68,78 +68,12 @@ sequential bias correction + ``fold_affine`` + mse: 18.57 -> 19.69 dB, IoU 0.973
 Runtime node by node (fused 18.29 -> 19.62), 71 QLinearConv for its 62 convs. Unmeasured on the
 other workloads, so opt-in.
 
-The default (issue 14), by measurement: the workloads and scoring of ``python -m bench --quick
---only W --figures accuracy`` (``bench.suite.accuracy``; OCR rec / cls as
-``tests/onnx/test_quantize_onnx_ocr.py``), each candidate exported and run in ONNX Runtime fused
-(what users run) / node by node (exact QDQ arithmetic, what a VNNI CPU computes), on an AVX2 CPU
-without VNNI, 2026-12-01. Columns: old default ``int8``; then 7-bit weights + float outputs,
-alone and with each method:
-
-=====================  ============  ============  ============  ============  ============
-workload (metric)      int8 (old)    7b + float    + equalize    + bias corr.  + both
-=====================  ============  ============  ============  ============  ============
-digits (top-1 %)       98.00/97.78   97.78/97.78   97.78/97.78   97.78/97.78   97.78/97.78
-ResNet-18-style (dB)   36.58/40.13   39.61/39.62   -             44.73/44.78   44.68/44.74
-MobileNetV2-style dB   25.40/39.92   40.74/40.74   40.44/40.49   49.41/49.56   49.68/49.64
-PP-OCRv4 det (dB)      12.40/12.20   12.75/12.67   -             12.40/12.53   12.24/12.11
-  its mask IoU         0.930/0.928   0.935/0.933   -             0.929/0.932   0.927/0.925
-MiniLM-L6 (cosine)     0.852/0.855   0.857/0.857   no pairs      0.855/0.855   (= bias corr.)
-PP-OCRv4 rec (lines %) 82.81/81.25   -             -             81.25/82.81   71.9/73.4
-PP-OCRv4 cls (same %)  93.75/99.22   -             -             97.66/97.66   97.66/97.66
-=====================  ============  ============  ============  ============  ============
-
-Peers' defaults (bench rows, same day): digits 97.78 % (ONNX Runtime, NNCF, ModelOpt, PyTorch
-FX; float 97.78); ResNet-18-style NNCF 43.17, ORT 36.65, FX 34.38, ModelOpt 8.62 dB;
-MobileNetV2-style FX 32.97, ORT 30.67, NNCF 25.97, ModelOpt 0.51 dB; OCR det ORT 10.04 dB,
-IoU 0.887 (full run, 2026-11-30); MiniLM ORT 0.35 (quick run, 2026-11-30). So the default is
-7-bit weights + float outputs + bias correction: the only column at or above every peer's
-default on every bench workload (bias correction alone beats NNCF on ResNet-18: it also
-removes the mean error of 7-bit weights), at 0.35 dB of the detector's best column.
-Equalization is left out: on top of bias correction +0.27 dB on MobileNetV2-style, -0.05 on
-ResNet-18-style, -0.16 on the detector, and it rescales the model's own float weights.
-Equalization costs the recognizer 9 points of lines read. The recognizer and classifier (not
-bench workloads; ``quantbridge quantize``, float head) miss their targets (91 % / 99 %) with
-minmax activations under every recipe here; ``method="mse"`` (``--method mse``) meets them
-(issue 9) and is not the default: unmeasured on the other workloads. Cost: bias correction
-is one more float and quantized pass over the calibration data: quantize + export, same process
-alternating, load ~1.3 (``tools.quantize_ours``, 16 calibration images): ResNet-18-style 5.2-5.6
--> 9.4-9.5 s, MobileNetV2-style 7.1-8.2 -> 12.3-12.7 s (``int8`` -> default, 1.5-1.8x), measured
-before bias correction read tap means instead of convolving twice (``torch.ptq._bias_correction``:
-its own time 5.1-5.9 -> 2.5-2.7 s on ResNet-18-style, 2 x 8 images, one thread).
-
-Bias correction, one pass (``True``, the default until stop 13) against ``"sequential"`` (layer by layer on
-the quantized network's own inputs, one quantized pass over the calibration data,
-``torch.ptq._bias_correction``), on top of 7-bit weights + float outputs, the
-same workloads and sizes, ONNX Runtime fused / node by node, one repeat, 1 torch thread, load
-10-15 on 2 cores (2026-12-01). Quantize (+ import + export) CPU seconds, one pass -> sequential,
-in the same process for the bench rows (rec: ``quantbridge quantize`` in fresh processes):
-
-=====================  ==============  ==============  ===================
-workload (metric)      one pass        sequential      quantize CPU s
-=====================  ==============  ==============  ===================
-digits (top-1 %)       97.78/97.78     97.78/97.78     1.10 -> 1.52
-ResNet-18-style (dB)   44.71/44.69     47.31/47.35     7.8 -> 12.8
-MobileNetV2-style dB   49.39/49.56     54.92/55.41     13.7 -> 16.8
-PP-OCRv4 det (dB)      12.40/12.53     15.67/15.60     41.0 -> 42.1
-  its mask IoU         0.929/0.932     0.962/0.961
-PP-OCRv4 rec (64 lns)  78.1/79.7       92.2/90.6       72.7 -> 80.3
-  256 lines            70.3/72.3       90.6/91.8
-PP-OCRv4 cls (same %)  96.88/96.88     96.88/96.88     32.9 -> 32.6
-MiniLM-L6 (cosine)     0.8553/0.8547   0.8327/0.8332   18.5 -> 26.8
-=====================  ==============  ==============  ===================
-
-Sequential wins on the CNNs and the OCR detector and recognizer (the one-pass shift assumes a
-float input and overcorrects where drift already in a layer's input cancels part of its weight
-error: the recognizer's deep pointwise convs) and loses 0.023 cosine on MiniLM-L6 (why is not
-investigated). So the default is ``"sequential"`` (stop 14): +2.6 dB ResNet-18-style, +5.5 dB
-MobileNetV2-style, +3.3 dB on the detector, +20 points of the recognizer's 256 lines, and only
-with it is the default ahead of NNCF's (~81 %) and ModelOpt's (~88 %) defaults on the recognizer;
-MiniLM's default stays far ahead of the peers' defaults (ORT 0.34, NNCF 0.43) and a transformer
-wants the ``transformer`` preset or ``activation_scope="weighted_inputs"`` (>= 0.99) anyway. The
-one-pass variant is the bench row ``bench.suite.peers.ONE_PASS``. Its own cost, fresh processes:
-ResNet-18-style bias correction 2.5 -> 7.0 CPU s (whole quantize + export 7.3 -> 12.6 s), the
-detector 8.0 -> 11.1 CPU s (quantize + export 42.5 -> 49.6 s); the earlier pass per layer cost
-6x the whole quantize on ResNet-18-style.
+The default (issue 14) was chosen by measurement across the bench workloads; the tables,
+the peers' defaults and the reasons are in ``docs/default_recipe.md`` (7-bit weights + float
+outputs + sequential bias correction: the only combination at or above every peer's default on
+every bench workload; sequential correction +3.3 dB on the PP-OCRv4 detector and +20 points of
+the recognizer's 256 lines over one-pass, -0.023 cosine on MiniLM-L6, traced to padded
+positions, see ``Recipe.bias_correction_mask`` / ``bias_correction_check``).
 
 Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
 with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
