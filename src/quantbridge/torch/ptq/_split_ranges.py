@@ -107,7 +107,8 @@ def _measure(gm, batches, plans) -> dict:
     record(gm, batches, watched, on_value)
     found = {}
     for p in plans:
-        groups = channel_groups(lo[p.conv], hi[p.conv])
+        convs = [p.conv, *p.inner()]
+        groups = channel_groups([lo[c] for c in convs], [hi[c] for c in convs])
         if len(groups) > 1:
             ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
             factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
@@ -115,20 +116,30 @@ def _measure(gm, batches, plans) -> dict:
     return found
 
 
-def channel_groups(lo: torch.Tensor, hi: torch.Tensor) -> list[list[int]]:
+def channel_groups(lo, hi) -> list[list[int]]:
     """Channels cut into contiguous groups of the range order (see the module docstring); one
-    group (all channels) when no cut lowers the relative noise ``GAIN`` times."""
-    r = (hi - lo).clamp_min(0)
-    r = torch.maximum(r, r.max() * FLOOR).clamp_min(1e-30)
-    order = torch.argsort(r).numpy()
-    w = 1.0 / r.numpy()[order] ** 2
-    los, his = lo.numpy()[order], hi.numpy()[order]
+    group (all channels) when no cut lowers the relative noise ``GAIN`` times. ``lo`` / ``hi``
+    may be lists (one per tensor the split gives per-group grids: a conv and the depthwise convs
+    of its region): the cost is summed over them, the order is that of the channels' geometric
+    mean range relative to each tensor's widest."""
+    los_t = [x.numpy() for x in (lo if isinstance(lo, (list, tuple)) else [lo])]
+    his_t = [x.numpy() for x in (hi if isinstance(hi, (list, tuple)) else [hi])]
+    rs = []
+    for a, b in zip(los_t, his_t, strict=True):
+        r = np.clip(b - a, 0, None)
+        rs.append(np.maximum(np.maximum(r, r.max() * FLOOR), 1e-30))
+    key = np.sum([np.log(r / r.max()) for r in rs], axis=0)
+    order = np.argsort(key, kind="stable")
     n = len(order)
-    cost = np.full((n + 1, n + 1), np.inf)  # cost[i, j]: channels order[i:j] as one group
-    for i in range(n):
-        mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
-        mn = np.minimum(np.minimum.accumulate(los[i:]), 0.0)
-        cost[i, i + 1 :] = (mx - mn) ** 2 * np.cumsum(w[i:])
+    cost = np.zeros((n + 1, n + 1))  # cost[i, j]: channels order[i:j] as one group
+    cost[np.tril_indices(n + 1)] = np.inf
+    for a, b, r in zip(los_t, his_t, rs, strict=True):
+        w = 1.0 / r[order] ** 2
+        los, his = a[order], b[order]
+        for i in range(n):
+            mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
+            mn = np.minimum(np.minimum.accumulate(los[i:]), 0.0)
+            cost[i, i + 1 :] += (mx - mn) ** 2 * np.cumsum(w[i:])
     best, cuts = cost[0, n], []
     for g in range(2, min(MAX_GROUPS, n) + 1):
         total, found = _best_cuts(cost, n, g)
@@ -161,6 +172,22 @@ def _is_depthwise(gm, node) -> bool:
     return wb is not None and get_tensor(gm, wb[0]).shape[1] == 1 and groups_of(node) > 1
 
 
+def _channelwise(gm, node, inside) -> bool:
+    """``node`` is a depthwise conv reading the region and read by anything but convs (e.g. its
+    own hard-swish): channel ``c`` of its result depends on channel ``c`` of its input only, so
+    it is split with the region, each group's copy on its own grid. (A depthwise conv read only
+    by convs ends the region instead, its group factor folded into it.)"""
+    return (
+        node.op == "call_function"
+        and node.target in CONV_OPS
+        and node.args[0] in inside
+        and sum(a in inside for a in node.all_input_nodes) == 1
+        and _is_depthwise(gm, node)
+        and get_tensor(gm, weight_and_bias(gm, node)[0]).shape[0] == groups_of(node)
+        and any(u.op != "call_function" or u.target not in CONV_OPS for u in node.users)
+    )
+
+
 def _only_node_args(node, inside) -> bool:
     for a in (*node.args, *node.kwargs.values()):
         if isinstance(a, torch.fx.Node):
@@ -182,13 +209,17 @@ class _Plan:
         self.conv, self.region, self.out = conv, region, out
         self.depthwise, self.mixing, self.readers = depthwise, mixing, readers
 
+    def inner(self):
+        """The depthwise convs inside the region (split with it, no factor)."""
+        return [n for n in self.region if n.target in CONV_OPS]
+
     def weights(self, gm):
         """The get_attr nodes of every conv the rewrite replaces or rescales."""
-        convs = [self.conv, *self.depthwise, *self.readers, *self.mixing]
+        convs = [self.conv, *self.inner(), *self.depthwise, *self.readers, *self.mixing]
         return [n for c in convs for n in weight_and_bias(gm, c) if n is not None]
 
     def watched(self):
-        return [self.conv, self.out, *self.depthwise]
+        return [self.conv, *self.inner(), self.out, *self.depthwise]
 
     def rewrite(self, gm, split: dict) -> None:
         g, groups, factors = gm.graph, split["groups"], split["factors"]
@@ -200,6 +231,15 @@ class _Plan:
                 anchor = _conv_copy(gm, self.conv, self.conv.args[0], w, b, idx, 1.0, f"g{gi}")
             env = {self.conv: anchor}
             for n in self.region:
+                if n.target in CONV_OPS:  # a depthwise conv: its channels ``idx``
+                    nw, nb = weight_and_bias(gm, n)
+                    nwt = get_tensor(gm, nw)
+                    nbt = get_tensor(gm, nb) if nb is not None else None
+                    with g.inserting_before(n):
+                        env[n] = anchor = _conv_copy(
+                            gm, n, env[n.args[0]], nwt, nbt, idx, 1.0, f"g{gi}"
+                        )
+                    continue
                 with g.inserting_after(anchor):
                     env[n] = anchor = g.node_copy(n, lambda a, env=env: env[a])
             outs.append(env[self.out])
@@ -302,6 +342,9 @@ def _plan(gm, conv) -> _Plan | None:
         if not started or not any(a in inside for a in n.all_input_nodes):
             continue
         if n.op == "call_function" and n.target in ELEMENTWISE and _only_node_args(n, inside):
+            region.append(n)
+            inside.add(n)
+        elif _channelwise(gm, n, inside):  # a depthwise conv inside: split per group too
             region.append(n)
             inside.add(n)
         elif (
