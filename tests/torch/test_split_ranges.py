@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
 import quantbridge as qb
+from quantbridge.torch.ptq import _split_ranges
 from quantbridge.torch.ptq._split_ranges import channel_groups, split_ranges
 
 
@@ -143,7 +146,25 @@ def test_cut_follows_every_split_tensor():
     assert channel_groups([even], [-even]) == [[0, 1, 2, 3]]
 
 
-def test_depthwise_inside_the_region_float_unchanged():
+def test_cut_weighs_each_channel_by_what_its_readers_take():
+    # channel 3 is 50x narrower: split off where its readers amplify it (its noise reaches them
+    # 100x), kept with the others where they hardly read it (a near-dead channel)
+    lo = torch.tensor([-1.0, -1.1, -0.9, -0.02], dtype=torch.float64)
+    read = np.array([1.0, 1.0, 1.0, 100.0])
+    assert channel_groups([lo], [-lo], [read]) == [[3], [0, 1, 2]]
+    ignored = np.array([1.0, 1.0, 1.0, 0.01])
+    assert channel_groups([lo], [-lo], [ignored]) == [[0, 1, 2, 3]]
+    # relative noise alone (no reader weights) splits it off either way
+    assert channel_groups([lo], [-lo]) == [[3], [0, 1, 2]]
+
+
+@pytest.fixture
+def through_depthwise(monkeypatch):
+    """The depthwise-in-region split (off by default: ``_split_ranges.THROUGH_DEPTHWISE``)."""
+    monkeypatch.setattr(_split_ranges, "THROUGH_DEPTHWISE", True)
+
+
+def test_depthwise_inside_the_region_float_unchanged(through_depthwise):
     model = DepthwiseWide()
     gm = _captured(model)
     split = split_ranges(gm, [((x,), {}) for x in _data(2, 1)])
@@ -158,7 +179,7 @@ def test_depthwise_inside_the_region_float_unchanged():
             assert float((gm(x).double() - ref).abs().max() / ref.abs().max()) <= 1e-5
 
 
-def test_depthwise_split_lowers_the_quantized_error():
+def test_depthwise_split_lowers_the_quantized_error(through_depthwise):
     model = DepthwiseWide()
     base = qb.Recipe.preset("int8")
     plain = qb.quantize(model, _data(4, 1), recipe=base, progress=False)

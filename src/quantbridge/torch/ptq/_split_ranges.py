@@ -8,9 +8,14 @@ non-homogeneous activation after it (hard-swish, ``hs(k x) != k hs(x)``) forbids
 per-channel scale through it (cross-layer equalization needs ReLU). Splitting is exact instead:
 
 * the channels of conv ``C`` (groups = 1) are sorted by calibration range and cut into at most
-  ``MAX_GROUPS`` contiguous groups, minimising ``sum_c (R_g / r_c)^2`` (each channel's quantization
-  noise relative to its own range ``r_c`` when its group's grid spans ``R_g``); a cut is kept only
-  where it lowers that sum ``GAIN`` times;
+  ``MAX_GROUPS`` contiguous groups, minimising the quantization noise the readers of the region
+  see: ``sum_t sum_c R_{g,t}^2 s_c (r_{c,out} / r_{c,t})^2`` over the tensors ``t`` that get
+  per-group grids (``C``'s output, the region's output), ``R_{g,t}`` the range of channel
+  ``c``'s group there, ``s_c`` the readers' squared weight column norm of channel ``c`` and the
+  range ratio its gain from ``t`` to the region's output; a cut is kept only where it lowers
+  that sum ``GAIN`` times. (The first form, ``sum_c (R_g / r_c)^2`` on ``C``'s output, counts
+  each channel's noise relative to its own range: it split off near-dead channels the readers
+  hardly read, ``channel_groups`` without ``sensitivity``);
 * ``C`` becomes one conv per group (its weight / bias rows), and the element-wise ops between
   ``C`` and the convs reading its result (the *region*: add / mul / div / clamp / relu ... with
   scalar constants) are copied per group, so each group's values get their own grids;
@@ -35,11 +40,11 @@ from ._graph import CONV_OPS, conv_geometry, get_tensor, groups_of, record, weig
 
 aten = torch.ops.aten
 MAX_GROUPS = 3
-# a cut must lower the summed relative noise power GAIN times (6 dB). PP-OCRv4 det (seq. bias
-# correction + fold_affine + mse, ORT node by node / fused, QLinearConv count, fused time at 1
-# thread): 4 -> 19.69 / 19.62 dB, 71 convs, 1.08x; 2 -> 19.90 / 19.66, 86, 1.21x; 1.5 with 4
-# groups -> 19.85 / 20.02, 94, 1.29x (unsplit 18.57 / 18.29, 62, 1.00x): 4 keeps most of the gain
-GAIN = 4.0
+# a cut must lower the readers' summed noise power GAIN times (3 dB). MEASURED_GAIN
+GAIN = 2.0
+# a depthwise conv that its own hard-swish reads joins the region (split per group, ``_channelwise``)
+# only with THROUGH_DEPTHWISE: it costs PP-OCRv4 det, MEASURED_DW; off
+THROUGH_DEPTHWISE = False
 FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
 ELEMENTWISE = frozenset(
     {
@@ -108,7 +113,9 @@ def _measure(gm, batches, plans) -> dict:
     found = {}
     for p in plans:
         convs = [p.conv, *p.inner()]
-        groups = channel_groups([lo[c] for c in convs], [hi[c] for c in convs])
+        cut = [*convs, p.out]
+        los, his = [lo[c] for c in cut], [hi[c] for c in cut]
+        groups = channel_groups(los, his, _sensitivity(gm, p, los, his, lo[p.out], hi[p.out]))
         if len(groups) > 1:
             ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
             factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
@@ -116,7 +123,31 @@ def _measure(gm, batches, plans) -> dict:
     return found
 
 
-def channel_groups(lo, hi) -> list[list[int]]:
+def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
+    """Per tensor of the cut, per channel: how much a unit of noise there reaches the readers'
+    outputs. At the region's output, the readers' squared weight column norms (a depthwise end:
+    its own weight times its readers'); at a tensor before it, that times the channel's range
+    ratio (out / here)^2, its gain through the region."""
+    s = torch.zeros(len(lo_out), dtype=torch.float64)
+    for m in p.mixing:
+        w = get_tensor(gm, weight_and_bias(gm, m)[0]).detach().double()
+        s += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+    for dw in p.depthwise:
+        wd = get_tensor(gm, weight_and_bias(gm, dw)[0]).detach().double()
+        col = torch.zeros_like(s)
+        for r in dw.users:
+            w = get_tensor(gm, weight_and_bias(gm, r)[0]).detach().double()
+            col += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+        s += wd.reshape(len(s), -1).pow(2).sum(1) * col
+    r_out = (hi_out - lo_out).clamp_min(0)
+    out = []
+    for a, b in zip(los, his, strict=True):
+        r = (b - a).clamp_min(0)
+        out.append((s * (r_out / r.clamp_min(r.max() * FLOOR).clamp_min(1e-30)) ** 2).numpy())
+    return out
+
+
+def channel_groups(lo, hi, sensitivity=None) -> list[list[int]]:
     """Channels cut into contiguous groups of the range order (see the module docstring); one
     group (all channels) when no cut lowers the relative noise ``GAIN`` times. ``lo`` / ``hi``
     may be lists (one per tensor the split gives per-group grids: a conv and the depthwise convs
@@ -133,8 +164,9 @@ def channel_groups(lo, hi) -> list[list[int]]:
     n = len(order)
     cost = np.zeros((n + 1, n + 1))  # cost[i, j]: channels order[i:j] as one group
     cost[np.tril_indices(n + 1)] = np.inf
-    for a, b, r in zip(los_t, his_t, rs, strict=True):
-        w = 1.0 / r[order] ** 2
+    sens = sensitivity or [1.0 / r**2 for r in rs]
+    for a, b, wt in zip(los_t, his_t, sens, strict=True):
+        w = wt[order]
         los, his = a[order], b[order]
         for i in range(n):
             mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
@@ -178,7 +210,8 @@ def _channelwise(gm, node, inside) -> bool:
     it is split with the region, each group's copy on its own grid. (A depthwise conv read only
     by convs ends the region instead, its group factor folded into it.)"""
     return (
-        node.op == "call_function"
+        THROUGH_DEPTHWISE
+        and node.op == "call_function"
         and node.target in CONV_OPS
         and node.args[0] in inside
         and sum(a in inside for a in node.all_input_nodes) == 1
