@@ -21,7 +21,7 @@ from torch import nn
 import quantbridge as qb
 from quantbridge.numerics import PerTensor, QScheme, choose_qparams
 from quantbridge.recipe import Recipe
-from quantbridge.torch._reader_ranges import reader_bounds, saturating_bounds, sigmoid_bound
+from quantbridge.torch._reader_ranges import reader_bounds
 from quantbridge.torch._record import CONTAINER
 
 
@@ -165,66 +165,3 @@ def test_reader_intervals():
     bounds = _bounded(_quantize(Readers()))
     found = {int(attr.split("convs_")[1].split("_")[0]): v for attr, v in bounds.items()}
     assert found == {i: e for i, (_, e) in READERS.items() if e is not None}, bounds
-
-
-class SigmoidHead(nn.Module):
-    """sigmoid(a + b): a detail term in about [-8, 8] plus a region term, 0 or -130 (background),
-    so the logits span about [-138, 8] as PP-OCRv4 det's probability map's do."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Conv2d(1, 1, 1)
-        self.b = nn.Conv2d(1, 1, 1)
-        with torch.no_grad():
-            self.a.weight.fill_(2.0)
-            self.b.weight.fill_(-130.0)
-            self.a.bias.zero_()
-            self.b.bias.zero_()
-
-    def forward(self, x):
-        return torch.sigmoid(self.a(x[:, :1]) + self.b(x[:, 1:]))
-
-
-def _head_data(n: int, seed: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.cat(
-            [
-                torch.randn(2, 1, 6, 6, generator=g),
-                (torch.rand(2, 1, 6, 6, generator=g) < 0.5).float(),
-            ],
-            1,
-        )
-        for _ in range(n)
-    ]
-
-
-def test_sigmoid_bound_balances_clip_and_rounding():
-    c = sigmoid_bound(8)
-    # at c the saturation error equals the grid's steepest-slope error (its definition)
-    assert abs(1 / (1 + np.exp(c)) - c / (4 * 255)) < 1e-9
-    assert 5.0 < c < 5.5 and sigmoid_bound(7) < c
-
-
-def test_sigmoid_reader_bounds_every_method_and_lowers_the_error():
-    model = SigmoidHead().eval()
-    held = torch.cat(_head_data(4, 7))
-    errors = {}
-    for method in ("minmax", "mse"):
-        base = Recipe.preset("int8")
-        base = replace(base, activations=replace(base.activations, method=method))
-        q = qb.quantize(
-            model, _head_data(4, 1), recipe=replace(base, reader_bounds=True), progress=False
-        )
-        (bounds,) = saturating_bounds(q).values()  # the add's output, only sigmoid reads it
-        c = sigmoid_bound(8)
-        assert bounds == (-c, c)
-        plain = qb.quantize(model, _head_data(4, 1), recipe=base, progress=False)
-        with torch.no_grad():
-            ref = model(held)
-            errors[method] = [float((m(held) - ref).pow(2).mean()) for m in (q, plain)]
-    # the logits' grid step falls from ~146 / 255 to ~10.5 / 255 (14x, ~200x in error power
-    # where the map is not saturated; the sigmoid's own output grid then adds its part): a 10x
-    # fall of the output error power bounds it against the data's draw
-    for bounded, whole in errors.values():
-        assert bounded < whole / 10, errors

@@ -46,22 +46,6 @@ _RELUS = {_aten.relu.default, _aten.relu_.default}
 _HARDSWISH = {_aten.hardswish.default, _aten.hardswish_.default}
 _ADDS = {_aten.add.Tensor, _aten.add.Scalar}
 _MULS = {_aten.mul.Tensor}
-_SIGMOIDS = {_aten.sigmoid.default: 1.0, _aten.tanh.default: 0.5}  # tanh(x) = 2 sigmoid(2x) - 1
-
-
-def sigmoid_bound(bits: int = 8) -> float:
-    """The ``c`` at which sigmoid's saturation error ``1 - sigmoid(c)`` equals the largest error a
-    grid of ``2**bits`` levels on [-c, c] adds through sigmoid's steepest slope (1/4 times half a
-    step, ``c / (4 (2**bits - 1))``): wider, the grid's rounding costs more than the clip saves
-    (8 bits: 5.2; the PP-OCRv4 detector's logits span [-130, 97], a step of 0.89 against 0.04)."""
-    lo, hi = 0.0, 64.0
-    for _ in range(60):
-        c = (lo + hi) / 2
-        if 1 / (1 + math.exp(c)) > c / (4 * (2**bits - 1)):
-            lo = c
-        else:
-            hi = c
-    return (lo + hi) / 2
 
 
 def _scalar(gm: torch.fx.GraphModule, arg) -> float | None:
@@ -184,29 +168,6 @@ def reader_bounds(gm: torch.fx.GraphModule) -> dict[str, tuple[float, float]]:
     return found
 
 
-def saturating_bounds(gm: torch.fx.GraphModule) -> dict[str, tuple[float, float]]:
-    """Activation quantizer attribute -> (-c, c) for each whose value only sigmoid / tanh read
-    (``sigmoid_bound`` of the quantizer's bits; tanh half of it): beyond, the reader's output is
-    within the grid's own error of 0 / 1, for every calibration method (an mse search on the
-    input does not know the reader flattens its tails)."""
-    found: dict[str, tuple[float, float] | None] = {}
-    prefix = CONTAINER + "."
-    for node in gm.graph.nodes:
-        if node.op != "call_module" or not str(node.target).startswith(prefix):
-            continue
-        module = gm.get_submodule(node.target)
-        if type(module) is not Quantizer or module.kind != "activation":
-            continue
-        attr = str(node.target)[len(prefix) :]  # a grid shared by several sites: all must agree
-        readers = list(node.users)
-        if not readers or any(u.op != "call_function" or u.target not in _SIGMOIDS for u in readers):
-            found[attr] = None
-        elif found.get(attr, ()) is not None:
-            c = max(_SIGMOIDS[u.target] for u in readers) * sigmoid_bound(module.scheme.bits)
-            found[attr] = (-c, c)
-    return {k: v for k, v in found.items() if v is not None}
-
-
 def limit_observed_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[float, float]]:
     """Give each minmax-calibrated quantizer ``reader_bounds`` finds its bounds; return them.
 
@@ -221,7 +182,6 @@ def limit_observed_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[float, fl
         for attr, bounds in reader_bounds(gm).items()
         if getattr(container, attr).recipe.method in LIMITED_METHODS
     }
-    found |= saturating_bounds(gm)
     for attr, bounds in found.items():
         getattr(container, attr).observe_bounds = bounds
     return found
