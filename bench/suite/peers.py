@@ -166,7 +166,7 @@ def weighted_inputs_recipe():
 OURS[WEIGHTED_INPUTS] = weighted_inputs_recipe
 
 
-SPLIT_RANGES = "default + 8-bit weights + fold_affine + mse + split_ranges"
+SPLIT_RANGES = "default + 8-bit weights + equalize + fold_affine + mse + split_ranges"
 
 
 def split_ranges_recipe():
@@ -188,6 +188,7 @@ def split_ranges_recipe():
         r,
         weights=qb.Recipe.preset("int8").weights,
         activations=acts,
+        equalize=True,
         fold_affine=True,
         split_ranges=True,
     )

@@ -18,7 +18,9 @@ per-channel scale through it (cross-layer equalization needs ReLU). Splitting is
   hardly read, ``channel_groups`` without ``sensitivity``);
 * ``C`` becomes one conv per group (its weight / bias rows), and the element-wise ops between
   ``C`` and the convs reading its result (the *region*: add / mul / div / clamp / relu ... with
-  scalar constants) are copied per group, so each group's values get their own grids;
+  scalar constants) are copied per group, so each group's values get their own grids (with
+  ``THROUGH_DEPTHWISE``, off, a depthwise conv its own activation reads is in the region too,
+  copied per group with its rows, and its output is one more tensor of the cut);
 * at the region's end each group is brought to one common range and the groups are concatenated:
   a depthwise reader is itself split per group with the factor ``k_g`` folded into its weight and
   bias (exact: it is linear), its result concatenated for the convs reading it; a channel-mixing
@@ -40,10 +42,18 @@ from ._graph import CONV_OPS, conv_geometry, get_tensor, groups_of, record, weig
 
 aten = torch.ops.aten
 MAX_GROUPS = 3
-# a cut must lower the readers' summed noise power GAIN times (3 dB). MEASURED_GAIN
+# a cut must lower the readers' summed noise power GAIN times (3 dB). PP-OCRv4 det on the bench's
+# data (python -m bench --quick's ocr_det, calibration repeat 0, ORT fused / node by node, the
+# default preset + fold_affine + mse, 2026-12-01): reader-weighted cut, GAIN 2, 3 groups 18.89 /
+# 19.54 dB (75 int8 convs for 64); GAIN 1.5, 4 groups 18.83 / 18.88; the relative cut (the first
+# form) GAIN 4: 18.48 / 18.74, GAIN 1.5, 4 groups 18.31 / 18.18. With 8-bit weights: no split
+# 16.01 / 15.92, GAIN 2 19.66 / 19.61, GAIN 1.5, 4 groups 19.16 / 19.17
 GAIN = 2.0
 # a depthwise conv that its own hard-swish reads joins the region (split per group, ``_channelwise``)
-# only with THROUGH_DEPTHWISE: it costs PP-OCRv4 det, MEASURED_DW; off
+# only with THROUGH_DEPTHWISE. Off: it costs PP-OCRv4 det (same runs as above, 7-bit weights):
+# relative cut GAIN 4 18.48 / 18.74 -> 17.84 / 17.49 dB (81 convs), reader-weighted GAIN 2 18.89
+# / 19.54 -> 17.97 / 17.99 (83). Why is not known (each group's copy adds grids on the hard-swish
+# chain and on x_g * k_g; the cut may need the dw output's readers' weights, not the range ratio)
 THROUGH_DEPTHWISE = False
 FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
 ELEMENTWISE = frozenset(
