@@ -52,8 +52,10 @@ GAIN = 2.0
 # a depthwise conv that its own hard-swish reads joins the region (split per group, ``_channelwise``)
 # only with THROUGH_DEPTHWISE. Off: it costs PP-OCRv4 det (same runs as above, 7-bit weights):
 # relative cut GAIN 4 18.48 / 18.74 -> 17.84 / 17.49 dB (81 convs), reader-weighted GAIN 2 18.89
-# / 19.54 -> 17.97 / 17.99 (83). Why is not known (each group's copy adds grids on the hard-swish
-# chain and on x_g * k_g; the cut may need the dw output's readers' weights, not the range ratio)
+# / 19.54 -> 17.97 / 17.99 (83); the bench row (8-bit weights + equalize), fused per repeat
+# 19.96 / 19.08 / 19.85 -> 19.81 / 19.29 / 16.42 (85 convs). Why is not known (each group's
+# copy adds grids on the hard-swish chain and on x_g * k_g; the cut may need the dw output's
+# readers' weights, not the range ratio)
 THROUGH_DEPTHWISE = False
 FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
 ELEMENTWISE = frozenset(
