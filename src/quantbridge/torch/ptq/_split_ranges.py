@@ -49,7 +49,7 @@ MAX_GROUPS = 3
 # form) GAIN 4: 18.48 / 18.74, GAIN 1.5, 4 groups 18.31 / 18.18. With 8-bit weights: no split
 # 16.01 / 15.92, GAIN 2 19.66 / 19.61, GAIN 1.5, 4 groups 19.16 / 19.17
 GAIN = 2.0
-# a depthwise conv that its own hard-swish reads joins the region (split per group, ``_channelwise``)
+# a depthwise conv its own hard-swish reads joins the region (split per group, ``_channelwise``)
 # only with THROUGH_DEPTHWISE. Off: it costs PP-OCRv4 det (same runs as above, 7-bit weights):
 # relative cut GAIN 4 18.48 / 18.74 -> 17.84 / 17.49 dB (81 convs), reader-weighted GAIN 2 18.89
 # / 19.54 -> 17.97 / 17.99 (83); the bench row (8-bit weights + equalize), fused per repeat
