@@ -26,6 +26,9 @@ def main() -> None:
     p.add_argument("--tools", default="onnxruntime,nncf,modelopt")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--ours-recipes", default="", help="with --tools quantbridge: extra rows")
+    p.add_argument(
+        "--only", default="", help="only the rows of these names (';' between: names hold commas)"
+    )
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
     tools = args.tools.split(",")
@@ -34,6 +37,8 @@ def main() -> None:
         w.variants = {}  # quick mode runs no variant rows (bench.__main__.plan)
         extra = tuple(n for n in args.ours_recipes.split(",") if n)
         configs = [c for c in peers.configs(True, extra) if c.tool in tools]
+        if args.only:
+            configs = [c for c in configs if c.name in args.only.split(";")]
         result = accuracy.run(w, Path(tmp), configs, print, repeats=args.repeats)
     result.pop("files")
     meta = {"command": "python -m bench.peer_rows " + " ".join(sys.argv[1:]),

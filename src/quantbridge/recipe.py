@@ -63,10 +63,13 @@ opt-in).
 ``Recipe(split_ranges=True)`` (off in every preset): a conv whose output channels differ widely
 in range (through hard-swish, which no per-channel scale commutes with) becomes one conv per
 range group, each group on its own int8 grids, rescaled to one range where the groups meet again
-(``torch.ptq._split_ranges``; float function unchanged). PP-OCRv4 det, the "default" preset +
-sequential bias correction + ``fold_affine`` + mse: 18.57 -> 19.69 dB, IoU 0.9736 -> 0.9755 ONNX
-Runtime node by node (fused 18.29 -> 19.62), 71 QLinearConv for its 62 convs. Unmeasured on the
-other workloads, so opt-in.
+(``torch.ptq._split_ranges``; float function unchanged; the cut weighs each channel's noise by
+the readers' weights on it). PP-OCRv4 det on the bench's data (``python -m bench --quick``'s
+ocr_det, calibration repeat 0, ONNX Runtime fused / node by node), the "default" preset +
+8-bit weights + ``fold_affine`` + mse: 16.01 / 15.92 -> 19.66 / 19.61 dB (75 int8 convs for its
+64); with ``equalize`` too 19.96 / 20.05 (``bench.suite.peers.SPLIT_RANGES``, its docstring has
+the three repeats). ResNet-18-style: one split, -0.2 / +0.1 dB; MobileNetV2-style (ReLU6): no
+split. Opt-in: it adds convs (time) for a gain measured on one model.
 
 The default (issue 14) was chosen by measurement across the bench workloads; the tables,
 the peers' defaults and the reasons are in ``docs/default_recipe.md`` (7-bit weights + float

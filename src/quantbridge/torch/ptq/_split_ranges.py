@@ -8,12 +8,19 @@ non-homogeneous activation after it (hard-swish, ``hs(k x) != k hs(x)``) forbids
 per-channel scale through it (cross-layer equalization needs ReLU). Splitting is exact instead:
 
 * the channels of conv ``C`` (groups = 1) are sorted by calibration range and cut into at most
-  ``MAX_GROUPS`` contiguous groups, minimising ``sum_c (R_g / r_c)^2`` (each channel's quantization
-  noise relative to its own range ``r_c`` when its group's grid spans ``R_g``); a cut is kept only
-  where it lowers that sum ``GAIN`` times;
+  ``MAX_GROUPS`` contiguous groups, minimising the quantization noise the readers of the region
+  see: ``sum_t sum_c R_{g,t}^2 s_c (r_{c,out} / r_{c,t})^2`` over the tensors ``t`` that get
+  per-group grids (``C``'s output, the region's output), ``R_{g,t}`` the range of channel
+  ``c``'s group there, ``s_c`` the readers' squared weight column norm of channel ``c`` and the
+  range ratio its gain from ``t`` to the region's output; a cut is kept only where it lowers
+  that sum ``GAIN`` times. (The first form, ``sum_c (R_g / r_c)^2`` on ``C``'s output, counts
+  each channel's noise relative to its own range: it split off near-dead channels the readers
+  hardly read, ``channel_groups`` without ``sensitivity``);
 * ``C`` becomes one conv per group (its weight / bias rows), and the element-wise ops between
   ``C`` and the convs reading its result (the *region*: add / mul / div / clamp / relu ... with
-  scalar constants) are copied per group, so each group's values get their own grids;
+  scalar constants) are copied per group, so each group's values get their own grids (with
+  ``THROUGH_DEPTHWISE``, off, a depthwise conv its own activation reads is in the region too,
+  copied per group with its rows, and its output is one more tensor of the cut);
 * at the region's end each group is brought to one common range and the groups are concatenated:
   a depthwise reader is itself split per group with the factor ``k_g`` folded into its weight and
   bias (exact: it is linear), its result concatenated for the convs reading it; a channel-mixing
@@ -35,11 +42,21 @@ from ._graph import CONV_OPS, conv_geometry, get_tensor, groups_of, record, weig
 
 aten = torch.ops.aten
 MAX_GROUPS = 3
-# a cut must lower the summed relative noise power GAIN times (6 dB). PP-OCRv4 det (seq. bias
-# correction + fold_affine + mse, ORT node by node / fused, QLinearConv count, fused time at 1
-# thread): 4 -> 19.69 / 19.62 dB, 71 convs, 1.08x; 2 -> 19.90 / 19.66, 86, 1.21x; 1.5 with 4
-# groups -> 19.85 / 20.02, 94, 1.29x (unsplit 18.57 / 18.29, 62, 1.00x): 4 keeps most of the gain
-GAIN = 4.0
+# a cut must lower the readers' summed noise power GAIN times (3 dB). PP-OCRv4 det on the bench's
+# data (python -m bench --quick's ocr_det, calibration repeat 0, ORT fused / node by node, the
+# default preset + fold_affine + mse, 2026-12-01): reader-weighted cut, GAIN 2, 3 groups 18.89 /
+# 19.54 dB (75 int8 convs for 64); GAIN 1.5, 4 groups 18.83 / 18.88; the relative cut (the first
+# form) GAIN 4: 18.48 / 18.74, GAIN 1.5, 4 groups 18.31 / 18.18. With 8-bit weights: no split
+# 16.01 / 15.92, GAIN 2 19.66 / 19.61, GAIN 1.5, 4 groups 19.16 / 19.17
+GAIN = 2.0
+# a depthwise conv its own hard-swish reads joins the region (split per group, ``_channelwise``)
+# only with THROUGH_DEPTHWISE. Off: it costs PP-OCRv4 det (same runs as above, 7-bit weights):
+# relative cut GAIN 4 18.48 / 18.74 -> 17.84 / 17.49 dB (81 convs), reader-weighted GAIN 2 18.89
+# / 19.54 -> 17.97 / 17.99 (83); the bench row (8-bit weights + equalize), fused per repeat
+# 19.96 / 19.08 / 19.85 -> 19.81 / 19.29 / 16.42 (85 convs). Why is not known (each group's
+# copy adds grids on the hard-swish chain and on x_g * k_g; the cut may need the dw output's
+# readers' weights, not the range ratio)
+THROUGH_DEPTHWISE = False
 FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
 ELEMENTWISE = frozenset(
     {
@@ -107,7 +124,10 @@ def _measure(gm, batches, plans) -> dict:
     record(gm, batches, watched, on_value)
     found = {}
     for p in plans:
-        groups = channel_groups(lo[p.conv], hi[p.conv])
+        convs = [p.conv, *p.inner()]
+        cut = [*convs, p.out]
+        los, his = [lo[c] for c in cut], [hi[c] for c in cut]
+        groups = channel_groups(los, his, _sensitivity(gm, p, los, his, lo[p.out], hi[p.out]))
         if len(groups) > 1:
             ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
             factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
@@ -115,20 +135,55 @@ def _measure(gm, batches, plans) -> dict:
     return found
 
 
-def channel_groups(lo: torch.Tensor, hi: torch.Tensor) -> list[list[int]]:
+def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
+    """Per tensor of the cut, per channel: how much a unit of noise there reaches the readers'
+    outputs. At the region's output, the readers' squared weight column norms (a depthwise end:
+    its own weight times its readers'); at a tensor before it, that times the channel's range
+    ratio (out / here)^2, its gain through the region."""
+    s = torch.zeros(len(lo_out), dtype=torch.float64)
+    for m in p.mixing:
+        w = get_tensor(gm, weight_and_bias(gm, m)[0]).detach().double()
+        s += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+    for dw in p.depthwise:
+        wd = get_tensor(gm, weight_and_bias(gm, dw)[0]).detach().double()
+        col = torch.zeros_like(s)
+        for r in dw.users:
+            w = get_tensor(gm, weight_and_bias(gm, r)[0]).detach().double()
+            col += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+        s += wd.reshape(len(s), -1).pow(2).sum(1) * col
+    r_out = (hi_out - lo_out).clamp_min(0)
+    out = []
+    for a, b in zip(los, his, strict=True):
+        r = (b - a).clamp_min(0)
+        out.append((s * (r_out / r.clamp_min(r.max() * FLOOR).clamp_min(1e-30)) ** 2).numpy())
+    return out
+
+
+def channel_groups(lo, hi, sensitivity=None) -> list[list[int]]:
     """Channels cut into contiguous groups of the range order (see the module docstring); one
-    group (all channels) when no cut lowers the relative noise ``GAIN`` times."""
-    r = (hi - lo).clamp_min(0)
-    r = torch.maximum(r, r.max() * FLOOR).clamp_min(1e-30)
-    order = torch.argsort(r).numpy()
-    w = 1.0 / r.numpy()[order] ** 2
-    los, his = lo.numpy()[order], hi.numpy()[order]
+    group (all channels) when no cut lowers the relative noise ``GAIN`` times. ``lo`` / ``hi``
+    may be lists (one per tensor the split gives per-group grids: a conv and the depthwise convs
+    of its region): the cost is summed over them, the order is that of the channels' geometric
+    mean range relative to each tensor's widest."""
+    los_t = [x.numpy() for x in (lo if isinstance(lo, (list, tuple)) else [lo])]
+    his_t = [x.numpy() for x in (hi if isinstance(hi, (list, tuple)) else [hi])]
+    rs = []
+    for a, b in zip(los_t, his_t, strict=True):
+        r = np.clip(b - a, 0, None)
+        rs.append(np.maximum(np.maximum(r, r.max() * FLOOR), 1e-30))
+    key = np.sum([np.log(r / r.max()) for r in rs], axis=0)
+    order = np.argsort(key, kind="stable")
     n = len(order)
-    cost = np.full((n + 1, n + 1), np.inf)  # cost[i, j]: channels order[i:j] as one group
-    for i in range(n):
-        mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
-        mn = np.minimum(np.minimum.accumulate(los[i:]), 0.0)
-        cost[i, i + 1 :] = (mx - mn) ** 2 * np.cumsum(w[i:])
+    cost = np.zeros((n + 1, n + 1))  # cost[i, j]: channels order[i:j] as one group
+    cost[np.tril_indices(n + 1)] = np.inf
+    sens = sensitivity or [1.0 / r**2 for r in rs]
+    for a, b, wt in zip(los_t, his_t, sens, strict=True):
+        w = wt[order]
+        los, his = a[order], b[order]
+        for i in range(n):
+            mx = np.maximum(np.maximum.accumulate(his[i:]), 0.0)
+            mn = np.minimum(np.minimum.accumulate(los[i:]), 0.0)
+            cost[i, i + 1 :] += (mx - mn) ** 2 * np.cumsum(w[i:])
     best, cuts = cost[0, n], []
     for g in range(2, min(MAX_GROUPS, n) + 1):
         total, found = _best_cuts(cost, n, g)
@@ -161,6 +216,23 @@ def _is_depthwise(gm, node) -> bool:
     return wb is not None and get_tensor(gm, wb[0]).shape[1] == 1 and groups_of(node) > 1
 
 
+def _channelwise(gm, node, inside) -> bool:
+    """``node`` is a depthwise conv reading the region and read by anything but convs (e.g. its
+    own hard-swish): channel ``c`` of its result depends on channel ``c`` of its input only, so
+    it is split with the region, each group's copy on its own grid. (A depthwise conv read only
+    by convs ends the region instead, its group factor folded into it.)"""
+    return (
+        THROUGH_DEPTHWISE
+        and node.op == "call_function"
+        and node.target in CONV_OPS
+        and node.args[0] in inside
+        and sum(a in inside for a in node.all_input_nodes) == 1
+        and _is_depthwise(gm, node)
+        and get_tensor(gm, weight_and_bias(gm, node)[0]).shape[0] == groups_of(node)
+        and any(u.op != "call_function" or u.target not in CONV_OPS for u in node.users)
+    )
+
+
 def _only_node_args(node, inside) -> bool:
     for a in (*node.args, *node.kwargs.values()):
         if isinstance(a, torch.fx.Node):
@@ -182,13 +254,17 @@ class _Plan:
         self.conv, self.region, self.out = conv, region, out
         self.depthwise, self.mixing, self.readers = depthwise, mixing, readers
 
+    def inner(self):
+        """The depthwise convs inside the region (split with it, no factor)."""
+        return [n for n in self.region if n.target in CONV_OPS]
+
     def weights(self, gm):
         """The get_attr nodes of every conv the rewrite replaces or rescales."""
-        convs = [self.conv, *self.depthwise, *self.readers, *self.mixing]
+        convs = [self.conv, *self.inner(), *self.depthwise, *self.readers, *self.mixing]
         return [n for c in convs for n in weight_and_bias(gm, c) if n is not None]
 
     def watched(self):
-        return [self.conv, self.out, *self.depthwise]
+        return [self.conv, *self.inner(), self.out, *self.depthwise]
 
     def rewrite(self, gm, split: dict) -> None:
         g, groups, factors = gm.graph, split["groups"], split["factors"]
@@ -200,6 +276,15 @@ class _Plan:
                 anchor = _conv_copy(gm, self.conv, self.conv.args[0], w, b, idx, 1.0, f"g{gi}")
             env = {self.conv: anchor}
             for n in self.region:
+                if n.target in CONV_OPS:  # a depthwise conv: its channels ``idx``
+                    nw, nb = weight_and_bias(gm, n)
+                    nwt = get_tensor(gm, nw)
+                    nbt = get_tensor(gm, nb) if nb is not None else None
+                    with g.inserting_before(n):
+                        env[n] = anchor = _conv_copy(
+                            gm, n, env[n.args[0]], nwt, nbt, idx, 1.0, f"g{gi}"
+                        )
+                    continue
                 with g.inserting_after(anchor):
                     env[n] = anchor = g.node_copy(n, lambda a, env=env: env[a])
             outs.append(env[self.out])
@@ -302,6 +387,9 @@ def _plan(gm, conv) -> _Plan | None:
         if not started or not any(a in inside for a in n.all_input_nodes):
             continue
         if n.op == "call_function" and n.target in ELEMENTWISE and _only_node_args(n, inside):
+            region.append(n)
+            inside.add(n)
+        elif _channelwise(gm, n, inside):  # a depthwise conv inside: split per group too
             region.append(n)
             inside.add(n)
         elif (
