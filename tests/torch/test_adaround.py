@@ -188,3 +188,23 @@ def test_recipe_round_trip_and_errors():
         qb.AdaRound(iterations=0)
     with pytest.raises(ValueError, match="AdaRound.warmup"):
         qb.AdaRound(warmup=1.0)
+
+
+def test_adaround_on_an_imported_onnx_model_with_dict_batches():
+    # regression: AdaRound flattened a call by the module's signature, so an imported ONNX
+    # model's dict batches ({"x": ...}, keyword inputs named after the file's) raised KeyError:
+    # 'x' (PP-OCRv4 det, `Recipe(adaround=...)`). It now flattens as the graph does; the learned
+    # weights are still each floor or ceil of w / s, and the model runs
+    import io
+
+    torch.manual_seed(0)
+    float_model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    buf = io.BytesIO()
+    x = torch.randn(1, 3, 12, 12)
+    torch.onnx.export(float_model, (x,), buf, input_names=["x"], dynamo=False)
+    model = qb.import_onnx(onnx.load_from_string(buf.getvalue()))
+    batches = [{"x": torch.randn(2, 3, 12, 12)} for _ in range(2)]
+    recipe = dataclasses.replace(qb.Recipe(), adaround=qb.AdaRound(iterations=10, rows=256))
+    qmodel = qb.quantize(model, batches, recipe=recipe, progress=False)
+    y = qmodel(x)
+    assert y.shape == (1, 4, 8, 8) and torch.isfinite(y).all()

@@ -26,7 +26,6 @@ Scales and zero points stay as frozen. Rounding formulas: ``numerics._adaround``
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.fx._pytree import tree_flatten_spec
+from torch.utils._pytree import tree_flatten
 
 from ...numerics import (
     adaround_quantize,
@@ -142,14 +141,10 @@ class _Tap(torch.fx.Interpreter):
 
 
 def _flat_inputs(qmodel: QuantModel, args: tuple, kwargs: dict) -> list:
-    """The graph's placeholder values for ``qmodel(*args, **kwargs)``, as its forward flattens."""
-    sig = inspect.signature(qmodel.forward)
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    params = sig.parameters.values()
-    positional = [bound.arguments[p.name] for p in params if p.kind != p.KEYWORD_ONLY]
-    keyword = {p.name: bound.arguments[p.name] for p in params if p.kind == p.KEYWORD_ONLY}
-    return tree_flatten_spec((positional, keyword), qmodel._in_spec)
+    """The graph's placeholder values for the call ``(args, kwargs)``, as the graph's own input
+    processing flattens them (``Lockstep`` does the same): a dict batch of an imported ONNX model
+    (keyword inputs named after the file's) included."""
+    return list(qmodel.graph.process_inputs(*tree_flatten((args, kwargs))[0]))
 
 
 def _run(qmodel, calls, taps, stop=None) -> None:
