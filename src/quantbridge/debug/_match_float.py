@@ -8,25 +8,35 @@ nodes (``add`` for the file's ``add_20``, ``linear`` for its output ``y``); ONNX
 Relu that the quantizer's clamp computes. ``match_float_file`` pairs the two graphs' ops:
 
 * each graph's compute ops are read with QuantizeLinear -> DequantizeLinear pairs, Identity and
-  Dropout passed through, and a DequantizeLinear of an initializer taken as a constant (a weight);
+  Dropout passed through; constants are initializers, Constant and Shape outputs and what ops
+  compute from them alone (Paddle2ONNX's Reshape of a bias, Concat of a flatten's shape), and a
+  DequantizeLinear of an initializer (a weight);
 * graph inputs pair by name, else by position;
 * in topological order, a quantized op pairs with the unused float op of the same type whose
   non-constant inputs are the pairs of its own (in any order for commutative ops); among several,
   the one whose weight equals the dequantized weight within one step (``structure``); Flatten,
-  Squeeze and Unsqueeze count as Reshape (same values in the same order);
-* an op whose inputs are not all paired (the graphs decompose something differently upstream)
-  pairs by its weight alone: the float op of its type whose weight is its dequantized weight
-  within one step (``weight``);
+  Squeeze and Unsqueeze count as Reshape (same values in the same order), Gemm as MatMul;
+* an op whose inputs are not all paired follows the ops the two graphs spell differently
+  upstream (GlobalAveragePool and ReduceMean, HardSigmoid and Mul -> Add -> Clip, Neg and
+  Mul(-1)): it pairs with the unused float op of its type whose inputs are its paired inputs'
+  pairs and, for each unpaired one, an unpaired float value computed from the same paired values
+  through at most ``_REGION`` unweighted ops (a region), the fewest float ops first; the two
+  regions' outputs pair (``region``). A quantized graph's own Cast (ModelOpt) pairs with the
+  value it reads;
+* an op with no such pair pairs by its weight alone: the float op of its type whose weight is its
+  dequantized weight within one step (``weight``);
 * an op the quantized graph does without follows its pair: a BatchNormalization after a paired
-  weighted op (folded into its weights), a Relu where every quantized reader of the value is a
-  QuantizeLinear whose range is within the Relu's (the clamp computes the Relu), a Clip the same
-  way (ONNX Runtime's quantizer drops a Clip and names the value it reads after it);
+  weighted op (folded into its weights), an Add of a constant after a Conv or Gemm without a bias
+  whose pair has one (the bias), a Relu or Clip where every quantized reader of the value is a
+  QuantizeLinear whose range lies within its bounds (the clamp computes it; ONNX Runtime's
+  quantizer drops such a Clip and names the value it reads after it);
 * a site takes the pair of the tensor its QuantizeLinear reads; where structure finds none, the
-  same name in the float file (``name``).
+  same name in the float file (``name``). Values inside a region (the Mul(0.2) of a hard-sigmoid)
+  hold nothing the other graph computes and stay unpaired.
 
 The rule is kept with each pair: ``name``, ``structure``, ``name, structure`` (both agree),
-``weight``, ``input name`` / ``input position``, with `` + Relu absorbed`` or
-`` + BatchNormalization folded``.
+``region``, ``weight``, ``input name`` / ``input position``, with `` + Relu absorbed``,
+`` + Clip absorbed``, `` + bias Add folded`` or `` + BatchNormalization folded``.
 """
 
 from __future__ import annotations
@@ -260,8 +270,8 @@ def _follow(
 
 
 def _region(g: _Graph, t: str, paired, used: set[int]) -> tuple[frozenset[str], list] | None:
-    """The paired values ``t`` is computed from and the unpaired ops between (at
-    most ``_REGION``, none in ``used``, none weighted); None where the walk reaches a graph input,
+    """The paired values ``t`` is computed from and the unpaired ops between (at most
+    ``_REGION``, none in ``used``); None where the walk reaches a graph input, an op in ``used``,
     a weighted op (a region is a different spelling of an activation, not a skipped layer) or
     passes the bound."""
     seen: set[str] = set()
@@ -286,8 +296,8 @@ def _region_inputs(q: _Graph, node, f: _Graph, cand, pairs, paired_f, used) -> t
     """How ``node``'s live inputs line up with float op ``cand``'s: each paired one with its pair,
     each unpaired one with a float value computed from the same paired values (the two graphs
     spell that region differently), or with the very value a chain of ``_KEEPS_VALUES`` ops of
-    the quantized graph reads. (the float ops the regions hold, [(value, float value)] for the
-    unpaired ones); None: no fit."""
+    the quantized graph reads. Returns the float ops the regions hold and (value, float value)
+    for each unpaired input; None: no fit."""
     mine = [(k, v) for k, v in enumerate(map(q.resolve, node.input)) if v not in ("", _CONST)]
     fin = [(k, f.resolve(i)) for k, i in enumerate(cand.input) if i]
     theirs = [(k, v) for k, v in fin if v != _CONST]
