@@ -293,3 +293,32 @@ def test_pairs_past_ops_spelled_differently():
     pairs = {p["float_tensor"]: p["sqnr_db"] for t in r.tensors for p in t["pairs"]}
     assert set(pairs) == {v[0] for v in by_source.values() if v}
     assert min(pairs.values()) > 20, pairs
+
+
+def test_per_channel_site_is_read_dequantized():
+    """Regression (NNCF's per-channel activation quantizers, ModelOpt's Q(weight) -> DQ with
+    axis 0): a site with one step per channel was read as its integer codes and measured against
+    the float tensor at ~0 dB; it is read as its DequantizeLinear's real values."""
+    scales = np.float32([0.01, 0.02])
+    floats = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"])], "f",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 2, 3, 3])],
+    )  # fmt: skip
+    quant = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("QuantizeLinear", ["r", "s", "z"], ["r_q"], axis=1),
+         helper.make_node("DequantizeLinear", ["r_q", "s", "z"], ["r_dq"], axis=1)],
+        "q", floats.input, [helper.make_tensor_value_info("r_dq", TensorProto.FLOAT, [1, 2, 3, 3])],
+        [_init("s", scales), _init("z", np.zeros(2, np.uint8))],
+    )  # fmt: skip
+    opset = [helper.make_opsetid("", 21)]
+    fmodel = helper.make_model(floats, opset_imports=opset)
+    qmodel = helper.make_model(quant, opset_imports=opset)
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 2, 3, 3)).astype(np.float32)
+    r = qb.compare(fmodel, qmodel, inputs={"x": x})
+    (pair,) = [p for t in r.tensors for p in t["pairs"] if p.get("float_tensor") == "r"]
+    # rounding moves each value by at most half its channel's step: error <= 0.01 on values of
+    # about 0.5, SQNR above 30 dB (the codes, up to 100 times the values, gave about -37 dB)
+    assert pair["max_abs"] <= 0.01 + 1e-6
+    assert pair["sqnr_db"] > 30
