@@ -81,11 +81,22 @@ class OnnxCapture:
         else:
             self.where = match_names(sites, names)
         by_name = {s.name: s for s in sites}
+        # a per-channel site (no single step) is read as its DequantizeLinear's real values
+        self.real = {
+            s for s, t in self.where.items()
+            if not float_model and by_name[s].scale is None and by_name[s].quantized
+            and by_name[s].aliases and by_name[s].aliases[0] in names
+        }  # fmt: skip
+        for s in self.real:
+            self.where[s] = by_name[s].aliases[0]
         outputs = {o.name for o in model.graph.output}
+        scale_types = {i.name: i.data_type for i in model.graph.initializer}
         for site_name, tensor in self.where.items():
             if tensor not in outputs:
                 site = by_name[site_name]
                 elem = onnx.TensorProto.FLOAT if float_model else site.elem_type
+                if site_name in self.real:  # DequantizeLinear's output: its scale's type
+                    elem = scale_types.get(site.scale_init, onnx.TensorProto.FLOAT)
                 model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, elem, None))
                 outputs.add(tensor)
         self.sites = {s: by_name[s] for s in self.where}
@@ -97,7 +108,10 @@ class OnnxCapture:
         out = dict(zip(self.session_names(), self.session.run(feeds), strict=True))
         if self.float_model:
             return {s: np.asarray(out[t], np.float64) for s, t in self.where.items()}
-        return {s: _real(out[t], self.sites[s]) for s, t in self.where.items()}
+        return {
+            s: np.asarray(out[t], np.float64) if s in self.real else _real(out[t], self.sites[s])
+            for s, t in self.where.items()
+        }
 
     def session_names(self) -> list[str]:
         if hasattr(self.session, "output_names"):
