@@ -7,8 +7,9 @@ quantizes the float file once per calibration repeat (the bench's splits:
 ``margins`` runs every file on the evaluation lines (ORT, fused, as the bench scores) and prints,
 per row and repeat, the agreement, the SQNR of the logits and of the softmax against float, and
 the lines whose class flips with their float margin; ``layers`` gives the SQNR against float of
-every quantized tensor of two files (``qb.compare`` float file vs each, joined on the float
-tensor). The model ends ``MatMul -> Add -> Softmax`` with two classes: the logit margin is
+every conv output and the logits of each file (ONNX Runtime node by node, the convs matched by
+their order; written when ``qb.compare`` paired only 8 of the file's 151 tensors with the float
+file, 142 since stop 15). The model ends ``MatMul -> Add -> Softmax`` with two classes: the logit margin is
 ``log p1 - log p0`` of the softmax output, exact up to float32 rounding of ``p``.
 """
 
