@@ -328,7 +328,7 @@ def test_both_conv_inputs_only_rows_say_their_layout_in_the_summary():
     acc = _results(rows)["workloads"]["w"]["accuracy"]
     lines = accuracy_summary.workload_rows("w", acc, "sqnr_db")
     cells = [[c.strip() for c in ln.split("|")[1:-1]] for ln in lines]
-    mark = "layout: conv inputs only, 8 of 8 residual adds float"
+    mark = "layout: 8 of 8 residual adds float"
     assert cells[0][1] == "47.00 dB"  # ours' default: every activation, no mark
     assert cells[0][2] == f"68.00 dB (conv); {mark}"
     assert cells[0][3:6] == ["nncf", "43.00 dB", "43.00 dB (default)"]
