@@ -137,9 +137,9 @@ def test_numpy_and_torch_agree_bit_for_bit(x, scale, zero_point):
 def test_fake_quantize_is_dequantize_of_quantize_bit_for_bit(
     x, scale, zero_point, per_channel, signed
 ):
-    # fake_quantize runs the composed formula in fewer passes (clip(round(t), qmin - z, qmax - z)
-    # instead of clip(round(t) + z, qmin, qmax) - z, NaN -> 0 after the division): the result
-    # must be the composition's to the bit, +0.0 for a zero code included (no -0.0).
+    # fake_quantize dequantizes in place on quantize's fresh codes, and quantize maps NaN -> 0
+    # after the division (in place, no copy of the input): the result must be the composition's
+    # to the bit, +0.0 for a zero code included (no -0.0).
     qmin, qmax = (-128, 127) if signed else (0, 255)
     zero_point = np.clip(zero_point, qmin, qmax).astype(F32)
     axis, s, z = (0, scale, zero_point) if per_channel else (None, scale[0], zero_point[0])
