@@ -140,17 +140,20 @@ def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
     outputs. At the region's output, the readers' squared weight column norms (a depthwise end:
     its own weight times its readers'); at a tensor before it, that times the channel's range
     ratio (out / here)^2, its gain through the region."""
+
+    def weight(conv):
+        return get_tensor(gm, weight_and_bias(gm, conv)[0]).detach().double()
+
+    def column_power(conv):  # per input channel, the sum of its squared weights
+        w = weight(conv)
+        return w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+
     s = torch.zeros(len(lo_out), dtype=torch.float64)
     for m in p.mixing:
-        w = get_tensor(gm, weight_and_bias(gm, m)[0]).detach().double()
-        s += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
+        s += column_power(m)
     for dw in p.depthwise:
-        wd = get_tensor(gm, weight_and_bias(gm, dw)[0]).detach().double()
-        col = torch.zeros_like(s)
-        for r in dw.users:
-            w = get_tensor(gm, weight_and_bias(gm, r)[0]).detach().double()
-            col += w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
-        s += wd.reshape(len(s), -1).pow(2).sum(1) * col
+        col = sum((column_power(r) for r in dw.users), torch.zeros_like(s))
+        s += weight(dw).reshape(len(s), -1).pow(2).sum(1) * col
     r_out = (hi_out - lo_out).clamp_min(0)
     out = []
     for a, b in zip(los, his, strict=True):
