@@ -17,6 +17,15 @@ from quantbridge.torch.ptq import _split_ranges
 from quantbridge.torch.ptq._split_ranges import channel_groups, split_ranges
 
 
+def _seeded(*convs: nn.Conv2d) -> None:
+    """Weights N(0, 0.5^2), biases N(0, 0.1^2), from one seed-0 generator, in the order given."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for m in convs:
+            m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.5)
+            m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+
+
 class WideNarrow(nn.Module):
     """conv (half its channels 50x wider) -> hard-swish -> depthwise 3x3 -> 1x1 conv, and a 1x1
     conv reading the hard-swish directly: the two ways a split ends (depthwise reader split too,
@@ -24,15 +33,12 @@ class WideNarrow(nn.Module):
 
     def __init__(self, c: int = 8):
         super().__init__()
-        g = torch.Generator().manual_seed(0)
         self.conv = nn.Conv2d(3, c, 1)
         self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
         self.pw = nn.Conv2d(c, c, 1)
         self.mix = nn.Conv2d(c, c, 1)
+        _seeded(self.conv, self.dw, self.pw, self.mix)
         with torch.no_grad():
-            for m in (self.conv, self.dw, self.pw, self.mix):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
             spread = torch.ones(c)
             spread[: c // 2] = 50.0  # channels 0..3 50x wider, as the detector's stem
             self.conv.weight.mul_(spread.reshape(-1, 1, 1, 1))
@@ -123,14 +129,11 @@ class DepthwiseWide(nn.Module):
 
     def __init__(self, c: int = 8):
         super().__init__()
-        g = torch.Generator().manual_seed(0)
         self.conv = nn.Conv2d(3, c, 1)
         self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c)
         self.pw = nn.Conv2d(c, c, 1)
+        _seeded(self.conv, self.dw, self.pw)
         with torch.no_grad():
-            for m in (self.conv, self.dw, self.pw):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
             spread = torch.ones(c)
             spread[1::2] = 50.0  # odd channels 50x wider after the depthwise conv
             self.dw.weight.mul_(spread.reshape(-1, 1, 1, 1))
