@@ -92,6 +92,29 @@ def file_slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
+def _constants(model) -> set[str]:
+    """The names of a model's initializers and Constant nodes' outputs."""
+    names = {i.name for i in model.graph.initializer}
+    return names | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def _dequantized(model) -> Callable[[str], bool]:
+    """``dequantized(name)``: the value holds int8 values, i.e. comes from a DequantizeLinear
+    through data movement (a Transpose of a dequantized tensor is still int8 values; a Concat
+    when every part does)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def dequantized(name: str) -> bool:
+        node = producer.get(name)
+        if node is not None and node.op_type == "Concat":  # every part, not the first alone
+            return all(dequantized(i) for i in node.input)
+        if node is not None and node.op_type in DATA_MOVEMENT_OPS and node.input:
+            return dequantized(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    return dequantized
+
+
 def quantized_coverage(path: Path) -> dict[str, int]:
     """What an INT8 file quantizes (rows differ: ModelOpt and NNCF leave residual Adds float):
     QuantizeLinear nodes on activations, and weights stored in float and quantized at run time
@@ -99,8 +122,7 @@ def quantized_coverage(path: Path) -> dict[str, int]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    constants = {i.name for i in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = _constants(model)
     qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     on_constants = sum(1 for n in qs if n.input[0] in constants)
     return {"activation_q": len(qs) - on_constants, "float_weights_q": on_constants}
@@ -116,16 +138,7 @@ def weighted_inputs(path: Path) -> dict[str, int]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    producer = {o: n for n in model.graph.node for o in n.output}
-
-    def dequantized(name: str) -> bool:
-        node = producer.get(name)
-        if node is not None and node.op_type == "Concat":  # every part, not the first alone
-            return all(dequantized(i) for i in node.input)
-        if node is not None and node.op_type in DATA_MOVEMENT_OPS and node.input:
-            return dequantized(node.input[0])
-        return node is not None and node.op_type == "DequantizeLinear"
-
+    dequantized = _dequantized(model)
     weighted = [n for n in model.graph.node if n.op_type in WEIGHTED_OPS and len(n.input) >= 2]
     int8 = sum(1 for n in weighted if dequantized(n.input[0]) and dequantized(n.input[1]))
     return {"file_int8_weighted": int8, "file_float_weighted": len(weighted) - int8}
@@ -141,16 +154,7 @@ def residual_adds(path: Path) -> dict[str, int]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    constants = {i.name for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-
-    def dequantized(name: str) -> bool:
-        node = producer.get(name)
-        while node is not None and node.op_type in DATA_MOVEMENT_OPS and node.input:
-            node = producer.get(node.input[0])
-        return node is not None and node.op_type == "DequantizeLinear"
-
+    constants, dequantized = _constants(model), _dequantized(model)
     adds = [n for n in model.graph.node if n.op_type == "Add" and len(n.input) == 2]
     adds = [n for n in adds if not any(i in constants for i in n.input)]
     int8 = sum(1 for n in adds if all(dequantized(i) for i in n.input))
