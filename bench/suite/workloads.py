@@ -119,14 +119,6 @@ def seeded_randn(seed: int, n: int, batch: int, shape=(3, 224, 224)) -> list[np.
 CALIB_SEED = 1234
 
 
-def cnn_calibration(n: int, batch: int = 8) -> list:
-    """The CNNs' calibration batches as torch tensors (N(0,1) images; the weights are random
-    too). The cost children build the same arrays with ``seeded_randn(CALIB_SEED, ...)``."""
-    import torch
-
-    return [torch.from_numpy(b) for b in seeded_randn(CALIB_SEED, n, batch)]
-
-
 # -- digits -------------------------------------------------------------------------------------
 def digits(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
     import torch
@@ -162,7 +154,7 @@ def digits(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
 BN_SEED = 4321  # the inputs BatchNorm statistics are measured on (not calibration's, not eval's)
 
 
-def input_driven_bn(model, n: int = 32, batch: int = 8, size: int = 224):
+def input_driven_bn(model, n: int = 32, batch: int = 8, size: int = 224, data=None):
     """``model`` (in place, returned in eval mode) with every BatchNorm's running statistics
     measured on its own activations for ``n`` N(0,1) inputs (seed ``BN_SEED``), as a trained
     network's are. ``quantbridge.zoo``'s random statistics do not match the random weights'
@@ -170,10 +162,13 @@ def input_driven_bn(model, n: int = 32, batch: int = 8, size: int = 224):
     stop depending on the input (bench quick, an output that ignores the input scores 45.8 dB on
     ResNet-18-style and 142 dB on MobileNetV2-style: ``accuracy.constant_output_sqnr_db``), so
     SQNR vs float measured how well a tool keeps a constant. With these statistics: 16.3 dB on
-    ResNet-18-style (see ``notes``)."""
+    ResNet-18-style (see ``notes``). ``data``: the inputs instead (an n x C x H x W array; the
+    ``mobilenetv2`` workload's are ``synthetic.images(BN_SEED, ...)``)."""
     import torch
 
-    data = np.random.default_rng(BN_SEED).standard_normal((n, 3, size, size), np.float32)
+    if data is None:
+        data = np.random.default_rng(BN_SEED).standard_normal((n, 3, size, size), np.float32)
+    n = len(data)
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for m in norms:
         m.reset_running_stats()
@@ -187,14 +182,24 @@ def input_driven_bn(model, n: int = 32, batch: int = 8, size: int = 224):
     return model.eval()
 
 
-def _cnn(name: str, title: str, model, work: Path, sizes: Sizes) -> Workload:
+N01_NOTE = (
+    "random weights (seeded), BN statistics of its own activations on N(0,1) inputs "
+    "(workloads.input_driven_bn); inputs N(0,1)"
+)
+
+
+def _cnn(
+    name: str, title: str, model, work: Path, sizes: Sizes, batches=seeded_randn, note=N01_NOTE
+) -> Workload:
+    """``batches(seed, n, batch)``: the calibration (``CALIB_SEED``) and evaluation (99) inputs,
+    numpy batches of 8; ``note``: how the model and its inputs were made."""
     import torch
 
     x1 = torch.from_numpy(np.random.default_rng(7).standard_normal((1, 3, 224, 224), np.float32))
     path = export_float(model, work / f"{name}.float.onnx", x1)
     input_name = _input_name(path)
-    cal = cnn_calibration(sizes.cnn_calib)
-    ev = [torch.from_numpy(b) for b in seeded_randn(99, sizes.cnn_eval, 8)]
+    cal = [torch.from_numpy(b) for b in batches(CALIB_SEED, sizes.cnn_calib, 8)]
+    ev = [torch.from_numpy(b) for b in batches(99, sizes.cnn_eval, 8)]
     x8 = np.random.default_rng(8).standard_normal((8, 3, 224, 224), np.float32)
     return Workload(
         name=name,
@@ -209,10 +214,8 @@ def _cnn(name: str, title: str, model, work: Path, sizes: Sizes) -> Workload:
         example=x1,
         speed_feeds={"batch 1": {input_name: x1.numpy()}, "batch 8": {input_name: x8}},
         notes=[
-            f"random weights (seeded), BN statistics of its own activations on N(0,1) inputs "
-            f"(workloads.input_driven_bn); inputs N(0,1); "
-            f"{sizes.cnn_calib} calibration samples (batches of 8), {sizes.cnn_eval} evaluation "
-            "samples; SQNR of the logits vs the float model in ONNX Runtime"
+            f"{note}; {sizes.cnn_calib} calibration samples (batches of 8), {sizes.cnn_eval} "
+            "evaluation samples; SQNR of the logits vs the float model in ONNX Runtime"
         ],
     )
 
@@ -230,14 +233,26 @@ def resnet18(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
 
 
 def mobilenetv2(work: Path, sizes: Sizes, log: Callable[[str], None]) -> Workload:
+    """Trained briefly on natural-image-like synthetic images (``synthetic``'s docstring says
+    why: with random weights no tool's row differed from an output that ignores the input)."""
     from quantbridge.zoo import mobilenetv2_style
 
+    from . import synthetic
+
+    model = synthetic.train(mobilenetv2_style(synthetic.CLASSES))
+    bn_data = synthetic.images(BN_SEED, 32)[0]
     return _cnn(
         "mobilenetv2",
-        "MobileNetV2-style CNN (quantbridge.zoo.mobilenetv2_style), 3x224x224",
-        input_driven_bn(mobilenetv2_style()),
+        "MobileNetV2-style CNN (quantbridge.zoo.mobilenetv2_style, 10 classes, trained 150 steps "
+        "on synthetic images), 3x224x224",
+        input_driven_bn(model, data=bn_data),
         work,
         sizes,
+        batches=synthetic.image_batches,
+        note="trained 150 SGD steps at 64x64 on a synthetic task (the hue of a disc on 1/f "
+        "backgrounds with random objects: bench/suite/synthetic.py), BN statistics then "
+        "measured at 224x224 (workloads.input_driven_bn); inputs: images of that task from "
+        "other seeds",
     )
 
 
