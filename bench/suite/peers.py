@@ -236,7 +236,7 @@ def conv_inputs_recipe():
     (without it 55.68). MobileNetV2-style, same command and BN: every row lies at the input-blind
     output's 12.99 dB (this row 13.06 [13.05-13.12], ModelOpt 12.11 / 12.04, NNCF 13.32, ours
     ``BEST`` 13.23): the random MobileNetV2 does not carry its input through int8 in any tool,
-    so that workload ranks nothing yet."""
+    so that workload ranked nothing (since: trained on synthetic images, ``bench.suite.synthetic``)."""
     import dataclasses
 
     import quantbridge as qb
