@@ -108,9 +108,12 @@ def _reading() -> list[str]:
         "* PyTorch `x86` uses `reduce_range` (7-bit activations) by design; `minmax` is "
         "MinMaxObserver quint8 + per-channel int8 weights. FX cannot trace Hugging Face BERT "
         "under transformers 5.",
-        "* The CNNs have random weights and N(0,1) inputs: their SQNR says how faithfully the "
-        "INT8 graph follows float, not how a trained model would rank classes. Clipping "
-        "calibrations (entropy) lose most there.",
+        "* ResNet-18-style has random weights and N(0,1) inputs: its SQNR says how faithfully "
+        "the INT8 graph follows float, not how a trained model would rank classes. Clipping "
+        "calibrations (entropy) lose most there. MobileNetV2-style is trained briefly on "
+        "synthetic natural-image-like images and evaluated on others "
+        "(`bench/suite/synthetic.py`): with random weights it amplified any input noise and "
+        "every tool scored what an output ignoring the input scores.",
         "* Speed rows time ours' default file and ORT's u8/s8 per-channel minmax file (the "
         "calibration method does not change the graph). "
         "Figure 3 times whole fresh processes; see bench/README.md for what each side includes.",
