@@ -108,7 +108,7 @@ def _reading() -> list[str]:
         "* PyTorch `x86` uses `reduce_range` (7-bit activations) by design; `minmax` is "
         "MinMaxObserver quint8 + per-channel int8 weights. FX cannot trace Hugging Face BERT "
         "under transformers 5.",
-        "* ResNet-18-style has random weights and N(0,1) inputs: its SQNR says how faithfully "
+        "* ResNet-18-style has random weights: its SQNR says how faithfully "
         "the INT8 graph follows float, not how a trained model would rank classes. Clipping "
         "calibrations (entropy) lose most there. MobileNetV2-style is trained briefly on "
         "synthetic natural-image-like images and evaluated on others "
