@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import types
+import weakref
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
 from quantbridge.numerics import PerTensor, QScheme
-from quantbridge.torch.ptq import _bias_correction
+from quantbridge.torch.ptq import _bias_correction, _graph
 from quantbridge.torch.ptq._bias_correction import _channel_means, mean_output, tap_means
 from quantbridge.torch.ptq._graph import record
 
@@ -423,3 +424,41 @@ def test_output_check_restores_the_biases_when_the_output_error_rises(monkeypatc
         assert torch.equal(checked.get_parameter(name), p), name
     with pytest.raises(ValueError, match="bias_correction_check=True with bias_correction=False"):
         qb.Recipe(bias_correction_check=True)
+
+
+def test_sequential_rerun_releases_the_uncorrected_outputs(monkeypatch):
+    # memory: when a corrected layer runs again, its uncorrected outputs (one per batch) are
+    # already gone, so the walk holds one output per batch there, not two
+    g = torch.Generator().manual_seed(6)
+    batches = [((torch.randn(4, 3, 10, 10, generator=g),), {}) for _ in range(2)]
+    recipe = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=False)
+    qmodel = qb.quantize(_ResidualNet().eval(), [a[0] for a, _ in batches], recipe, progress=False)
+    layers = set(_bias_correction._corrected_layers(qmodel))
+    alive_at_rerun: list[int] = []
+    old_outputs: list = []
+    again: list = []  # the corrected layer being run again, if any
+    run, rerun, run_node = _graph.Lockstep.run, _graph.Lockstep.rerun, torch.fx.Interpreter.run_node
+
+    def watching_run(self, after, before=None):
+        def watched(node, values, step):
+            if node in layers:
+                old_outputs[:] = [weakref.ref(v) for v in values]
+            after(node, values, step)
+
+        return run(self, watched, before)
+
+    def watching_rerun(self, nodes):
+        nodes = list(nodes)
+        again[:] = [nodes[-1]] if nodes[-1] in layers and len(nodes) > 1 else []
+        return rerun(self, nodes)
+
+    def watching_run_node(self, node):
+        if again and node is again[0]:
+            alive_at_rerun.append(sum(ref() is not None for ref in old_outputs))
+        return run_node(self, node)
+
+    monkeypatch.setattr(_graph.Lockstep, "run", watching_run)
+    monkeypatch.setattr(_graph.Lockstep, "rerun", watching_rerun)
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", watching_run_node)
+    assert _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False) == 4
+    assert alive_at_rerun == [0] * 8  # 4 layers, 2 batches each

@@ -286,11 +286,11 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks) -> None:
     def after(node, values, step):
         if node not in float_means:
             return
-        sums: dict = {}
-        counts: dict = {}
-        for value, keep in zip(values, masks, strict=False):  # as the float pass (sum order)
-            _channel_means(node, value, sums, counts, keep)
-        _add_to_bias(qmodel, node, float_means[node] - sums[node] / counts[node])
+        _add_to_bias(qmodel, node, float_means[node] - _mean_output(node, values, masks))
+        # the uncorrected outputs are read: release them before the layer runs again, so that
+        # the rerun holds one output per batch, not two (ResNet-18-style's first conv: 51 MB
+        # for 16 images)
+        values.clear()
         step.rerun([*_bias_chain(node), node])
 
     what = f"bias correction: sequential, {len(layers)} layers on {len(kept)} batches"
@@ -298,6 +298,16 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks) -> None:
         what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
     with stage(what, progress):
         Lockstep(qmodel, kept).run(after)
+
+
+def _mean_output(node: torch.fx.Node, values: list, masks: list) -> torch.Tensor:
+    """Per channel, the mean of ``node``'s outputs ``values`` (one per batch) over the positions
+    ``masks`` keep, summed batch after batch as the float pass sums."""
+    sums: dict = {}
+    counts: dict = {}
+    for value, keep in zip(values, masks, strict=False):
+        _channel_means(node, value, sums, counts, keep)
+    return sums[node] / counts[node]
 
 
 def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:

@@ -120,9 +120,12 @@ class Lockstep:
 
     def rerun(self, nodes: Iterable[torch.fx.Node]) -> list:
         """Run ``nodes`` (in order; their inputs still held) again on every batch; the last
-        one's new values."""
+        one's new values. A node's previous values are released before it runs again (one
+        value per batch held, not two, unless the caller still holds the old ones)."""
         values: list = []
         for node in nodes:
+            for run in self.runs:
+                run.env.pop(node, None)
             values = [run.run_node(node) for run in self.runs]
             for run, value in zip(self.runs, values, strict=True):
                 run.env[node] = value
