@@ -297,7 +297,9 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks) -> None:
     if len(kept) < len(batches):
         what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
     with stage(what, progress):
-        Lockstep(qmodel, kept).run(after)
+        # constants late: the quantized weights (a copy per batch) are held one layer at a time,
+        # not all from the start (placement puts their quantizers first)
+        Lockstep(qmodel, kept).run(after, constants_late=True)
 
 
 def _mean_output(node: torch.fx.Node, values: list, masks: list) -> torch.Tensor:
