@@ -23,7 +23,10 @@ quantizer then rounds the corrected bias; its scale does not depend on the bias)
   (test: within float32 rounding of the bias), at about the cost of one quantized pass instead
   of one per layer. Memory: one value per live edge (a value some later node still reads) per
   batch; past ``SEQUENTIAL_MEMORY`` bytes (measured on the float pass) only the first batches
-  that fit are used, for the float means too, and the progress line says so.
+  that fit are used, for the float means too, and the progress line says so. In the quantized
+  pass a corrected layer's uncorrected outputs are released before it runs again, and the
+  weights' and biases' quantizers run just before their layer (``Lockstep.run``'s
+  ``constants_late``), so that their copies are not all held from the first node on.
 
 Padded positions (``Recipe.bias_correction_mask``, sequential only): a transformer's batch is
 padded to a common length, and a padded token's activations differ from a real token's; the
