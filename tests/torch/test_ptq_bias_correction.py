@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import types
+import weakref
+from functools import partial
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
 from quantbridge.numerics import PerTensor, QScheme
-from quantbridge.torch.ptq import _bias_correction
+from quantbridge.torch.ptq import _bias_correction, _graph
 from quantbridge.torch.ptq._bias_correction import _channel_means, mean_output, tap_means
 from quantbridge.torch.ptq._graph import record
 
@@ -423,3 +425,75 @@ def test_output_check_restores_the_biases_when_the_output_error_rises(monkeypatc
         assert torch.equal(checked.get_parameter(name), p), name
     with pytest.raises(ValueError, match="bias_correction_check=True with bias_correction=False"):
         qb.Recipe(bias_correction_check=True)
+
+
+def test_sequential_rerun_releases_the_uncorrected_outputs(monkeypatch):
+    # memory: when a corrected layer runs again, its uncorrected outputs (one per batch) are
+    # already gone, so the walk holds one output per batch there, not two
+    g = torch.Generator().manual_seed(6)
+    batches = [((torch.randn(4, 3, 10, 10, generator=g),), {}) for _ in range(2)]
+    recipe = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=False)
+    qmodel = qb.quantize(_ResidualNet().eval(), [a[0] for a, _ in batches], recipe, progress=False)
+    layers = set(_bias_correction._corrected_layers(qmodel))
+    alive_at_rerun: list[int] = []
+    old_outputs: list = []
+    again: list = []  # the corrected layer being run again, if any
+    run, rerun, run_node = _graph.Lockstep.run, _graph.Lockstep.rerun, torch.fx.Interpreter.run_node
+
+    def watching_run(self, after, before=None, **kwargs):
+        def watched(node, values, step):
+            if node in layers:
+                old_outputs[:] = [weakref.ref(v) for v in values]
+            after(node, values, step)
+
+        return run(self, watched, before, **kwargs)
+
+    def watching_rerun(self, nodes):
+        nodes = list(nodes)
+        again[:] = [nodes[-1]] if nodes[-1] in layers and len(nodes) > 1 else []
+        return rerun(self, nodes)
+
+    def watching_run_node(self, node):
+        if again and node is again[0]:
+            alive_at_rerun.append(sum(ref() is not None for ref in old_outputs))
+        return run_node(self, node)
+
+    monkeypatch.setattr(_graph.Lockstep, "run", watching_run)
+    monkeypatch.setattr(_graph.Lockstep, "rerun", watching_rerun)
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", watching_run_node)
+    assert _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False) == 4
+    assert alive_at_rerun == [0] * 8  # 4 layers, 2 batches each
+
+
+def test_late_constants_run_each_weight_quantizer_just_before_its_layer():
+    # the order the sequential walk runs in: every node once, after its inputs; a parameter
+    # read and its quantizer come right before the node that reads them; the walk's values at
+    # every node are the graph-order walk's, bit for bit
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 3, 10, 10, generator=g)
+    qmodel = qb.quantize(_ResidualNet().eval(), [x], "int8", progress=False)
+    graph = qmodel.graph
+    order = _graph.late_constants(graph)
+    assert sorted(order, key=id) == sorted(graph.nodes, key=id)
+    position = {node: i for i, node in enumerate(order)}
+    for node in order:
+        assert all(position[a] < position[node] for a in node.all_input_nodes), node
+    layers = _bias_correction._corrected_layers(qmodel)
+    for layer in layers:
+        weight_quantizer = layer.args[1]
+        assert weight_quantizer.op == "call_module"
+        readers = [position[u] for u in weight_quantizer.users]
+        assert min(readers) > position[weight_quantizer] > position[layer] - 6  # the bias chain
+        assert position[weight_quantizer.args[0]] == position[weight_quantizer] - 1
+    seen = {}
+
+    def after(node, values, step, into):
+        into[node] = values[0].clone() if isinstance(values[0], torch.Tensor) else values[0]
+
+    _graph.Lockstep(qmodel, [((x,), {})]).run(partial(after, into=seen))
+    late: dict = {}
+    _graph.Lockstep(qmodel, [((x,), {})]).run(partial(after, into=late), constants_late=True)
+    assert late.keys() == seen.keys()
+    for node, value in seen.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(late[node], value), node

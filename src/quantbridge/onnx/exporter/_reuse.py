@@ -267,9 +267,17 @@ def _overload(op: Any, target: str) -> Any:
 
 class _BufferTracer(torch.fx.Tracer):
     """Symbolic trace in which the module's buffers are graph inputs (``get_attr``), so an
-    operator on buffers alone (a weight's ``dequantize``) is recorded, not run."""
+    operator on buffers alone (a weight's ``dequantize``) is recorded, not run.
+
+    No autowrapping (fx's default wraps ``math``'s functions): its check scans the globals of
+    every function the trace enters, about half of the trace's time (ResNet-18-style: 72
+    quantizers, 0.23 -> 0.12 s, the same graphs). An export branch calling ``math`` on a value
+    would then fail to trace and be refused (``_inline``): the export re-traces instead."""
 
     proxy_buffer_attributes = True
+
+    def __init__(self):
+        super().__init__(autowrap_modules=(), autowrap_functions=())
 
 
 def _fake_mode(module: torch.fx.GraphModule):

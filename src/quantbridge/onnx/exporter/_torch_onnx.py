@@ -36,6 +36,7 @@ import torch
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
 from ._lazy_registry import lazy_registry
+from ._optimize import first_output_filtered
 from ._promotion import promotion_needed
 from ._signature import record_signature
 from ._tiny_constants import keep_tiny_constants
@@ -88,7 +89,8 @@ def export_program(
             verbose=False,
         )
         keep_tiny_constants(onnx_program.model)
-        onnx_program.optimize()
+        with first_output_filtered():  # the same rewrites, without quadratic matching
+            onnx_program.optimize()
         model = onnx_program.model_proto
     record_signature(model, program, module.forward)
     return model
@@ -141,7 +143,8 @@ def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto 
         onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
         onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
         keep_tiny_constants(onnx_program.model)
-        onnx_program.optimize()
+        with first_output_filtered():  # the same rewrites, without quadratic matching
+            onnx_program.optimize()
         return onnx_program.model_proto
     except Exception as e:  # the public path is the reference: never fail where it would not
         log.debug("ONNX fast path failed (%s); using torch.onnx.export", e)

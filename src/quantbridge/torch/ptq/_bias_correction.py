@@ -23,7 +23,10 @@ quantizer then rounds the corrected bias; its scale does not depend on the bias)
   (test: within float32 rounding of the bias), at about the cost of one quantized pass instead
   of one per layer. Memory: one value per live edge (a value some later node still reads) per
   batch; past ``SEQUENTIAL_MEMORY`` bytes (measured on the float pass) only the first batches
-  that fit are used, for the float means too, and the progress line says so.
+  that fit are used, for the float means too, and the progress line says so. In the quantized
+  pass a corrected layer's uncorrected outputs are released before it runs again, and the
+  weights' and biases' quantizers run just before their layer (``Lockstep.run``'s
+  ``constants_late``), so that their copies are not all held from the first node on.
 
 Padded positions (``Recipe.bias_correction_mask``, sequential only): a transformer's batch is
 padded to a common length, and a padded token's activations differ from a real token's; the
@@ -286,18 +289,30 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks) -> None:
     def after(node, values, step):
         if node not in float_means:
             return
-        sums: dict = {}
-        counts: dict = {}
-        for value, keep in zip(values, masks, strict=False):  # as the float pass (sum order)
-            _channel_means(node, value, sums, counts, keep)
-        _add_to_bias(qmodel, node, float_means[node] - sums[node] / counts[node])
+        _add_to_bias(qmodel, node, float_means[node] - _mean_output(node, values, masks))
+        # the uncorrected outputs are read: release them before the layer runs again, so that
+        # the rerun holds one output per batch, not two (ResNet-18-style's first conv: 51 MB
+        # for 16 images)
+        values.clear()
         step.rerun([*_bias_chain(node), node])
 
     what = f"bias correction: sequential, {len(layers)} layers on {len(kept)} batches"
     if len(kept) < len(batches):
         what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
     with stage(what, progress):
-        Lockstep(qmodel, kept).run(after)
+        # constants late: the quantized weights (a copy per batch) are held one layer at a time,
+        # not all from the start (placement puts their quantizers first)
+        Lockstep(qmodel, kept).run(after, constants_late=True)
+
+
+def _mean_output(node: torch.fx.Node, values: list, masks: list) -> torch.Tensor:
+    """Per channel, the mean of ``node``'s outputs ``values`` (one per batch) over the positions
+    ``masks`` keep, summed batch after batch as the float pass sums."""
+    sums: dict = {}
+    counts: dict = {}
+    for value, keep in zip(values, masks, strict=False):
+        _channel_means(node, value, sums, counts, keep)
+    return sums[node] / counts[node]
 
 
 def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:

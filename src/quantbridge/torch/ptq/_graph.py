@@ -120,9 +120,12 @@ class Lockstep:
 
     def rerun(self, nodes: Iterable[torch.fx.Node]) -> list:
         """Run ``nodes`` (in order; their inputs still held) again on every batch; the last
-        one's new values."""
+        one's new values. A node's previous values are released before it runs again (one
+        value per batch held, not two, unless the caller still holds the old ones)."""
         values: list = []
         for node in nodes:
+            for run in self.runs:
+                run.env.pop(node, None)
             values = [run.run_node(node) for run in self.runs]
             for run, value in zip(self.runs, values, strict=True):
                 run.env[node] = value
@@ -132,18 +135,23 @@ class Lockstep:
         self,
         after: Callable[[torch.fx.Node, list, Lockstep], None],
         before: Callable[[torch.fx.Node, Lockstep], None] | None = None,
+        constants_late: bool = False,
     ) -> int:
         """Every node in graph order: ``before(node, self)``, the node on every batch, then
         ``after(node, values, self)`` (one value per batch; its inputs are freed only after
         that). Returns the peak bytes of the tensors held: a parameter read is not counted, a
-        view counts as a copy (an upper bound)."""
+        view counts as a copy (an upper bound). ``constants_late``: the nodes that read no
+        input (a weight's quantizer: placement puts them all first) run just before their
+        first reader instead (``late_constants``), so their values are not all held from the
+        start (the same values: each node still runs after its inputs)."""
         if not self.runs:
             return 0
         last_uses = self.runs[0].user_to_last_uses
         sizes: dict = {}
         held = peak = 0
+        order = late_constants(self.gm.graph) if constants_late else self.gm.graph.nodes
         with torch.no_grad():
-            for node in self.gm.graph.nodes:
+            for node in order:
                 if before is not None:
                     before(node, self)
                 values = self.rerun([node])
@@ -157,6 +165,38 @@ class Lockstep:
                         del run.env[dead]
                     held -= sizes.pop(dead, 0)
         return peak
+
+
+def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """``graph``'s nodes, with the parameter reads (``get_attr``) and the module calls on them
+    alone (a weight's or a bias's quantizer) each moved to just before its first reader that
+    is neither, or kept in place when it has none; the rest keep their order. Every node still
+    comes after its inputs, and a value's last reader stays its last reader. Operator calls
+    stay in place (an in-place operator on a parameter must keep its order)."""
+    constant: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (
+            node.op == "call_module" and all(a in constant for a in node.all_input_nodes)
+        ):
+            constant.add(node)
+    late: set[torch.fx.Node] = set()  # the constants some other node reads, maybe through others
+    for node in reversed(graph.nodes):
+        if node in constant and any(u not in constant or u in late for u in node.users):
+            late.add(node)
+    order: list[torch.fx.Node] = []
+    placed: set[torch.fx.Node] = set()
+
+    def place(node: torch.fx.Node) -> None:
+        for a in node.all_input_nodes:
+            if a in late and a not in placed:
+                place(a)
+        placed.add(node)
+        order.append(node)
+
+    for node in graph.nodes:
+        if node not in late and node not in placed:
+            place(node)
+    return order
 
 
 def _nbytes(value) -> int:
