@@ -57,6 +57,10 @@ GAIN = 2.0
 # copy adds grids on the hard-swish chain and on x_g * k_g; the cut may need the dw output's
 # readers' weights, not the range ratio)
 THROUGH_DEPTHWISE = False
+# a channel concatenation read only by channel-mixing convs whose parts differ in range: each
+# part x_g becomes x_g * k_g (``_factors``), its readers' columns W[:, g] / k_g, so the common
+# grid of the concatenation (ONNX Runtime's Concat keeps one scale) serves the narrow parts too
+CONCATS = True
 FLOOR = 1e-3  # a channel's range counts as at least FLOOR x the widest (dead channels)
 ELEMENTWISE = frozenset(
     {
@@ -78,26 +82,40 @@ ELEMENTWISE = frozenset(
 )
 
 
-def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) -> dict:
+def split_ranges(
+    gm: torch.fx.GraphModule,
+    batches,
+    replay: dict | None = None,
+    levels: tuple[int, int] | None = None,
+) -> dict:
     """Split every conv of ``gm`` whose channel ranges on ``batches`` pay for it. Returns the
     split as data, ``{conv node name: {"groups": [[channel, ...], ...], "factors": {reader node
     name: [k_g, ...]}}}``: ``replay`` (that dict, e.g. from a checkpoint) redoes the same split
-    without data. The float function is unchanged up to float32 rounding."""
+    without data. The float function is unchanged up to float32 rounding. ``levels``: (the
+    activations' grid steps, the weights' qmax), e.g. (255, 127), for the factors ``k_g``
+    (``_factors``); None: ``k_g = R / R_g``."""
     plans = [p for c in list(gm.graph.nodes) if (p := _plan(gm, c)) is not None]
+    cats = [c for c in gm.graph.nodes if _mixed_concat(gm, c)] if CONCATS else []
     if replay is not None:
         plans = [p for p in plans if p.conv.name in replay]
-        if len(plans) != len(replay):
+        cats = [c for c in cats if c.name in replay]
+        if len(plans) + len(cats) != len(replay):
             raise ValueError(
-                f"split_ranges: the recorded split names convs {sorted(replay)} but this graph "
-                f"splits {sorted(p.conv.name for p in plans)}: a different model"
+                f"split_ranges: the recorded split names {sorted(replay)} but this graph "
+                f"splits {sorted(p.conv.name for p in plans)} and concatenations "
+                f"{sorted(c.name for c in cats)}: a different model"
             )
-    elif plans:
-        replay = _measure(gm, batches, plans)
+    elif plans or cats:
+        replay = _measure(gm, batches, plans, levels, cats)
     old = set()
     for p in plans:
         if p.conv.name in (replay or {}):
             old |= {n.target for n in p.weights(gm)}
             p.rewrite(gm, replay[p.conv.name])
+    for c in cats:
+        if c.name in (replay or {}):
+            old |= {weight_and_bias(gm, r)[0].target for r in c.users}
+            _rescale_concat(gm, c, replay[c.name])
     if old:
         gm.graph.eliminate_dead_code()
         used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
@@ -109,17 +127,21 @@ def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) 
     return replay or {}
 
 
-def _measure(gm, batches, plans) -> dict:
-    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays."""
-    watched = {n for p in plans for n in p.watched()}
+def _measure(gm, batches, plans, levels, cats=()) -> dict:
+    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays, and
+    the factors of each concatenation (``CONCATS``) where one is not 1."""
+    watched = {n for p in plans for n in p.watched()} | {a for c in cats for a in c.args[0]}
     lo: dict = {}
     hi: dict = {}
+    power: dict = {}  # per channel: (sum of squares, count)
 
     def on_value(n, out):
         flat = out.detach().double().transpose(0, 1).reshape(out.shape[1], -1)
         a, b = flat.amin(1), flat.amax(1)
         lo[n] = torch.minimum(lo[n], a) if n in lo else a
         hi[n] = torch.maximum(hi[n], b) if n in hi else b
+        sq, count = power.get(n, (0.0, 0))
+        power[n] = (sq + flat.pow(2).sum(1), count + flat.shape[1])
 
     record(gm, batches, watched, on_value)
     found = {}
@@ -130,9 +152,64 @@ def _measure(gm, batches, plans) -> dict:
         groups = channel_groups(los, his, _sensitivity(gm, p, los, his, lo[p.out], hi[p.out]))
         if len(groups) > 1:
             ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
-            factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
+            factors = {}
+            for e in ends:
+                readers = list(e.users) if e in p.depthwise else p.mixing
+                ms = power[e][0] / power[e][1]
+                columns = [_weight(gm, r) for r in readers]
+                factors[e.name] = _factors(groups, lo[e], hi[e], ms, columns, levels)
             found[p.conv.name] = {"groups": groups, "factors": factors}
+    for c in cats:
+        parts = c.args[0]
+        sizes = [len(lo[a]) for a in parts]
+        starts = np.cumsum([0, *sizes])
+        groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        lo_c, hi_c = torch.cat([lo[a] for a in parts]), torch.cat([hi[a] for a in parts])
+        ms = torch.cat([power[a][0] / power[a][1] for a in parts])
+        columns = [_weight(gm, r) for r in c.users]
+        k = _factors(groups, lo_c, hi_c, ms, columns, levels)
+        if any(kg != 1.0 for kg in k):
+            found[c.name] = {"concat": k, "sizes": sizes}
     return found
+
+
+def _mixed_concat(gm, node) -> bool:
+    """A channel concatenation of graph values read only by channel-mixing convs (groups =
+    1): its parts can be brought to one range (``_rescale_concat``)."""
+    if node.op != "call_function" or node.target is not aten.cat.default:
+        return False
+    if len(node.args) < 2 or node.args[1] != 1 or len(node.args[0]) < 2:
+        return False
+    if not all(isinstance(a, torch.fx.Node) for a in node.args[0]) or not node.users:
+        return False
+    return all(
+        u.op == "call_function"
+        and u.target in CONV_OPS
+        and groups_of(u) == 1
+        and u.args[0] is node
+        and sum(a is node for a in u.all_input_nodes) == 1
+        and weight_and_bias(gm, u) is not None
+        for u in node.users
+    )
+
+
+def _rescale_concat(gm, cat, split: dict) -> None:
+    """Part ``g`` of ``cat`` becomes ``x_g * k_g``; its readers take ``W[:, g] / k_g``."""
+    k, sizes = split["concat"], split["sizes"]
+    parts = []
+    for a, kg in zip(cat.args[0], k, strict=True):
+        if kg == 1.0:  # the widest part
+            parts.append(a)
+            continue
+        with gm.graph.inserting_before(cat):
+            m = gm.graph.call_function(aten.mul.Tensor, (a, float(kg)))
+        m.meta = dict(a.meta)
+        parts.append(m)
+    cat.args = (parts, *cat.args[1:])
+    starts = np.cumsum([0, *sizes])
+    groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    for r in list(cat.users):
+        _scale_columns(gm, r, groups, k)
 
 
 def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
@@ -321,10 +398,45 @@ class _Plan:
                 r.replace_input_with(self.out, cat)
 
 
-def _factors(groups, lo, hi) -> list[float]:
+def _weight(gm, conv) -> torch.Tensor:
+    return get_tensor(gm, weight_and_bias(gm, conv)[0]).detach().double()
+
+
+def _factors(groups, lo, hi, ms=None, readers=(), levels=None) -> list[float]:
+    """``k_g`` per group at the concatenation its readers read (``x_g * k_g``, read as
+    ``W[:, g] / k_g``). ``k_g = R / R_g`` puts group ``g`` on the whole common grid (step
+    ``D = R / steps``), but divides the readers' columns of ``g`` by ``k_g``: each reader row's
+    weight step ``s_r`` is set by its widest columns (the widest group's, ``k = 1``), so the
+    rounding of the columns of ``g`` reaches the output ``k_g`` times larger. Per group, the
+    readers' output noise power (per output value, both roundings uniform, the 1/12 dropped):
+
+    .. math:: N_g(k) = \\frac{D^2}{k^2} \\sum_{r, j \\in g, t} W_{rjt}^2
+                     + k^2 \\sum_r s_r^2 \\, T \\sum_{j \\in g} E[x_j^2]
+
+    (``t`` the kernel taps, ``T`` their number, ``E[x_j^2]`` channel ``j``'s mean square ``ms``
+    before the factor), least at ``k^4 = A / B`` of its two sums, clipped to ``[1, R / R_g]``.
+    ``levels`` (activation grid steps, weight qmax) None: ``R / R_g``."""
     ranges = [float(hi[idx].max().clamp_min(0) - lo[idx].min().clamp_max(0)) for idx in groups]
     top = max(ranges)
-    return [top / r if r > 0 else 1.0 for r in ranges]
+    full = [top / r if r > 0 else 1.0 for r in ranges]
+    if levels is None or not readers:
+        return full
+    steps, qmax = levels
+    widest = groups[ranges.index(top)]
+    out = []
+    for idx, kmax in zip(groups, full, strict=True):
+        if idx is widest:
+            out.append(1.0)
+            continue
+        a = b = 0.0
+        for w in readers:  # (out, in, taps...)
+            rows = w.reshape(w.shape[0], w.shape[1], -1)
+            step = rows[:, widest].abs().amax(dim=(1, 2)) / qmax  # per row, set by k = 1 columns
+            a += float(rows[:, idx].pow(2).sum()) * (top / steps) ** 2
+            b += float(step.pow(2).sum()) * rows.shape[2] * float(ms[idx].sum())
+        k = min(max((a / b) ** 0.25, 1.0), kmax) if b > 0 else kmax
+        out.append(float(k))
+    return out
 
 
 def _param(gm, name: str, value: torch.Tensor, like) -> torch.fx.Node:
