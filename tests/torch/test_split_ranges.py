@@ -263,7 +263,7 @@ class MixedConcat(nn.Module):
         return self.mix(torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1))
 
 
-def test_mixed_concat_float_unchanged_and_quantized_error_lower():
+def test_mixed_concat_float_unchanged_and_quantized_error_lower(tmp_path):
     model = MixedConcat()
     gm = _captured(model)
     split = split_ranges(gm, [((x,), {}) for x in _data(2, 1)], levels=(255, 127))
@@ -278,5 +278,12 @@ def test_mixed_concat_float_unchanged_and_quantized_error_lower():
     # the narrow branch's factor (seed 0: k = 78.1, its whole range ratio) puts it on the
     # common grid instead of a few of its steps: +19.4 dB over the int8 preset, 0.0 dB with
     # CONCATS off. 10 dB: about half of it (fixed seeds, no run-to-run spread)
-    gain, _ = _split_gain(model)
+    gain, split = _split_gain(model)
     assert gain >= 10.0
+    # a checkpoint replays the recorded factors of the concatenation: same outputs
+    qb.save(split, tmp_path / "cat.qb")
+    loaded = qb.load(tmp_path / "cat.qb", MixedConcat())
+    assert loaded.qb_capture["split_ranges"] == split.qb_capture["split_ranges"]
+    with torch.no_grad():
+        for x in _data(2, 3):
+            assert torch.equal(loaded(x), split(x))

@@ -28,7 +28,18 @@ per-channel scale through it (cross-layer equalization needs ReLU). Splitting is
   ``W[:, perm] / k`` (``perm`` the channel order of the concatenation): the float function is
   unchanged up to float32 rounding; the integer graph has one more conv per group.
 
-``k_g = R / R_g`` (``R`` the widest group's range at the concatenation), so one grid serves all.
+``k_g`` (``_factors``) balances the readers' two roundings: ``R / R_g`` (``R`` the widest
+group's range at the concatenation) gives group ``g`` the whole common grid but divides its
+reader columns by ``k_g``, whose rounding (one weight step per reader row, set by the widest
+group's columns) then reaches the output ``k_g`` times larger; the modelled output noise of
+both is least at ``k_g^4 = A / B`` (clipped to ``[1, R / R_g]``). Without the quantization
+``levels`` (a direct call), ``k_g = R / R_g`` as before.
+
+Mixed-range concatenations (``CONCATS``): a channel concatenation read only by channel-mixing
+convs (PP-OCRv4 det's neck joins four scales whose ranges differ ~3x into its head) has one grid
+in ONNX Runtime; each part ``x_g`` becomes ``x_g * k_g`` with the same ``_factors``, and the
+readers take ``W[:, g] / k_g`` (float function unchanged). Recorded in the split's dict under
+the concatenation's node name, ``{"concat": [k_g, ...], "sizes": [channels, ...]}``.
 """
 
 from __future__ import annotations
