@@ -264,16 +264,18 @@ def split_ranges_recipe():
     MSE, and range-group channel splits (``split_ranges``: a conv whose channels differ widely
     in range through its hard-swish / ReLU becomes one conv per range group, each on its own
     int8 grids, the cut weighing each channel by what its readers take; float function
-    unchanged), and cross-layer equalization. Bench quick data, ONNX Runtime fused, 3
-    calibration repeats (``python -m bench.peer_rows W --tools quantbridge --only "<this row>;
-    default" --repeats 3``, 2026-12-01, load 5-7; bench/results/peer-rows/*-ours-split-ranges-
-    r3.json): PP-OCRv4 det 19.85 dB [19.08-19.96] (per repeat 19.96 / 19.08 / 19.85; node by node
-    20.05 / 19.26 / 20.02), every one of its 64 convs (77 after the split) reading int8 inputs;
-    NNCF ``mixed`` 19.43 / 19.32 / 18.52 with 20 convs on float inputs, ours' ``default`` 15.28.
-    Without the split (repeat 0, no equalize) 16.01 dB, with it 19.66. MobileNetV2-style 56.50
-    [56.21-57.02] (default 55.00 [54.74-55.15]; no conv split there); ResNet-18-style 47.16
-    [47.10-47.31] (default 47.33 [47.01-47.41]; one split, -0.2 / +0.1 dB fused / node by node
-    against the same row without it, repeat 0)."""
+    unchanged; the common range's factors balance the readers' activation and weight rounding,
+    and a channel concatenation convs read gets the same factors), and cross-layer equalization.
+    Bench quick data, ONNX Runtime fused, 3 calibration repeats (``python -m bench.peer_rows W
+    --tools quantbridge --only "<this row>" --repeats 3``, 2026-12-02, load 7-10;
+    bench/results/peer-rows/*-split-ranges-balanced-r3.json): PP-OCRv4 det 19.87 dB
+    [19.21-20.11] (per repeat 20.11 / 19.21 / 19.87; node by node 20.21 / 19.02 / 20.02), every
+    one of its 64 convs (77 after the split) reading int8 inputs; with full-range factors
+    (k_g = R / R_g) and no concatenation factors, the same data and scoring gave 19.96 / 19.08 /
+    19.85 (node by node 20.05 / 19.26 / 20.02); the last full bench 19.35 [19.26-19.42], NNCF
+    ``mixed`` 19.32 [18.52-19.43]. Input-driven BN CNNs: ResNet-18-style 31.14 [31.13-31.47],
+    MobileNetV2-style 13.51 [13.40-13.74] (no split there; the same files with the full-range
+    factors, repeats 0 and 2)."""
     import dataclasses
 
     import quantbridge as qb

@@ -64,11 +64,14 @@ opt-in).
 in range (through hard-swish, which no per-channel scale commutes with) becomes one conv per
 range group, each group on its own int8 grids, rescaled to one range where the groups meet again
 (``torch.ptq._split_ranges``; float function unchanged; the cut weighs each channel's noise by
-the readers' weights on it). PP-OCRv4 det on the bench's data (``python -m bench --quick``'s
-ocr_det, calibration repeat 0, ONNX Runtime fused / node by node), the "default" preset +
-8-bit weights + ``fold_affine`` + mse: 16.01 / 15.92 -> 19.66 / 19.61 dB (75 int8 convs for its
-64); with ``equalize`` too 19.96 / 20.05 (``bench.suite.peers.SPLIT_RANGES``, its docstring has
-the three repeats). ResNet-18-style: one split, -0.2 / +0.1 dB; MobileNetV2-style (ReLU6): no
+the readers' weights on it; the common range's factors balance the readers' activation and
+weight rounding, ``torch.ptq._concat_ranges``, which also brings the parts of a channel
+concatenation that convs read to one range). PP-OCRv4 det on the bench's data (``python -m
+bench --quick``'s ocr_det, calibration repeat 0, ONNX Runtime fused / node by node), the
+"default" preset + 8-bit weights + ``fold_affine`` + mse: 16.01 / 15.92 -> 19.66 / 19.61 dB
+(75 int8 convs for its 64; full-range factors); with ``equalize`` too 19.96 / 20.05, with the
+balanced factors and the concatenation 20.11 / 20.21 (``bench.suite.peers.SPLIT_RANGES``, its
+docstring has the three repeats). ResNet-18-style: one split; MobileNetV2-style (ReLU6): no
 split. Opt-in: it adds convs (time) for a gain measured on one model.
 
 The default (issue 14) was chosen by measurement across the bench workloads; the tables,

@@ -102,7 +102,9 @@ def prepare(
     if recipe.equalize:  # weights only: a loaded checkpoint's own weights replace these
         equalize(gm, batches)
     if recipe.split_ranges:  # before placement: the split convs get their own quantizers
-        split = split_ranges(gm, batches, split)  # ``load`` replays the recorded split
+        acts, weights = recipe.activations.scheme, recipe.weights.scheme
+        levels = (acts.qmax - acts.qmin, weights.qmax)
+        split = split_ranges(gm, batches, split, levels)  # ``load`` replays the recorded split
     alphas = None
     if recipe.smoothquant is not None and smoothed is None:
         smoothed, alphas = smooth(gm, recipe, batches)

@@ -28,16 +28,24 @@ per-channel scale through it (cross-layer equalization needs ReLU). Splitting is
   ``W[:, perm] / k`` (``perm`` the channel order of the concatenation): the float function is
   unchanged up to float32 rounding; the integer graph has one more conv per group.
 
-``k_g = R / R_g`` (``R`` the widest group's range at the concatenation), so one grid serves all.
+``k_g``: ``_concat_ranges._factors`` (the readers' activation and weight rounding balanced).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from .._passes import _owner
+from . import _concat_ranges as _cr
+from ._concat_ranges import (
+    _factors,
+    _mixed_concat,
+    _param,
+    _rescale_concat,
+    _scale_columns,
+    _weight,
+)
 from ._graph import CONV_OPS, conv_geometry, get_tensor, groups_of, record, weight_and_bias
 
 aten = torch.ops.aten
@@ -78,26 +86,40 @@ ELEMENTWISE = frozenset(
 )
 
 
-def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) -> dict:
+def split_ranges(
+    gm: torch.fx.GraphModule,
+    batches,
+    replay: dict | None = None,
+    levels: tuple[int, int] | None = None,
+) -> dict:
     """Split every conv of ``gm`` whose channel ranges on ``batches`` pay for it. Returns the
     split as data, ``{conv node name: {"groups": [[channel, ...], ...], "factors": {reader node
     name: [k_g, ...]}}}``: ``replay`` (that dict, e.g. from a checkpoint) redoes the same split
-    without data. The float function is unchanged up to float32 rounding."""
+    without data. The float function is unchanged up to float32 rounding. ``levels``: (the
+    activations' grid steps, the weights' qmax), e.g. (255, 127), for the factors ``k_g``
+    (``_factors``); None: ``k_g = R / R_g``."""
     plans = [p for c in list(gm.graph.nodes) if (p := _plan(gm, c)) is not None]
+    cats = [c for c in gm.graph.nodes if _mixed_concat(gm, c)] if _cr.CONCATS else []
     if replay is not None:
         plans = [p for p in plans if p.conv.name in replay]
-        if len(plans) != len(replay):
+        cats = [c for c in cats if c.name in replay]
+        if len(plans) + len(cats) != len(replay):
             raise ValueError(
-                f"split_ranges: the recorded split names convs {sorted(replay)} but this graph "
-                f"splits {sorted(p.conv.name for p in plans)}: a different model"
+                f"split_ranges: the recorded split names {sorted(replay)} but this graph "
+                f"splits {sorted(p.conv.name for p in plans)} and concatenations "
+                f"{sorted(c.name for c in cats)}: a different model"
             )
-    elif plans:
-        replay = _measure(gm, batches, plans)
+    elif plans or cats:
+        replay = _measure(gm, batches, plans, levels, cats)
     old = set()
     for p in plans:
         if p.conv.name in (replay or {}):
             old |= {n.target for n in p.weights(gm)}
             p.rewrite(gm, replay[p.conv.name])
+    for c in cats:
+        if c.name in (replay or {}):
+            old |= {weight_and_bias(gm, r)[0].target for r in c.users}
+            _rescale_concat(gm, c, replay[c.name])
     if old:
         gm.graph.eliminate_dead_code()
         used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
@@ -109,17 +131,21 @@ def split_ranges(gm: torch.fx.GraphModule, batches, replay: dict | None = None) 
     return replay or {}
 
 
-def _measure(gm, batches, plans) -> dict:
-    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays."""
-    watched = {n for p in plans for n in p.watched()}
+def _measure(gm, batches, plans, levels, cats=()) -> dict:
+    """Per-channel ranges on ``batches`` -> the groups and factors of each plan that pays, and
+    the factors of each concatenation (``CONCATS``) where one is not 1."""
+    watched = {n for p in plans for n in p.watched()} | {a for c in cats for a in c.args[0]}
     lo: dict = {}
     hi: dict = {}
+    power: dict = {}  # per channel: (sum of squares, count)
 
     def on_value(n, out):
         flat = out.detach().double().transpose(0, 1).reshape(out.shape[1], -1)
         a, b = flat.amin(1), flat.amax(1)
         lo[n] = torch.minimum(lo[n], a) if n in lo else a
         hi[n] = torch.maximum(hi[n], b) if n in hi else b
+        sq, count = power.get(n, (0.0, 0))
+        power[n] = (sq + flat.pow(2).sum(1), count + flat.shape[1])
 
     record(gm, batches, watched, on_value)
     found = {}
@@ -130,8 +156,24 @@ def _measure(gm, batches, plans) -> dict:
         groups = channel_groups(los, his, _sensitivity(gm, p, los, his, lo[p.out], hi[p.out]))
         if len(groups) > 1:
             ends = [*p.depthwise, p.out] if p.mixing else p.depthwise
-            factors = {e.name: _factors(groups, lo[e], hi[e]) for e in ends}
+            factors = {}
+            for e in ends:
+                readers = list(e.users) if e in p.depthwise else p.mixing
+                ms = power[e][0] / power[e][1]
+                columns = [_weight(gm, r) for r in readers]
+                factors[e.name] = _factors(groups, lo[e], hi[e], ms, columns, levels)
             found[p.conv.name] = {"groups": groups, "factors": factors}
+    for c in cats:
+        parts = c.args[0]
+        sizes = [len(lo[a]) for a in parts]
+        starts = np.cumsum([0, *sizes])
+        groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        lo_c, hi_c = torch.cat([lo[a] for a in parts]), torch.cat([hi[a] for a in parts])
+        ms = torch.cat([power[a][0] / power[a][1] for a in parts])
+        columns = [_weight(gm, r) for r in c.users]
+        k = _factors(groups, lo_c, hi_c, ms, columns, levels)
+        if any(kg != 1.0 for kg in k):
+            found[c.name] = {"concat": k, "sizes": sizes}
     return found
 
 
@@ -321,23 +363,6 @@ class _Plan:
                 r.replace_input_with(self.out, cat)
 
 
-def _factors(groups, lo, hi) -> list[float]:
-    ranges = [float(hi[idx].max().clamp_min(0) - lo[idx].min().clamp_max(0)) for idx in groups]
-    top = max(ranges)
-    return [top / r if r > 0 else 1.0 for r in ranges]
-
-
-def _param(gm, name: str, value: torch.Tensor, like) -> torch.fx.Node:
-    base = name.replace(".", "_")
-    i = 0
-    while hasattr(gm, f"{base}_{i}"):
-        i += 1
-    gm.register_parameter(f"{base}_{i}", nn.Parameter(value.detach().clone(), requires_grad=False))
-    node = gm.graph.get_attr(f"{base}_{i}")
-    node.meta = dict(like.meta)
-    return node
-
-
 def _conv_copy(gm, conv, inp, w, b, idx, k: float, tag: str) -> torch.fx.Node:
     """``conv``'s output channels ``idx`` (times ``k``) as a new conv node reading ``inp``; a
     depthwise ``conv`` keeps one group per channel."""
@@ -355,22 +380,6 @@ def _conv_copy(gm, conv, inp, w, b, idx, k: float, tag: str) -> torch.fx.Node:
     )
     node.meta = dict(conv.meta)
     return node
-
-
-def _scale_columns(gm, reader, groups, k) -> None:
-    """``reader`` (a groups = 1 conv) reads the concatenation: input column ``j`` is channel
-    ``perm[j]`` times ``k`` of its group, so the weight becomes ``W[:, perm] / k``."""
-    wn, _ = weight_and_bias(gm, reader)
-    w = get_tensor(gm, wn)
-    perm = torch.tensor([c for idx in groups for c in idx])
-    kk = torch.tensor(
-        [kg for idx, kg in zip(groups, k, strict=True) for _ in idx], dtype=torch.float64
-    )
-    shape = [1, -1] + [1] * (w.ndim - 2)
-    new = (w.double()[:, perm] / kk.reshape(shape)).to(w.dtype)
-    with gm.graph.inserting_before(reader):
-        node = _param(gm, f"{wn.target}_cat", new, wn)
-    reader.replace_input_with(wn, node)
 
 
 def _plan(gm, conv) -> _Plan | None:
