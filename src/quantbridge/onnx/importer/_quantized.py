@@ -20,6 +20,9 @@ the rule registry keyed by op type; the rules live in ``_qdq`` (Cases 1-4), here
 * Case 4 - ``Q -> Clip -> DQ`` (narrow and sub-8-bit ranges): the Clip's integer bounds narrow the
   grid of the Q (one quantizer with the narrow scheme), or make a new grid when ``y`` has other
   readers.
+* Case 1 takes per-channel activations too (NNCF quantizes a depthwise conv's input per
+  channel): a per-channel ``Quantizer``; Case 5 then moves them only through
+  ``_KEEPS_CHANNELS``.
 * Case 5 - data movement on integer tensors (``MaxPool``, ``Reshape``, ``Transpose``, ``Resize``,
   ``Slice``, ...: ``DATA_MOVEMENT``): the float op, then a ``Site`` on the input's grid (the same
   quantizer, not observing), as placement does for a torch model. A constant ``Pad`` value is an
@@ -52,6 +55,8 @@ from ._qparams import FileQParams, onnx_type_of, read_qparams
 from ._registry import lookup
 
 SITE_DOMAIN = "quantbridge.import"
+# data movement that keeps every channel where it is (a per-channel activation grid carries over)
+_KEEPS_CHANNELS = frozenset({"Identity", "MaxPool", "Resize", "Upsample"})
 _INTEGER_CODES = (np.int8, np.uint8, np.int16, np.uint16)  # element types of quantized tensors
 SITE_OP = "Site"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -358,6 +363,13 @@ class Normaliser:
         if node.op_type not in DATA_MOVEMENT or site is None or node.domain not in _DEFAULT_DOMAINS:
             self.refuse(node)
             return
+        if site.qparams.axis is not None and node.op_type not in _KEEPS_CHANNELS:
+            raise ValueError(
+                f"{self.where(node)} moves the integers of {node.input[0]!r}, quantized per "
+                f"channel along axis {site.qparams.axis}; quantbridge imports per-channel "
+                f"activations read by {', '.join(sorted(_KEEPS_CHANNELS))} or dequantized "
+                "directly: dequantize before this op, or quantize that tensor per tensor"
+            )
         inputs = list(node.input)
         data = inputs if node.op_type == "Concat" else inputs[:1]
         for x in data:
