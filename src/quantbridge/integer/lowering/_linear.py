@@ -22,6 +22,7 @@ from .._program import QTensor
 from ._core import (
     Accumulator,
     Builder,
+    Const,
     Elementwise,
     LoweringError,
     Pending,
@@ -51,9 +52,13 @@ def _per_channel(v: np.ndarray, channels: int, what: str, node: onnx.NodeProto) 
 
 def _bias_codes(node, bias: QConst | None, acc_scale: np.ndarray) -> np.ndarray:
     """int32 bias codes in accumulator units (``s_x * s_w[c]``); rescaled offline (float64,
-    rounded half to even) only when the file stores it with another scale."""
+    rounded half to even) only when the file stores it with another scale, or quantized onto
+    that grid the same way when the file keeps it float."""
     if bias is None:
         return np.zeros(acc_scale.shape, np.int64)
+    if np.asarray(bias.q).dtype.kind == "f":  # a float bias (``_bias_operand``)
+        real = _per_channel(bias.q, acc_scale.size, "bias", node).astype(np.float64)
+        return np.round(real / acc_scale.astype(np.float64)).astype(np.int64)
     q = _per_channel(bias.q, acc_scale.size, "bias", node).astype(np.int64)
     s = _per_channel(bias.scale, acc_scale.size, "bias scale", node).astype(np.float64)
     z = _per_channel(bias.zero_point, acc_scale.size, "bias zero point", node).astype(np.int64)
@@ -188,8 +193,18 @@ def _group_tile(v, channels: int, group: int, node) -> np.ndarray:
 def _conv_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = as_activation(node, ins[0])
     w = as_qconst(node, ins[1], "the weight")
-    bias = as_qconst(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+    bias = _bias_operand(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
     return [conv(b, node, x, x.scale, x.zero_point, w, bias)]
+
+
+def _bias_operand(node: onnx.NodeProto, v: Value | None, what: str) -> QConst:
+    """An int32 bias, or a float one: NNCF and ModelOpt quantize a layer's input and weight and
+    keep its bias float. The accumulator grid ``s_x * s_w[c]`` is then the bias's grid, as for
+    the engines that run such files (``_bias_codes`` rounds it there, half to even: at most half
+    a step of the accumulator, far below one step of the output)."""
+    if isinstance(v, Const) and v.array.dtype.kind == "f":
+        return QConst(np.asarray(v.array, np.float64), np.ones(1), np.zeros(1, np.int64), None)
+    return as_qconst(node, v, what)
 
 
 def matmul_const(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias) -> Pending:
@@ -260,7 +275,7 @@ def _gemm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Val
         raise LoweringError(f"{describe_node(node)}: only transA=0, alpha=beta=1 are lowered")
     x = as_activation(node, ins[0])
     w = as_qconst(node, ins[1], "B")
-    bias = as_qconst(node, ins[2], "C") if len(ins) > 2 and ins[2] is not None else None
+    bias = _bias_operand(node, ins[2], "C") if len(ins) > 2 and ins[2] is not None else None
     if a.get("transB", 0):
         w = QConst(w.q.T, w.scale, w.zero_point, None if w.axis is None else 1 - w.axis % 2)
     return [matmul_const(b, node, x, x.scale, x.zero_point, w, bias)]

@@ -29,15 +29,15 @@ import math
 import numpy as np
 import onnx
 
-from ...numerics import ISQRT_MAX, common_shift_multipliers
+from ...numerics import ISQRT_MAX, common_shift_multipliers, dequantize
 from .._program import QTensor
 from ..kernels._normalize import SOFTMAX_EXP_BITS, SOFTMAX_OUT_BITS
 from ._core import (
     Builder,
-    Const,
     Elementwise,
     LoweringError,
     Pending,
+    QConst,
     QValue,
     Value,
     accumulator_multiplier_bits,
@@ -171,14 +171,23 @@ def _pre_sqrt_shift(n: int, width: int, eps_codes: float) -> tuple[int, int]:
     return k, int(e)
 
 
+def _real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarray:
+    """A float constant's values, or an integer constant's dequantized values (ONNX Runtime's
+    QDQ files store LayerNormalization's scale as int8 and its bias as int32, each followed by a
+    DequantizeLinear; the float op reads what the DequantizeLinear computes)."""
+    if isinstance(v, QConst):
+        return np.asarray(dequantize(v.q, v.scale, v.zero_point, v.axis))
+    return np.asarray(as_const(node, v, what))
+
+
 @register_lowering("LayerNormalization")
 def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = as_activation(node, ins[0])
     a = attrs_of(node)
     n, dims = _normalized_length(b, node, int(a.get("axis", -1)))
-    gamma = np.broadcast_to(np.asarray(as_const(node, ins[1], "scale"), np.float64), dims)
-    beta = (np.broadcast_to(np.asarray(as_const(node, ins[2], "bias"), np.float64), dims)
-            if len(ins) > 2 and isinstance(ins[2], Const) else np.zeros(dims))  # fmt: skip
+    gamma = np.broadcast_to(_real_constant(node, ins[1], "scale").astype(np.float64), dims)
+    beta = (np.broadcast_to(_real_constant(node, ins[2], "bias").astype(np.float64), dims)
+            if len(ins) > 2 and ins[2] is not None else np.zeros(dims))  # fmt: skip
     gamma, beta = gamma.reshape(-1), beta.reshape(-1)
     width = x.qmax - x.qmin
     eps = float(a.get("epsilon", 1e-5))

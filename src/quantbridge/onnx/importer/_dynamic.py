@@ -37,14 +37,21 @@ def _single_user(ctx: Normaliser, name: str, op_type: str) -> onnx.NodeProto | N
     return users[0] if len(users) == 1 and users[0].op_type == op_type else None
 
 
-def _rescale(ctx: Normaliser, node: onnx.NodeProto, y_scale: str) -> tuple[onnx.NodeProto, str]:
-    """The ``Cast -> Mul(., y_scale * w_scale)`` after an integer op: (the Mul, w_scale's name)."""
+def _rescale(
+    ctx: Normaliser, node: onnx.NodeProto, y_scale: str | None
+) -> tuple[onnx.NodeProto, str, str]:
+    """The ``Cast -> Mul(., y_scale * w_scale)`` after an integer op: (the Mul, w_scale's name,
+    y_scale's name). ``y_scale=None``: operand ``y`` is a gathered integer table (Case 5b), its
+    scale the factor's first input (ONNX Runtime writes ``Mul(input scale, weight scale)``; the
+    product, all the output depends on, is the same either way)."""
     cast = _single_user(ctx, node.output[0], "Cast")
     mul = _single_user(ctx, cast.output[0], "Mul") if cast is not None else None
     factor = None
     if mul is not None:
         other = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
         factor = ctx.producer.get(other)
+    if y_scale is None and factor is not None and factor.op_type == "Mul":
+        y_scale = factor.input[0]
     if factor is None or factor.op_type != "Mul" or y_scale not in factor.input:
         raise ValueError(
             f"{ctx.where(node)}: its int32 result must be rescaled by Cast -> Mul(., y_scale * "
@@ -55,7 +62,7 @@ def _rescale(ctx: Normaliser, node: onnx.NodeProto, y_scale: str) -> tuple[onnx.
     if ctx.readers.get(factor.output[0], 0) == 1:  # written before: taken out again
         ctx.absorbed.add(factor.output[0])
         ctx.nodes = [n for n in ctx.nodes if n is not factor]
-    return mul, w_scale
+    return mul, w_scale, y_scale
 
 
 def _dynamic_operand(ctx: Normaliser, node: onnx.NodeProto, y: str, zero_point: str) -> str:
@@ -70,8 +77,12 @@ def _dynamic_operand(ctx: Normaliser, node: onnx.NodeProto, y: str, zero_point: 
 @rule("ConvInteger", "MatMulInteger")
 def _integer_op(ctx: Normaliser, node: onnx.NodeProto) -> None:
     inputs = list(node.input) + [""] * (4 - len(node.input))
-    y = _dynamic_operand(ctx, node, inputs[0], inputs[2])
-    mul, w_scale = _rescale(ctx, node, ctx.dynamic[y][0])
+    if inputs[0] in ctx.pending:  # rows of an integer table (Case 5b), read on its own grid
+        mul, w_scale, y_scale = _rescale(ctx, node, None)
+        y = ctx.read(node, inputs[0], ctx.qparams_named(node, inputs[0], y_scale, inputs[2]))
+    else:
+        y = _dynamic_operand(ctx, node, inputs[0], inputs[2])
+        mul, w_scale, _ = _rescale(ctx, node, ctx.dynamic[y][0])
     w_zero = len(node.input) > 3 and node.input[3]
     holder = onnx.helper.make_node(
         "W", ["", w_scale, inputs[3] if w_zero else ""], [], name=node.name

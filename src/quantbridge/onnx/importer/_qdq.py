@@ -25,12 +25,7 @@ def _quantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
         ctx.consts[y] = np.asarray(codes).astype(np.int32)
         ctx.const_types[y] = qp.onnx_type
         return
-    if qp.axis is not None:
-        raise ValueError(
-            f"{ctx.where(node)}: per-channel quantization of a run-time tensor {x!r} is not "
-            "supported (activations take one scale); quantize it per tensor"
-        )
-    ctx.site(x, y, qp, x)  # Case 1
+    ctx.site(x, y, qp, x)  # Case 1 (per channel too: NNCF's inputs of depthwise convs)
 
 
 @rule("DequantizeLinear")

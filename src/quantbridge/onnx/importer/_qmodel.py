@@ -30,7 +30,7 @@ import onnx
 import torch
 from torch import nn
 
-from ...numerics import QScheme, bias_scale, dequantize
+from ...numerics import PerTensor, QScheme, bias_scale, dequantize
 from ...recipe import Recipe, TensorRecipe
 from ...torch._batches import as_call, input_spec
 from ...torch._capture import capture
@@ -149,8 +149,9 @@ class _Builder:
     def _quantizer(self, grid: int, node: torch.fx.Node) -> tuple[Quantizer, str]:
         if grid not in self.by_grid:
             site = self.record.sites[grid]
-            scheme = site.qparams.scheme()
-            q = Quantizer(site.tensor, TensorRecipe(scheme), "activation")
+            axis = site.qparams.axis  # per channel: NNCF's inputs of depthwise convs
+            scheme = _scheme_on_axis(site.qparams.scheme(), axis)
+            q = Quantizer(site.tensor, TensorRecipe(scheme), "activation", axis)
             q.set_qparams(site.qparams.scale, site.qparams.zero_point)
             point = QuantPoint("", site.tensor, "activation", module_of(node)[0], node.name,
                                scheme.to_dict(), "file")  # fmt: skip
@@ -263,11 +264,15 @@ def _scheme_on_axis(scheme: QScheme, axis: int | None) -> QScheme:
 
 
 def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
-    """The recipe a QuantModel carries: the file's first activation and weight schemes."""
+    """The recipe a QuantModel carries: the file's first activation (per-tensor) and weight
+    schemes."""
     first = {}
     for p in points:
-        if p.kind in ("activation", "weight"):
-            first.setdefault(p.kind, QScheme.from_dict(p.scheme))
+        if p.kind not in ("activation", "weight"):
+            continue
+        scheme = QScheme.from_dict(p.scheme)
+        if p.kind == "weight" or isinstance(scheme.granularity, PerTensor):
+            first.setdefault(p.kind, scheme)  # a recipe's activations are per tensor
     defaults = Recipe()
     weights = TensorRecipe(first["weight"]) if "weight" in first else defaults.weights
     acts = TensorRecipe(first["activation"]) if "activation" in first else defaults.activations

@@ -20,10 +20,17 @@ the rule registry keyed by op type; the rules live in ``_qdq`` (Cases 1-4), here
 * Case 4 - ``Q -> Clip -> DQ`` (narrow and sub-8-bit ranges): the Clip's integer bounds narrow the
   grid of the Q (one quantizer with the narrow scheme), or make a new grid when ``y`` has other
   readers.
+* Case 1 takes per-channel activations too (NNCF quantizes a depthwise conv's input per
+  channel): a per-channel ``Quantizer``; Case 5 then moves them only through
+  ``_KEEPS_CHANNELS``.
 * Case 5 - data movement on integer tensors (``MaxPool``, ``Reshape``, ``Transpose``, ``Resize``,
   ``Slice``, ...: ``DATA_MOVEMENT``): the float op, then a ``Site`` on the input's grid (the same
   quantizer, not observing), as placement does for a torch model. A constant ``Pad`` value is an
   integer code in the file and is dequantized.
+* Case 5b - ``Gather`` of an integer constant (ONNX Runtime's quantized embedding table,
+  ``Gather(int8 table, ids) -> DequantizeLinear`` or read by a QOperator op): the grid is the
+  reader's; when it reads, the table is dequantized with it, gathered in float, and a ``Site``
+  on that grid follows.
 * Case 6 - QOperator ops: unfolded by the rules in ``_qoperator`` into dequantized operands ->
   float op -> ``Site``.
 * Case 7 - dynamic quantization (``_dynamic``): ``DynamicQuantizeLinear`` becomes a
@@ -48,6 +55,9 @@ from ._qparams import FileQParams, onnx_type_of, read_qparams
 from ._registry import lookup
 
 SITE_DOMAIN = "quantbridge.import"
+# data movement that keeps every channel where it is (a per-channel activation grid carries over)
+_KEEPS_CHANNELS = frozenset({"Identity", "MaxPool", "Resize", "Upsample"})
+_INTEGER_CODES = (np.int8, np.uint8, np.int16, np.uint16)  # element types of quantized tensors
 SITE_OP = "Site"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -135,6 +145,7 @@ class Normaliser:
         self.const_types: dict[str, int] = {}  # integer constants computed here (Q of a weight)
         self.dynamic: dict[str, tuple[str, str]] = {}  # DynamicQuantizeLinear y -> (scale, zp)
         self.absorbed: set[str] = set()  # outputs of nodes a rule rewrote with an earlier node
+        self.pending: dict[str, onnx.NodeProto] = {}  # Gather of an integer table (Case 5b)
 
     # -- helpers for the rules ------------------------------------------------------------------
     @staticmethod
@@ -205,6 +216,8 @@ class Normaliser:
     def read(self, node: onnx.NodeProto, x: str, qp: FileQParams) -> str:
         """The float tensor for integer operand ``x`` of ``node`` read with ``qp``: a dequantized
         constant (recorded with its integers), or ``x`` itself once its grid is checked."""
+        if x in self.pending:
+            self._gather_table(node, x, qp)
         if x in self.consts:
             return self._dequantize_constant(node, x, qp)
         site = self.grid(x)
@@ -229,6 +242,34 @@ class Normaliser:
                 "DequantizeLinear's (or the op's) scale and zero point to match"
             )
         return x
+
+    def _gather_table(self, node: onnx.NodeProto, x: str, qp: FileQParams) -> None:
+        """Case 5b: ``x`` = ``Gather(table, indices)`` of an integer constant, read by ``node``
+        with ``qp``: the table dequantized with ``qp`` (recorded with its integers), gathered in
+        float, then a ``Site`` on a new grid with ``qp`` (the values lie on it already)."""
+        gather = self.pending.pop(x)
+        if qp.axis is not None:
+            raise ValueError(
+                f"{self.where(node)} reads {x!r}, rows of the integer table {gather.input[0]!r} "
+                f"gathered by {self.where(gather)}, with per-channel parameters; quantbridge "
+                "imports a gathered integer table on one (per-tensor) scale: quantize the "
+                "embedding per tensor"
+            )
+        table = self._dequantize_constant(gather, gather.input[0], qp)
+        raw = f"{x}_qb_float"
+        self.emit("Gather", [table, *gather.input[1:]], [raw], name=gather.name,
+                  **self.attrs(gather))  # fmt: skip
+        self.site(raw, x, qp, x)
+
+    def _integer_table(self, node: onnx.NodeProto) -> bool:
+        """``node`` gathers rows of an integer constant (ONNX Runtime's quantized embedding:
+        ``Gather(int8 table, ids) -> DequantizeLinear``, or read by a quantized op)."""
+        if node.op_type != "Gather" or node.domain not in _DEFAULT_DOMAINS:
+            return False
+        table = self.consts.get(node.input[0])
+        return table is not None and (
+            node.input[0] in self.const_types or table.dtype in _INTEGER_CODES
+        )
 
     def _dequantize_constant(self, node: onnx.NodeProto, x: str, qp: FileQParams) -> str:
         codes = self.consts[x]
@@ -288,6 +329,7 @@ class Normaliser:
                 RULES[node.op_type](self, node)
             else:
                 self.default(node)
+        self.nodes += self.pending.values()  # graph outputs: the integers, as in the file
         if self.unsupported:
             listed = ", ".join(f"{op} (e.g. node {n!r})" for op, n in self.unsupported.items())
             raise ValueError(
@@ -301,6 +343,12 @@ class Normaliser:
 
     def default(self, node: onnx.NodeProto) -> None:
         """A node no rule rewrites: data movement on integers, a float op, or unsupported."""
+        if self._integer_table(node):  # Case 5b: its reader gives the grid
+            self.pending[node.output[0]] = node
+            return
+        for i in node.input:  # a gathered integer table read as integers by a float op
+            if i in self.pending:
+                self.nodes.append(self.pending.pop(i))
         if any(self.grid(i) for i in node.input if i):
             self._integer_data_movement(node)  # Case 5
         elif any(i in self.dynamic for i in node.input if i):
@@ -315,6 +363,13 @@ class Normaliser:
         if node.op_type not in DATA_MOVEMENT or site is None or node.domain not in _DEFAULT_DOMAINS:
             self.refuse(node)
             return
+        if site.qparams.axis is not None and node.op_type not in _KEEPS_CHANNELS:
+            raise ValueError(
+                f"{self.where(node)} moves the integers of {node.input[0]!r}, quantized per "
+                f"channel along axis {site.qparams.axis}; quantbridge imports per-channel "
+                f"activations read by {', '.join(sorted(_KEEPS_CHANNELS))} or dequantized "
+                "directly: dequantize before this op, or quantize that tensor per tensor"
+            )
         inputs = list(node.input)
         data = inputs if node.op_type == "Concat" else inputs[:1]
         for x in data:
