@@ -286,14 +286,9 @@ def _float_means(qmodel, layers, batches, progress, masks, samples=None) -> tupl
             batch_sums: dict = {}
             batch_counts: dict = {}
             batch_samples: dict = {}
+            sinks = {"batch_sums": batch_sums, "batch_counts": batch_counts}
             peak = Lockstep(qmodel, [batch]).run(
-                partial(
-                    after,
-                    keep=keep,
-                    batch_sums=batch_sums,
-                    batch_counts=batch_counts,
-                    batch_samples=batch_samples,
-                )
+                partial(after, keep=keep, batch_samples=batch_samples, **sinks)
             )
             if kept and held + peak > SEQUENTIAL_MEMORY:
                 break
@@ -351,13 +346,7 @@ def _shrunk_shift(node, values, masks, float_samples: list) -> torch.Tensor:
     ``samples``) minus the quantized ones from ``values`` (one per kept batch)."""
     errors, counts = [], []
     for value, keep, (f_sums, f_counts) in zip(values, masks, float_samples, strict=False):
-        q_sums, q_counts = _sample_means(node, value, keep)
-        if q_sums.shape != f_sums.shape or not torch.equal(q_counts, f_counts):
-            raise RuntimeError(
-                f"bias correction shrink: layer {node.name}'s per-sample output means have shape"
-                f" {tuple(q_sums.shape)} quantized, {tuple(f_sums.shape)} float; set"
-                " Recipe.bias_correction_shrink=False"
-            )
+        q_sums, _ = _sample_means(node, value, keep)  # the float pass's shapes and counts
         n = f_counts.clamp(min=1)[:, None]
         errors.append(f_sums / n - q_sums / n)
         counts.append(f_counts)
