@@ -295,6 +295,24 @@ def split_ranges_recipe():
 OURS[SPLIT_RANGES] = split_ranges_recipe
 
 
+SHRUNK_BIAS_CORRECTION = "default with noise-shrunk bias correction"
+
+
+def shrunk_bias_correction_recipe():
+    """The default preset with ``Recipe.bias_correction_shrink``: each channel's sequential
+    shift ``c`` becomes ``c * c^2 / (c^2 + se^2)``, ``se`` its standard error over the
+    calibration samples (``numerics.shrink_bias_shift``). From 16 images the plain shift fits
+    noise (MobileNetV2-style, trained, 8-bit weights: 32.23 -> 28.88 dB; 64 images: +4.5 dB)."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(qb.Recipe.preset("default"), bias_correction_shrink=True)
+
+
+OURS[SHRUNK_BIAS_CORRECTION] = shrunk_bias_correction_recipe
+
+
 def register_ours(name: str, factory: Callable[[], object]) -> None:
     """One more quantbridge row: ``factory()`` returns the ``Recipe`` (or preset name)."""
     OURS[name] = factory
@@ -323,6 +341,7 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(Config("quantbridge", ONE_PASS))
     out.append(Config("quantbridge", MASKED_BIAS_CORRECTION, workloads=("minilm",)))
     out.append(Config("quantbridge", CHECKED_BIAS_CORRECTION, exclude=lines))
+    out.append(Config("quantbridge", SHRUNK_BIAS_CORRECTION))
     # the CNNs with hard-swish / wide-range channels it is meant for, and the two where it must
     # not hurt (ReLU / ReLU6 nets: few or no splits)
     out.append(

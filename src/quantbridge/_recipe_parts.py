@@ -36,9 +36,9 @@ def check_choice(what: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{what}={value!r}: use one of {list(choices)}")
 
 
-def check_bias_correction(bias_correction: Any, mask: Any, check: Any) -> None:
+def check_bias_correction(bias_correction: Any, mask: Any, check: Any, shrink: Any = False) -> None:
     """``Recipe.bias_correction``, ``bias_correction_mask`` (read only by the sequential
-    correction) and ``bias_correction_check``."""
+    correction), ``bias_correction_check`` and ``bias_correction_shrink`` (sequential only)."""
     if bias_correction not in (False, True, "sequential"):
         raise ValueError(
             f"Recipe.bias_correction={bias_correction!r}: use False, True (one pass) or"
@@ -59,6 +59,12 @@ def check_bias_correction(bias_correction: Any, mask: Any, check: Any) -> None:
         raise ValueError(
             f"Recipe.bias_correction_check={check!r} with bias_correction={bias_correction!r}:"
             " a bool, True only with a bias correction (True or 'sequential')"
+        )
+    if not isinstance(shrink, bool) or (shrink and bias_correction != "sequential"):
+        raise ValueError(
+            f"Recipe.bias_correction_shrink={shrink!r} with bias_correction={bias_correction!r}:"
+            " a bool, True only with bias_correction='sequential' (the pass that measures"
+            " per-sample errors)"
         )
 
 

@@ -133,6 +133,7 @@ _LATER = {
     "split_ranges": False,
     "bias_correction_mask": "",
     "bias_correction_check": False,
+    "bias_correction_shrink": False,
 }
 
 
@@ -183,6 +184,9 @@ class Recipe:
     bias_correction_mask: str = ""
     # keep the corrected biases only if the output error on the calibration data fell
     bias_correction_check: bool = False
+    # shrink each channel's sequential correction by its calibration standard error (over the
+    # samples): c * c^2 / (c^2 + se^2) (``numerics.shrink_bias_shift``); few samples fit noise
+    bias_correction_shrink: bool = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
@@ -216,7 +220,10 @@ class Recipe:
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
         check_bias_correction(
-            self.bias_correction, self.bias_correction_mask, self.bias_correction_check
+            self.bias_correction,
+            self.bias_correction_mask,
+            self.bias_correction_check,
+            self.bias_correction_shrink,
         )
 
     # -- resolution ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import types
 import weakref
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -497,3 +498,46 @@ def test_late_constants_run_each_weight_quantizer_just_before_its_layer():
     for node, value in seen.items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(late[node], value), node
+
+
+def _no_shrink(errors, counts):
+    """``shrink_bias_shift`` without the shrinkage: the count-weighted mean error."""
+    w = np.broadcast_to(np.asarray(counts, np.float64)[:, None], errors.shape)
+    return (w * np.asarray(errors)).sum(0) / w.sum(0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_shrink_per_sample_errors_recombine_to_the_plain_shift(monkeypatch, masked):
+    # with the shrinkage taken out, the per-sample float / quantized means the shrink path keeps
+    # must give back the plain sequential shifts: same float32 values, float64 sums in another
+    # order, so within float32 rounding of the corrected bias (2 ulp, as above)
+    if masked:
+        batches, mask = _token_batches(1), "attention_mask"
+        model, calib = _TokenNet().eval(), [k for _, k in _token_batches(1)]
+    else:
+        g = torch.Generator().manual_seed(5)
+        batches = [((torch.randn(n, 3, 10, 10, generator=g),), {}) for n in (4, 4, 3)]
+        model, calib, mask = _ResidualNet().eval(), [a[0] for a, _ in batches], ""
+    recipe = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=False)
+    plain = qb.quantize(model, calib, recipe, progress=False)
+    reference, shrunk, unshrunk = (copy.deepcopy(plain) for _ in range(3))
+    n = _bias_correction.correct_bias(reference, batches, True, False, mask)
+    assert _bias_correction.correct_bias(shrunk, batches, True, False, mask, shrink=True) == n
+    monkeypatch.setattr(_bias_correction, "shrink_bias_shift", _no_shrink)
+    _bias_correction.correct_bias(unshrunk, batches, True, False, mask, shrink=True)
+    want, got = _bias_shifts(plain, reference), _bias_shifts(plain, unshrunk)
+    moved = _bias_shifts(plain, shrunk)
+    assert want.keys() == got.keys() and len(want) == n > 0
+    for name, shift in want.items():
+        bias = plain.get_parameter(name).abs() + shift.abs()
+        bound = 2 * torch.finfo(torch.float32).eps * bias
+        assert torch.all((got[name] - shift).abs() <= bound), name
+        assert (moved[name] - shift).abs().max() > 10 * bound.max(), name  # the shrink acts
+
+
+def test_shrink_is_a_sequential_option():
+    with pytest.raises(ValueError, match="bias_correction_shrink=True.*'sequential'"):
+        qb.Recipe(bias_correction=True, bias_correction_shrink=True)
+    r = dataclasses.replace(qb.Recipe.preset("default"), bias_correction_shrink=True)
+    assert qb.Recipe.from_json(r.to_json()) == r
+    assert "bias_correction_shrink" not in qb.Recipe.preset("default").to_dict()

@@ -15,7 +15,7 @@ from ._adaround import (
     rounding_regularizer,
 )
 from ._affine import dequantize, fake_quantize, quantize
-from ._bias import bias_scale, fit_weight_scale_to_bias, quantize_bias
+from ._bias import bias_scale, fit_weight_scale_to_bias, quantize_bias, shrink_bias_shift
 from ._fixed_point import (
     multiply_by_quantized_multiplier,
     quantize_multiplier,
@@ -78,6 +78,7 @@ __all__ = [
     "rounding_regularizer",
     "round_divide",
     "rounding_shift_right",
+    "shrink_bias_shift",
     "saturating_rounding_doubling_high_mul",
     "storage_dtype",
 ]

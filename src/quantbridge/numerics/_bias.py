@@ -1,5 +1,6 @@
 """Bias quantization to int32 with ``scale = input_scale * weight_scale`` and zero point 0, and
-the weight scale that keeps such a bias inside int32 (``fit_weight_scale_to_bias``)."""
+the weight scale that keeps such a bias inside int32 (``fit_weight_scale_to_bias``), and a bias
+correction shrunk by its calibration noise (``shrink_bias_shift``)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,45 @@ def fit_weight_scale_to_bias(
         )
     s_w[low] = up
     return s_w
+
+
+def shrink_bias_shift(errors: object, counts: object) -> np.ndarray:
+    """A bias correction shrunk by its own sampling noise (float64, one value per channel).
+
+    ``errors[n, c]``: sample ``n``'s mean output error (float minus quantized) in channel ``c``
+    over its ``counts[n]`` positions (``counts``: shape ``(N,)`` or ``(N, C)``; a sample with 0
+    positions is left out). Samples are the unit of noise: positions within one sample (an
+    image's pixels, a sentence's tokens) are correlated, samples are drawn independently.
+
+    1. ``c = sum_n w_n e_n / sum_n w_n`` with ``w_n = counts[n]``: the plain correction (the
+       mean error over every position);
+    2. its squared standard error, the usual estimate for a weighted mean of ``N`` independent
+       samples: ``se^2 = N / (N - 1) * sum_n w_n^2 (e_n - c)^2 / (sum_n w_n)^2`` (equal
+       weights: ``s^2 / N``, ``s^2`` the unbiased sample variance of the ``e_n``);
+    3. ``shift = c * c^2 / (c^2 + se^2)``; 0 where ``c^2 + se^2 == 0``; ``c`` unchanged where
+       fewer than 2 samples count (no estimate of the noise).
+
+    Why (a Wiener filter per channel): model ``c = mu + eps``, ``mu`` the true mean error and
+    ``eps`` the calibration noise, mean 0 and variance ``se^2``. A shift ``a * c`` leaves the
+    expected squared bias ``(1 - a)^2 mu^2 + a^2 se^2`` on new data, least at
+    ``a = mu^2 / (mu^2 + se^2)``; ``c^2`` stands in for the unknown ``mu^2``. For
+    ``|c| >> se`` the shift is ``c`` (relative change ``se^2 / c^2``); for pure noise
+    (``mu = 0``) its expected square is 0.47 ``se^2`` against the plain correction's ``se^2``
+    (normal noise; the positive-part ``(1 - se^2 / c^2)_+ c`` would give 0.33, but up to
+    1.45 ``se^2`` where ``|mu|`` is 2-3 ``se``, against this rule's 1.24 at most).
+    """
+    e = _as_numpy(errors, np.float64)
+    if e.ndim != 2:
+        raise ValueError(f"errors must be (samples, channels), got shape {e.shape}")
+    w = _as_numpy(counts, np.float64)
+    w = np.broadcast_to(w.reshape(-1, 1) if w.ndim == 1 else w, e.shape)
+    if not (np.isfinite(e).all() and np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("errors must be finite and counts finite and >= 0")
+    total = w.sum(0)
+    if not (total > 0).all():
+        raise ValueError("every channel needs at least one position (counts sum to 0)")
+    c = (w * e).sum(0) / total
+    n = (w > 0).sum(0)
+    se2 = np.where(n > 1, n / np.maximum(n - 1, 1) * (w**2 * (e - c) ** 2).sum(0) / total**2, 0.0)
+    power = c * c + se2
+    return np.where(power > 0, c * (c * c) / np.where(power > 0, power, 1.0), 0.0)

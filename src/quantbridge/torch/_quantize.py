@@ -252,7 +252,8 @@ def calibrate_and_freeze(
     if recipe.bias_correction and freeze_weights:  # PTQ only: QAT trains its biases
         sequential = recipe.bias_correction == "sequential"
         mask, check = recipe.bias_correction_mask, recipe.bias_correction_check
-        correct_bias(qmodel, batches, sequential, progress, mask, check)
+        shrink = recipe.bias_correction_shrink
+        correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
 
