@@ -18,7 +18,8 @@ Dynamic dimensions (``dynamic=``): ``"batch"`` (default) marks dimension 0 of ev
 ``"batch"`` and a warning); ``"none"`` keeps the example's shapes. A size-1 dimension would be
 specialised to 1 by export, so example batches of size 1 are repeated to 2 first.
 
-The captured graph's in-place ops become functional (``_passes.out_of_place``).
+The captured graph's in-place ops become functional (``_passes.out_of_place``), and convs with a
+string padding (``padding="same"``) integer-padding ones (``_conv_padding``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._passes import out_of_place
 from ._sdpa import decompose_sdpa
@@ -137,6 +139,7 @@ def capture(
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     gm.qb_shape_ranges = dict(ep.range_constraints)  # export reuses the graph (one trace)
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
+    explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
 
