@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -244,6 +245,7 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    warn_dead_ranges(qmodel)
     fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
     if ada is not None:  # learned rounding first; bias correction then measures what is left
         if forward_loop is not None:
@@ -296,4 +298,40 @@ def freeze(qmodel: QuantModel, weights: bool = True) -> None:
             m.freeze()
 
 
-__all__ = ["quantize", "prepare", "freeze", "as_call"]
+def dead_ranges(qmodel: QuantModel) -> list[tuple[str, float]]:
+    """(name, largest |value| seen) of every activation quantizer whose calibration saw only
+    zeros, or only values under half its step: each of them quantizes every value it saw to its
+    zero point, so the layers reading it compute on a constant."""
+    dead = []
+    for m in getattr(qmodel, CONTAINER).children():
+        if not isinstance(m, Quantizer) or m.kind != "activation" or m.observer is None:
+            continue
+        try:
+            lo, hi = m.observer.range(m.scheme)
+        except ValueError:
+            continue
+        amax = float(np.max(np.maximum(np.abs(lo), np.abs(hi))))
+        if amax < 0.5 * float(m.current_scale().min()):
+            dead.append((m.name, amax))
+    return dead
+
+
+def warn_dead_ranges(qmodel: QuantModel) -> None:
+    """One warning naming the activations whose calibrated range holds nothing but zero codes
+    (``dead_ranges``): the layer is quantized, but to a constant, which no error shows."""
+    dead = dead_ranges(qmodel)
+    if not dead:
+        return
+    shown = ", ".join(f"{name!r} (max |x| {amax:.3g})" for name, amax in dead[:6])
+    more = f" and {len(dead) - 6} more" if len(dead) > 6 else ""
+    warnings.warn(
+        f"calibration saw only zeros (or values below half a quantization step) at {len(dead)} "
+        f"tensor(s): {shown}{more}; they quantize to zero, and so does everything computed from "
+        "them. Check the calibration data (the inputs the model expects, normalised as in "
+        "training) and the layers before them (dead or untrained weights, a BatchNorm scale of "
+        "~0)",
+        stacklevel=user_stacklevel(),
+    )
+
+
+__all__ = ["quantize", "prepare", "freeze", "as_call", "dead_ranges"]
