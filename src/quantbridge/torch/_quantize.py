@@ -71,6 +71,7 @@ def prepare(
     ptq_batches: list | None = None,
     smoothed: list[str] | None = None,
     split: dict | None = None,
+    explicit_padding: bool = True,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -78,7 +79,8 @@ def prepare(
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
-    names the tensors an earlier SmoothQuant divided (``load`` replays them). With ``fold_bn``,
+    names the tensors an earlier SmoothQuant divided (``load`` replays them). ``explicit_padding``:
+    see ``capture`` (``load`` passes False for checkpoints older than it). With ``fold_bn``,
     ``recipe.fold_affine`` folds constant ``* k`` / ``+ t`` next to a conv/linear into it."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
@@ -88,7 +90,9 @@ def prepare(
         with stage(
             f"capturing {type(model).__name__} (torch.export, dynamic={dynamic!r})", progress
         ):
-            gm = capture(model, example_args, example_kwargs, dynamic)
+            gm = capture(
+                model, example_args, example_kwargs, dynamic, explicit_padding=explicit_padding
+            )
     finally:
         model.train(was_training)
     shared = tensor_storages(gm)  # the capture's tensors are the user's model's
@@ -133,6 +137,7 @@ def prepare(
         "dynamic": getattr(gm, "qb_dynamic", dynamic),  # "batch" after a capture fallback
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
+        "explicit_padding": explicit_padding,  # string-padding convs quantized (_conv_padding)
     }
     if recipe.split_ranges:
         qmodel.qb_capture["split_ranges"] = split
