@@ -91,8 +91,12 @@ def test_conv_transpose_weight_is_per_output_channel_and_ort_agrees():
 
 
 def test_grouped_conv_transpose_stays_float():
+    """... and says so, naming the layer and the reason (before: silently float)."""
     torch.manual_seed(0)
-    qm = qb.quantize(UpBlock(groups=2), [torch.randn(4, 3, 6, 6)], progress=False, recipe="int8")
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*'up': a grouped"):
+        qm = qb.quantize(
+            UpBlock(groups=2), [torch.randn(4, 3, 6, 6)], progress=False, recipe="int8"
+        )
     weights = [q for q in qm.quantizers().values() if isinstance(q, WeightQuantizer)]
     assert not any(q.weight_name.startswith("up.") for q in weights)
     targets = [n.target for n in qm.graph.nodes if n.op == "call_function"]
@@ -113,3 +117,13 @@ def test_export_fast_path_equals_public_path(groups, fast_export, public_export)
     public = public_export(qm, x)
     batch = torch.randn(5, 3, 6, 6).numpy()
     np.testing.assert_array_equal(_ort(quick, batch), _ort(public, batch))  # 0 LSB
+
+
+def test_a_rule_skipping_the_float_layer_silences_the_warning():
+    import warnings
+
+    recipe = qb.Recipe.preset("int8").with_rules(qb.Rule(pattern="up", skip=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qb.quantize(UpBlock(groups=2), [torch.randn(4, 3, 6, 6)], progress=False, recipe=recipe)
+    assert not [w for w in caught if "stay float" in str(w.message)]

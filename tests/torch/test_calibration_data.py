@@ -65,3 +65,43 @@ def test_persistent_float_switch_never_changes_weights():
     assert not torch.equal(y_float, y_int8)
     for k, v in qm.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+class _DeadThenLive(torch.nn.Module):
+    """conv ``a`` -> relu -> conv ``b``: with ``dead``, ``a`` outputs a negative constant, so the
+    relu'd tensor ``b`` reads is zero on every calibration batch (a dead layer)."""
+
+    def __init__(self, dead: bool):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 2, 1)
+        if dead:
+            with torch.no_grad():
+                self.a.weight.zero_()
+                self.a.bias.fill_(-1.0)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _calibration_warnings(model, batches) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qb.quantize(model.eval(), batches, progress=False)
+    return [str(w.message) for w in caught if "calibration saw only zeros" in str(w.message)]
+
+
+def test_calibration_that_saw_only_zeros_warns_naming_the_tensor():
+    """Before: an all-zero calibrated range got the fallback scale and the layer reading it was
+    quantized to a constant without a word (a degenerate random-init EfficientNet: 65 such
+    tensors, outputs 1e-42). Also values below half a step: 1e-30 inputs, whose range is under
+    the scale floor 2**-23, all round to the zero point."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(2, 3, 6, 6, generator=g) for _ in range(2)]
+    (message,) = _calibration_warnings(_DeadThenLive(dead=True), batches)
+    assert "1 tensor(s): 'a/conv2d' (max |x| 0)" in message and "calibration data" in message
+    (message,) = _calibration_warnings(_DeadThenLive(dead=False), [x * 1e-30 for x in batches])
+    assert "'input/x'" in message
+    assert _calibration_warnings(_DeadThenLive(dead=False), batches) == []

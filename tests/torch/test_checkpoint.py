@@ -338,3 +338,39 @@ def test_load_needs_a_fresh_float_model(digits_ckpt):
         qb.load(path, qm)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         qb.load(str(path) + ".missing", DigitsCNN())
+
+
+class _SamePadding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding="same"), nn.Conv2d(4, 2, 1, padding="same")
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_checkpoint_from_before_string_padding_convs_were_quantized_still_loads(tmp_path):
+    """A checkpoint saved before ``_conv_padding`` (its ``padding="same"`` convs float, no
+    ``explicit_padding`` in its header) loads as it was placed, bit for bit; a new one loads
+    with those convs quantized. Before: CheckpointError "different architecture"."""
+    import quantbridge.torch._capture as capture_module
+
+    torch.manual_seed(0)
+    batches = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    rewrite = capture_module.explicit_conv_padding
+    capture_module.explicit_conv_padding = lambda gm: 0  # the capture as it was
+    try:
+        old = qb.quantize(_SamePadding().eval(), batches, progress=False)
+    finally:
+        capture_module.explicit_conv_padding = rewrite
+    del old.qb_capture["explicit_padding"]  # not in old headers
+    qb.save(old, tmp_path / "old.qb")
+    loaded = qb.load(tmp_path / "old.qb", _SamePadding().eval())
+    assert list(loaded.quantizers()) == list(old.quantizers())
+    assert torch.equal(loaded(batches[0]), old(batches[0]))
+    new = qb.quantize(_SamePadding().eval(), batches, progress=False)
+    assert len(new.quantizers()) > len(old.quantizers())  # a.weight, b.weight, ...
+    qb.save(new, tmp_path / "new.qb")
+    assert list(qb.load(tmp_path / "new.qb", _SamePadding().eval()).quantizers()) == list(
+        new.quantizers()
+    )

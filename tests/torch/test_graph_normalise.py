@@ -196,3 +196,32 @@ def test_batchnorm_in_training_mode_is_left_alone():
         if n.target is aten.batch_norm.default:
             n.args = n.args[:5] + (True,) + n.args[6:]
     assert batchnorm_as_conv(gm) == 0
+
+
+class _StringPadding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.same = nn.Conv2d(3, 4, 3, padding="same")
+        self.even = nn.Conv2d(4, 4, (4, 2), padding="same", dilation=(1, 3), groups=2)
+        self.valid = nn.Conv2d(4, 4, 3, stride=2, padding="valid")
+        self.line = nn.Conv1d(4, 4, 2, padding="same", bias=False)
+        self.cube = nn.Conv3d(1, 2, 2, padding="same")
+
+    def forward(self, x):
+        y = self.valid(self.even(self.same(x)))
+        return self.line(y.flatten(2)), self.cube(x[:, :1, None])
+
+
+def test_string_padding_convs_become_integer_padding_convs_with_the_same_output():
+    """``padding="same"`` / ``"valid"`` (``aten.convNd.padding``) become ``aten.convNd.default``
+    (an even ``"same"`` kernel: ``constant_pad_nd`` on the right first, as torch computes it):
+    the same ops on the same values, so bit-identical, also at a shape not captured."""
+    torch.manual_seed(0)
+    model = _StringPadding().eval()
+    gm = capture(model, (torch.randn(2, 3, 10, 12),), {}, "all")
+    targets = _targets(gm)
+    assert not [t for t in targets if t.name().endswith(".padding")]
+    assert targets.count(aten.constant_pad_nd.default) == 3  # even, line, cube
+    x = torch.randn(3, 3, 13, 9)
+    for got, want in zip(gm(x), model(x), strict=True):
+        assert torch.equal(got, want)

@@ -18,7 +18,8 @@ Dynamic dimensions (``dynamic=``): ``"batch"`` (default) marks dimension 0 of ev
 ``"batch"`` and a warning); ``"none"`` keeps the example's shapes. A size-1 dimension would be
 specialised to 1 by export, so example batches of size 1 are repeated to 2 first.
 
-The captured graph's in-place ops become functional (``_passes.out_of_place``).
+The captured graph's in-place ops become functional (``_passes.out_of_place``), and convs with a
+string padding (``padding="same"``) integer-padding ones (``_conv_padding``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._passes import out_of_place
 from ._sdpa import decompose_sdpa
@@ -113,12 +115,14 @@ def capture(
     kwargs: dict,
     dynamic: str = "batch",
     budget_s: float | None = None,
+    explicit_padding: bool = True,
 ) -> torch.fx.GraphModule:
     """Export ``model(*args, **kwargs)`` to a GraphModule with dynamic dimensions.
 
     ``dynamic="all"`` gets ``budget_s`` seconds (default ``capture_budget()``, see ``_deadline``);
     past it the capture is redone with ``dynamic="batch"`` and a warning names the dimensions
-    that became static.
+    that became static. ``explicit_padding=False`` keeps string-padding convs as captured (float:
+    what checkpoints saved before ``_conv_padding`` existed were placed on).
     """
     args, kwargs = tree_map(_contiguous, tuple(args)), tree_map(_contiguous, dict(kwargs))
     if dynamic != "none":
@@ -130,13 +134,15 @@ def capture(
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except CaptureTimeout:
         warnings.warn(fallback_message(spec, limit), stacklevel=user_stacklevel())
-        return capture(model, args, kwargs, "batch")
+        return capture(model, args, kwargs, "batch", explicit_padding=explicit_padding)
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
         raise CaptureError(_explain(model, e)) from e
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     gm.qb_shape_ranges = dict(ep.range_constraints)  # export reuses the graph (one trace)
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
+    if explicit_padding:
+        explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
 

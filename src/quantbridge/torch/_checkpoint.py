@@ -333,6 +333,8 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         separate = capture.get("separate_concats", [])  # older checkpoints: none
         smooth = {"smoothed": capture.get("smoothed")}  # SmoothQuant's divisions (torch.ptq)
         smooth["split"] = capture.get("split_ranges")  # the range-group split (torch.ptq)
+        # older checkpoints: padding="same" convs were captured as such and stayed float
+        smooth["explicit_padding"] = capture.get("explicit_padding", False)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
     saved_class, this_class = header.get("model_class", "?"), _class_name(model)

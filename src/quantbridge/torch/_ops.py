@@ -290,6 +290,31 @@ def _arg(node: torch.fx.Node, i: int, default):
     return node.args[i] if len(node.args) > i else default
 
 
+# ops with a weight that ``op_role`` may still leave FLOAT: placement warns naming them
+# (``unquantized_weighted_reason``), since a layer left float without a word is what users hit
+_WEIGHTED_OVERLOADS = frozenset(WEIGHTED_OPS) | {
+    aten.convolution.default,
+    aten._convolution.default,
+    aten.conv1d.padding,
+    aten.conv2d.padding,
+    aten.conv3d.padding,
+}
+
+
+def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
+    """Why ``node``, an op with a weight that ``op_role`` leaves FLOAT, has no int8 form; None
+    when it is not such an op."""
+    if node.op != "call_function" or node.target not in _WEIGHTED_OVERLOADS:
+        return None
+    if op_role(node) is not Role.FLOAT:
+        return None
+    if node.target in TRANSPOSED_CONV_OPS:
+        return "a grouped transposed conv (its per-output-channel weight scales need groups=1)"
+    if node.target in SCALED_SUM_OPS:
+        return "beta * bias + alpha * x @ w with beta or alpha != 1"
+    return f"{node.target} is in none of quantbridge's op tables"
+
+
 def op_role(node: torch.fx.Node) -> Role:
     if node.op != "call_function":
         return Role.FLOAT

@@ -71,6 +71,7 @@ from ._ops import (
     read_only_as_graph_output,
     reads_as_divisor,
     tensor_args,
+    unquantized_weighted_reason,
 )
 from ._record import (
     CONTAINER,
@@ -373,9 +374,13 @@ class _Planner:
 
     # -- driver ---------------------------------------------------------------------------------
     def run(self) -> PlacementPlan:
+        left_float = []  # (layer, reason): weighted ops no rule skips that stay float
         for node in list(self.graph.nodes):
             role = scoped_role(node, self.recipe.activation_scope)
             if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
+                reason = unquantized_weighted_reason(node)
+                if reason and not self.recipe.for_module(*module_of(node))[0]:
+                    left_float.append((module_of(node)[0] or node.name, reason))
                 continue
             module, module_type = module_of(node)
             self.seen_modules.add((module, module_type))
@@ -392,6 +397,15 @@ class _Planner:
                 self.identity_in_eval(node)
         if self.outputs:
             self.float_reads_of_inputs()
+        if left_float:
+            shown = "; ".join(f"{name!r}: {why}" for name, why in left_float[:6])
+            more = f" and {len(left_float) - 6} more" if len(left_float) > 6 else ""
+            warnings.warn(
+                f"{len(left_float)} layer(s) with weights stay float (no int8 form): {shown}"
+                f"{more}. Rewrite them as a supported layer, or skip them with "
+                "Rule(pattern=..., skip=True) to keep them float knowingly",
+                stacklevel=user_stacklevel(),
+            )
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
                 f"recipe rule {rule.describe()} matches no layer of the model; known layers "

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -70,6 +71,7 @@ def prepare(
     ptq_batches: list | None = None,
     smoothed: list[str] | None = None,
     split: dict | None = None,
+    explicit_padding: bool = True,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -77,7 +79,8 @@ def prepare(
     on separately quantized inputs (``_ranges``); ``separate_concats`` gives their fx names
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
-    names the tensors an earlier SmoothQuant divided (``load`` replays them). With ``fold_bn``,
+    names the tensors an earlier SmoothQuant divided (``load`` replays them). ``explicit_padding``:
+    see ``capture`` (``load`` passes False for checkpoints older than it). With ``fold_bn``,
     ``recipe.fold_affine`` folds constant ``* k`` / ``+ t`` next to a conv/linear into it."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
@@ -87,7 +90,9 @@ def prepare(
         with stage(
             f"capturing {type(model).__name__} (torch.export, dynamic={dynamic!r})", progress
         ):
-            gm = capture(model, example_args, example_kwargs, dynamic)
+            gm = capture(
+                model, example_args, example_kwargs, dynamic, explicit_padding=explicit_padding
+            )
     finally:
         model.train(was_training)
     shared = tensor_storages(gm)  # the capture's tensors are the user's model's
@@ -132,6 +137,7 @@ def prepare(
         "dynamic": getattr(gm, "qb_dynamic", dynamic),  # "batch" after a capture fallback
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
+        "explicit_padding": explicit_padding,  # string-padding convs quantized (_conv_padding)
     }
     if recipe.split_ranges:
         qmodel.qb_capture["split_ranges"] = split
@@ -244,6 +250,7 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    warn_dead_ranges(qmodel)
     fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
     if ada is not None:  # learned rounding first; bias correction then measures what is left
         if forward_loop is not None:
@@ -297,4 +304,40 @@ def freeze(qmodel: QuantModel, weights: bool = True) -> None:
             m.freeze()
 
 
-__all__ = ["quantize", "prepare", "freeze", "as_call"]
+def dead_ranges(qmodel: QuantModel) -> list[tuple[str, float]]:
+    """(name, largest |value| seen) of every activation quantizer whose calibration saw only
+    zeros, or only values under half its step: each of them quantizes every value it saw to its
+    zero point, so the layers reading it compute on a constant."""
+    dead = []
+    for m in getattr(qmodel, CONTAINER).children():
+        if not isinstance(m, Quantizer) or m.kind != "activation" or m.observer is None:
+            continue
+        try:
+            lo, hi = m.observer.range(m.scheme)
+        except ValueError:
+            continue
+        amax = float(np.max(np.maximum(np.abs(lo), np.abs(hi))))
+        if amax < 0.5 * float(m.current_scale().min()):
+            dead.append((m.name, amax))
+    return dead
+
+
+def warn_dead_ranges(qmodel: QuantModel) -> None:
+    """One warning naming the activations whose calibrated range holds nothing but zero codes
+    (``dead_ranges``): the layer is quantized, but to a constant, which no error shows."""
+    dead = dead_ranges(qmodel)
+    if not dead:
+        return
+    shown = ", ".join(f"{name!r} (max |x| {amax:.3g})" for name, amax in dead[:6])
+    more = f" and {len(dead) - 6} more" if len(dead) > 6 else ""
+    warnings.warn(
+        f"calibration saw only zeros (or values below half a quantization step) at {len(dead)} "
+        f"tensor(s): {shown}{more}; they quantize to zero, and so does everything computed from "
+        "them. Check the calibration data (the inputs the model expects, normalised as in "
+        "training) and the layers before them (dead or untrained weights, a BatchNorm scale of "
+        "~0)",
+        stacklevel=user_stacklevel(),
+    )
+
+
+__all__ = ["quantize", "prepare", "freeze", "as_call", "dead_ranges"]
