@@ -13,6 +13,14 @@ first output node does not match (its operator and domain, the check the matcher
 first, ``NodePattern.matches``); for such a node every combination the matcher would try fails
 at that check, so the rewrites, and the file, are the same. When onnxscript's internals are not
 as expected, nothing is changed (the optimizer then runs as it is).
+
+Single-output rules get the same filter where their matcher is onnxscript's
+``SimplePatternMatcher``, whose first step for a node is that same check of the pattern's output
+node (``_match_node`` on a fresh match): it is not quadratic there, but each refusal went through
+the rule's and the matcher's set-up (a fresh ``MatchResult``, tracer, graph), about 40 rules at
+every node. A quantized graph is mostly QuantizeLinear / DequantizeLinear, which few rules name:
+on HF LeViT's export (about 1,000 nodes) the rewrite pass took 4.8 of the optimizer's 6.9 s
+under cProfile, 87,000 tries.
 """
 
 from __future__ import annotations
@@ -26,17 +34,21 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def first_output_filtered() -> Iterator[None]:
-    """Within the block, the optimizer's multi-output rules skip nodes their first output
-    node cannot match (see the module docstring)."""
+    """Within the block, the optimizer's rules skip nodes their (first) output node cannot
+    match (see the module docstring)."""
     patched = []
     try:
         from onnxscript import rewriter
-        from onnxscript.rewriter import _basics
+        from onnxscript.rewriter import _basics, _matcher
 
         for rule in rewriter._DEFAULT_REWRITE_RULES:
             pattern, matcher = rule._target_pattern, rule._matcher
-            if pattern.has_single_output_node or "match" in vars(matcher):
+            if "match" in vars(matcher):
                 continue
+            if pattern.has_single_output_node and type(matcher) is not (
+                _matcher.SimplePatternMatcher
+            ):
+                continue  # another matcher: its first step is not known
             matcher.match = _filtered(matcher.match, pattern.output_nodes[0], _basics)
             patched.append(matcher)
     except (ImportError, AttributeError) as e:  # another onnxscript: run it as it is
