@@ -163,7 +163,7 @@ class TorchCapture:
     def __init__(self, module, sites: list[Site], onnx_model: onnx.ModelProto, quant: bool):
         self.module, self.quant = module.eval(), quant
         self.names = _input_names(onnx_model)
-        self.where: dict[str, str] = {}
+        self.where: dict[str, tuple[str, int]] = {}  # site -> (quantizer attribute, call)
         if isinstance(module, QuantModel):
             scales = quantizer_scales(onnx_model)
             self.where = match_quantizers(sites, module.qb_points, scales)
@@ -171,12 +171,12 @@ class TorchCapture:
 
     def run(self, feeds: dict[str, np.ndarray]) -> Values:
         container = getattr(self.module, CONTAINER, None)
-        found: dict[str, torch.Tensor] = {}
+        calls: dict[str, list[torch.Tensor]] = {}  # quantizer attribute -> its outputs, in order
         hooks = []
-        for site, attr in self.where.items():
+        for attr in {a for a, _ in self.where.values()}:
 
-            def hook(mod, args, out, site=site):
-                found.setdefault(site, out.detach())
+            def hook(mod, args, out, attr=attr):
+                calls.setdefault(attr, []).append(out.detach())
 
             hooks.append(getattr(container, attr).register_forward_hook(hook))
         try:
@@ -189,6 +189,11 @@ class TorchCapture:
         finally:
             for h in hooks:
                 h.remove()
+        found = {
+            site: calls[attr][k]
+            for site, (attr, k) in self.where.items()
+            if k < len(calls.get(attr, ()))
+        }
         leaves = torch.utils._pytree.tree_leaves(outs)
         for site, leaf in zip(self.output_sites, leaves, strict=False):
             if site is not None and site not in found:
