@@ -9,6 +9,7 @@ record (each quantizer's scale initializer, its k-th call for the k-th tensor re
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -40,6 +41,59 @@ class Split(nn.Module):
 
     def forward(self, x):
         return self.mix(nn.functional.hardswish(self.conv(torch.relu(self.stem(x)))))
+
+
+class MixedConcat(nn.Module):
+    """Two branches, one 30x wider, concatenated and read by a 1x1 conv: ``split_ranges`` scales
+    the narrow part by its factor ``k`` (``x_g * k_g``) and divides the reader's columns."""
+
+    def __init__(self, c: int = 4):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a, self.b, self.mix = (
+            nn.Conv2d(3, c, 3, padding=1),
+            nn.Conv2d(3, c, 1),
+            nn.Conv2d(2 * c, c, 1),
+        )
+        with torch.no_grad():
+            for m in (self.a, self.b, self.mix):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.5)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+            self.a.weight.mul_(30.0)
+            self.a.bias.mul_(30.0)
+            self.mix.weight[:, :c].div_(30.0)
+        self.eval()
+
+    def forward(self, x):
+        return self.mix(torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1))
+
+
+def test_mixed_concat_file_matches_the_quantmodel_within_one_lsb():
+    """The concatenation's factors (and the default preset's sequential bias correction, whose
+    int32 biases the file holds) export as the QuantModel computes them."""
+    g = torch.Generator().manual_seed(1)
+    calib = [torch.randn(4, 3, 6, 6, generator=g) for _ in range(2)]
+    recipe = replace(qb.Recipe.preset("default"), split_ranges=True)
+    qmodel = qb.quantize(MixedConcat(), calib, recipe, progress=False)
+    ((_, entry),) = qmodel.qb_capture["split_ranges"].items()
+    assert entry["concat"][1] > 2.0  # the premise: the narrow branch is scaled up
+    r = qb.compare(qmodel, inputs=calib[0].numpy(), engines=["ort-ref", "torch-quant"])
+    assert r.errors == {}
+    # within 1 LSB everywhere (float32 summation order in a conv: "rounding"), nothing more
+    assert r.first_divergence is None, r.first_divergence
+    pairs = {t["name"]: p for t in r.tensors for p in t["pairs"] if p["b"] == "torch-quant"}
+    assert all(p["max_lsb"] is None or p["max_lsb"] <= 1.0 for p in pairs.values()), r
+    # left unmatched: only sites on a step another site has too, whose scale initializer the
+    # exporter merged with that equal one (the concatenation's parts share its grid by design),
+    # so no quantizer record names it
+    steps = Counter(t["scale"] for t in r.tensors)
+    scale = {t["name"]: t["scale"] for t in r.tensors}
+    assert all(steps[scale[n]] > 1 for n in r.unmatched.get("torch-quant", []))
+    # the float output (the last conv, dequantized) is the QuantModel's: the same int8 codes go
+    # in, so float32 summation order only, 1e-5 of its magnitude (100 dB); 80 dB leaves margin
+    # (None: identical, infinite SQNR)
+    out = next(t for t in r.tensors if t["scale"] is None)
+    assert pairs[out["name"]]["sqnr_db"] is None or pairs[out["name"]]["sqnr_db"] >= 80.0, r
 
 
 def test_split_copies_are_paired_with_their_own_tensors():
