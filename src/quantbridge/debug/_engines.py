@@ -24,6 +24,7 @@ outputs of QuantizeLinear: ORT's QDQ fusion produces them under the same name (a
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -189,10 +190,14 @@ class TorchCapture:
         finally:
             for h in hooks:
                 h.remove()
+        # the k-th call is the k-th site reading the quantizer's scale initializer only where the
+        # counts agree; else the exporter merged equal initializers (other quantizers' sites read
+        # it too) and only the first site, the one the initializer is named after, is certain
+        sites_of = Counter(attr for attr, _ in self.where.values())
         found = {
             site: calls[attr][k]
             for site, (attr, k) in self.where.items()
-            if k < len(calls.get(attr, ()))
+            if k < len(calls.get(attr, ())) and (k == 0 or len(calls[attr]) == sites_of[attr])
         }
         leaves = torch.utils._pytree.tree_leaves(outs)
         for site, leaf in zip(self.output_sites, leaves, strict=False):
