@@ -12,6 +12,8 @@ metric code).
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -23,8 +25,13 @@ from outlier_mlp import Outlier
 import quantbridge as qb
 from quantbridge.cli import main
 from quantbridge.debug import SensitivityResult, sensitivity
+from quantbridge.torch import float_mode
 
 BUDGET = 0.999
+
+
+def sqnr(ref, out) -> float:
+    return float(10 * np.log10(np.sum(ref**2) / np.sum((out - ref) ** 2)))
 
 
 def cosine(a, b) -> float:
@@ -194,3 +201,36 @@ def test_a_quantmodel_is_ranked_as_it_is(setup, result):
     assert qmodel.quantization_enabled  # the switches are put back
     with pytest.raises(ValueError, match="pass the float model"):
         qb.sensitivity(qmodel, None, [x_eval], budget=0.9, progress=False)
+
+
+def test_reference_is_the_users_float_model_not_the_bias_corrected_one():
+    """Regression: the reference was ``float_mode`` of the QuantModel, which keeps the biases
+    bias correction shifted (on PP-OCRv4 det the baseline read 17.35 dB where the quantized model
+    is 20.38 dB from the real float model). A conv net whose 3-bit weights (default preset,
+    sequential bias correction) leave a large mean error, so the corrected biases move far:
+    quantized vs float 12.26 dB, vs float mode 10.81 dB (what the old reference reported)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 3)
+    ).eval()
+    with torch.no_grad():
+        model[0].weight.add_(0.05)  # one-signed weights: their rounding error has a mean
+    calib, x_eval = [torch.randn(8, 3, 10, 10) for _ in range(2)], torch.randn(8, 3, 10, 10)
+    recipe = qb.Recipe.preset("default")
+    weights = replace(recipe.weights, scheme=replace(recipe.weights.scheme, bits=3))
+    recipe = replace(recipe, weights=weights)
+    qmodel = qb.quantize(model, calib, recipe, progress=False)
+    with torch.no_grad():
+        ref, out = model(x_eval).double().numpy(), qmodel(x_eval).double().numpy()
+        with float_mode(qmodel):
+            shifted = qmodel(x_eval).double().numpy()
+    # the premise: float mode is not the float function (bias correction moved the biases);
+    # measured 16.3 dB; equal would be inf
+    assert sqnr(ref, shifted) < 60
+    for subject in (model, qmodel):  # from the float model, and a QuantModel ranked as it is
+        res = sensitivity(subject, calib, [x_eval], recipe=recipe, metric="sqnr", progress=False)
+        assert res.baseline["float"] == math.inf  # the reference itself
+        # the library's number is the SQNR against the user's model, to float64 summation
+        # order (the same float32 outputs, summed in another order: 1e-9 dB)
+        assert res.baseline["quantized"] == pytest.approx(sqnr(ref, out), abs=1e-6)
+        assert abs(res.baseline["quantized"] - sqnr(shifted, out)) > 0.5

@@ -24,6 +24,7 @@ outputs of QuantizeLinear: ORT's QDQ fusion produces them under the same name (a
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -163,7 +164,7 @@ class TorchCapture:
     def __init__(self, module, sites: list[Site], onnx_model: onnx.ModelProto, quant: bool):
         self.module, self.quant = module.eval(), quant
         self.names = _input_names(onnx_model)
-        self.where: dict[str, str] = {}
+        self.where: dict[str, tuple[str, int]] = {}  # site -> (quantizer attribute, call)
         if isinstance(module, QuantModel):
             scales = quantizer_scales(onnx_model)
             self.where = match_quantizers(sites, module.qb_points, scales)
@@ -171,12 +172,12 @@ class TorchCapture:
 
     def run(self, feeds: dict[str, np.ndarray]) -> Values:
         container = getattr(self.module, CONTAINER, None)
-        found: dict[str, torch.Tensor] = {}
+        calls: dict[str, list[torch.Tensor]] = {}  # quantizer attribute -> its outputs, in order
         hooks = []
-        for site, attr in self.where.items():
+        for attr in {a for a, _ in self.where.values()}:
 
-            def hook(mod, args, out, site=site):
-                found.setdefault(site, out.detach())
+            def hook(mod, args, out, attr=attr):
+                calls.setdefault(attr, []).append(out.detach())
 
             hooks.append(getattr(container, attr).register_forward_hook(hook))
         try:
@@ -189,6 +190,15 @@ class TorchCapture:
         finally:
             for h in hooks:
                 h.remove()
+        # the k-th call is the k-th site reading the quantizer's scale initializer only where the
+        # counts agree; else the exporter merged equal initializers (other quantizers' sites read
+        # it too) and only the first site, the one the initializer is named after, is certain
+        sites_of = Counter(attr for attr, _ in self.where.values())
+        found = {
+            site: calls[attr][k]
+            for site, (attr, k) in self.where.items()
+            if k < len(calls.get(attr, ())) and (k == 0 or len(calls[attr]) == sites_of[attr])
+        }
         leaves = torch.utils._pytree.tree_leaves(outs)
         for site, leaf in zip(self.output_sites, leaves, strict=False):
             if site is not None and site not in found:

@@ -197,14 +197,26 @@ def match_other_file(sites: list[Site], other: list[Site]) -> dict[str, str]:
     return found
 
 
-def match_quantizers(sites: list[Site], points: list, scale_of: dict[str, str]) -> dict[str, str]:
-    """Site name -> activation quantizer attribute of a ``QuantModel``, from its placement
-    record: the fx value a quantizer reads (``QuantPoint.tensor``) is the float tensor the site's
-    QuantizeLinear reads (the exporter names ONNX values after fx nodes); a model imported from
-    ONNX names each quantizer after that tensor (``QuantPoint.name``); else the quantizer whose
-    exported scale initializer (``scale_of``, the export record) the site reads, where only one
-    quantizer has it. Where several sites share one quantizer (a Reshape between two Q nodes of
-    the same scale), the first site gets it."""
+def match_quantizers(
+    sites: list[Site], points: list, scale_of: dict[str, str]
+) -> dict[str, tuple[str, int]]:
+    """Site name -> (activation quantizer attribute of a ``QuantModel``, which of its calls).
+
+    With quantbridge's export record (``scale_of``: quantizer name -> scale initializer): the
+    quantizer whose recorded scale initializer the site reads, where one quantizer owns it; the
+    k-th site reading it (graph order) is the quantizer's k-th call in a forward pass (a shared
+    quantizer, a Reshape's requantization). The record names values, not graph positions, so it
+    holds where the exporter renamed the fx values: ``Recipe.split_ranges`` adds a conv per
+    channel group, and the re-traced graph numbers ``conv2d_4`` ... differently from the
+    QuantModel's own fx names, which paired a split copy with another conv's tensor. A site whose
+    initializer no record names (the exporter merged equal constants: every hard-swish clamp's
+    fixed 6/255 step is one initializer) is left unmatched, never paired by name.
+
+    Without a record of this model (most of its quantizers unnamed there: a model imported from
+    ONNX, or a file the QuantModel was not exported to):
+    the quantizer named after the float tensor the site's QuantizeLinear reads
+    (``QuantPoint.name``, an imported model), else the quantizer reading the fx value of that
+    name (``QuantPoint.tensor``), first call."""
     acts = [p for p in points if p.kind == "activation"]
     by_tensor = {p.tensor: p.attr for p in acts}
     by_name = {p.name: p.attr for p in acts}
@@ -213,11 +225,20 @@ def match_quantizers(sites: list[Site], points: list, scale_of: dict[str, str]) 
         if p.name in scale_of:
             owners.setdefault(scale_of[p.name], []).append(p.attr)
     by_scale = {k: v[0] for k, v in owners.items() if len(v) == 1}
-    found, used = {}, set()
+    found: dict[str, tuple[str, int]] = {}
+    if 2 * sum(p.name in scale_of for p in acts) > len(acts):  # the record describes this model
+        calls: dict[str, int] = {}
+        for s in sites:
+            attr = by_scale.get(s.scale_init)
+            if attr is not None:
+                found[s.name] = (attr, calls.get(attr, 0))
+                calls[attr] = calls.get(attr, 0) + 1
+        return found
+    used = set()
     for s in sites:
-        attr = by_tensor.get(s.source) or by_name.get(s.source) or by_scale.get(s.scale_init)
+        attr = by_name.get(s.source) or by_tensor.get(s.source)
         if attr is not None and attr not in used:
-            found[s.name] = attr
+            found[s.name] = (attr, 0)
             used.add(attr)
     return found
 
