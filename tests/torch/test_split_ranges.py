@@ -107,6 +107,17 @@ def _split_gain(model) -> tuple[float, object]:
     return _sqnr_db(model, split) - _sqnr_db(model, plain), split
 
 
+def _assert_replays(split, model: nn.Module, path) -> None:
+    """``qb.save`` / ``qb.load`` onto ``model`` replays the recorded split (groups and factors),
+    no data needed: the same split record and the same outputs."""
+    qb.save(split, path)
+    loaded = qb.load(path, model)
+    assert loaded.qb_capture["split_ranges"] == split.qb_capture["split_ranges"]
+    with torch.no_grad():
+        for x in _data(2, 3):
+            assert torch.equal(loaded(x), split(x))
+
+
 def test_split_lowers_the_quantized_error_and_survives_a_checkpoint(tmp_path):
     model = WideNarrow()
     # the narrow half's hard-swish inputs get a grid ~50x finer: measured 5.65 -> 26.66 dB (int8,
@@ -114,12 +125,7 @@ def test_split_lowers_the_quantized_error_and_survives_a_checkpoint(tmp_path):
     gain, split = _split_gain(model)
     assert gain >= 10.0, gain
     # a checkpoint replays the recorded split (groups and factors), no data needed: same outputs
-    qb.save(split, tmp_path / "split.qb")
-    loaded = qb.load(tmp_path / "split.qb", WideNarrow())
-    assert loaded.qb_capture["split_ranges"] == split.qb_capture["split_ranges"]
-    with torch.no_grad():
-        for x in _data(2, 3):
-            assert torch.equal(loaded(x), split(x))
+    _assert_replays(split, WideNarrow(), tmp_path / "split.qb")
 
 
 class DepthwiseWide(nn.Module):
@@ -281,9 +287,4 @@ def test_mixed_concat_float_unchanged_and_quantized_error_lower(tmp_path):
     gain, split = _split_gain(model)
     assert gain >= 10.0
     # a checkpoint replays the recorded factors of the concatenation: same outputs
-    qb.save(split, tmp_path / "cat.qb")
-    loaded = qb.load(tmp_path / "cat.qb", MixedConcat())
-    assert loaded.qb_capture["split_ranges"] == split.qb_capture["split_ranges"]
-    with torch.no_grad():
-        for x in _data(2, 3):
-            assert torch.equal(loaded(x), split(x))
+    _assert_replays(split, MixedConcat(), tmp_path / "cat.qb")
