@@ -66,7 +66,11 @@ def widen_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     warnings.warn(
         "the ONNX file computes in float16 (float16 weights, scales and activations; input Casts: "
         f"{', '.join(in_casts) or 'none'}; output Casts: {', '.join(out_casts) or 'none'}"
-        + (f"; float16 graph inputs/outputs {typed} are float32 in the imported model" if typed else "")
+        + (
+            f"; float16 graph inputs/outputs {typed} are float32 in the imported model"
+            if typed
+            else ""
+        )
         + "); quantbridge imports it in float32 (scales, zero points and integer codes kept "
         "exactly, the Casts to float16 made float32), so its outputs differ from the file's by "
         "float16 rounding (~1e-3 relative)",

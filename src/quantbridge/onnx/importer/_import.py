@@ -81,6 +81,8 @@ def import_onnx(
     them learnable, LSQ) and whose weights are the file's dequantized integers (``_quantized``,
     ``_qmodel``). ``example_inputs`` (a tensor, tuple or dict, as a calibration batch) is needed
     for quantized models whose inputs have free dimensions besides the batch.
+    A quantized float16 graph (NVIDIA ModelOpt's default mode) is imported in float32 with its
+    grids kept exactly, with a ``Float16GraphWarning`` (``_fp16``).
 
     Raises ``ValueError`` naming the ONNX node, the op and its opset for anything it cannot import
     exactly; unsupported ops of a quantized model are listed together.

@@ -1,0 +1,117 @@
+"""float16 quantized graphs (NVIDIA ModelOpt's default ONNX PTQ mode) import as float32.
+
+ModelOpt writes whole-fp16 graphs: ``Cast(to=FLOAT16)`` after the input, float16 weights quantized
+by ``QuantizeLinear`` with float16 scales, float16 biases and compute, ``Cast(to=FLOAT)`` before
+the output. Before the fix the import refused every such file ("scale is float16"). The file here
+is that pattern written by hand (ModelOpt is not a test dependency): the import must keep every
+grid exactly (float16 values are float32 values), compute what the same graph computes in
+float32, and warn that the file itself computes in float16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import quantbridge as qb
+from quantbridge.onnx.importer._fp16 import Float16GraphWarning
+
+C, K, H, CLASSES = 3, 8, 6, 5
+X_SCALE, A_SCALE = 0.03125, 0.0478  # the second is not exact in float16: rounded below
+
+
+def _file(dtype=np.float16) -> onnx.ModelProto:
+    """x -> Cast -> Q/DQ -> Conv 3x3 (fp16 weight Q/DQ'd per channel, bias) -> Relu -> Q/DQ ->
+    GlobalAveragePool -> Flatten -> Gemm (weight Q/DQ'd per channel, bias) -> Cast -> y, with
+    every constant float16 (``dtype=np.float32``: the same values stored as float32, no Casts)."""
+    rng = np.random.default_rng(0)
+    f = np.dtype(dtype)
+    w1 = (0.3 * rng.standard_normal((K, C, 3, 3))).astype(np.float16).astype(f)
+    w2 = (0.3 * rng.standard_normal((CLASSES, K))).astype(np.float16).astype(f)
+    amax1, amax2 = np.abs(w1).reshape(K, -1).max(1), np.abs(w2).max(1)
+    inits = [
+        numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array((amax1 / 127).astype(np.float16).astype(f), "w1s"),
+        numpy_helper.from_array((amax2 / 127).astype(np.float16).astype(f), "w2s"),
+        numpy_helper.from_array(np.zeros(K, np.int8), "w1z"),
+        numpy_helper.from_array(np.zeros(CLASSES, np.int8), "w2z"),
+        numpy_helper.from_array(rng.standard_normal(K).astype(np.float16).astype(f), "b1"),
+        numpy_helper.from_array(rng.standard_normal(CLASSES).astype(np.float16).astype(f), "b2"),
+        numpy_helper.from_array(np.array(X_SCALE, f), "xs"),
+        numpy_helper.from_array(np.array(A_SCALE, np.float16).astype(f), "as"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]  # fmt: skip
+    x_in = "x16" if f == np.float16 else "x"
+    nodes = [
+        helper.make_node("QuantizeLinear", [x_in, "xs", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "z"], ["xd"]),
+        helper.make_node("QuantizeLinear", ["w1", "w1s", "w1z"], ["w1q"], axis=0),
+        helper.make_node("DequantizeLinear", ["w1q", "w1s", "w1z"], ["w1d"], axis=0),
+        helper.make_node("Conv", ["xd", "w1d", "b1"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "as", "z"], ["rq"]),
+        helper.make_node("DequantizeLinear", ["rq", "as", "z"], ["rd"]),
+        helper.make_node("GlobalAveragePool", ["rd"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["fl"]),
+        helper.make_node("QuantizeLinear", ["w2", "w2s", "w2z"], ["w2q"], axis=0),
+        helper.make_node("DequantizeLinear", ["w2q", "w2s", "w2z"], ["w2d"], axis=0),
+        helper.make_node("Gemm", ["fl", "w2d", "b2"], ["y" if f == np.float32 else "y16"], transB=1),
+    ]  # fmt: skip
+    if f == np.float16:
+        nodes.insert(
+            0, helper.make_node("Cast", ["x"], ["x16"], name="in_cast", to=TensorProto.FLOAT16)
+        )
+        nodes.append(
+            helper.make_node("Cast", ["y16"], ["y"], name="out_cast", to=TensorProto.FLOAT)
+        )
+    graph = helper.make_graph(
+        nodes, "modelopt_like_fp16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", C, H, H])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", CLASSES])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def test_float16_graph_imports_as_float32(tmp_path):
+    model = _file()
+    with pytest.warns(Float16GraphWarning, match=r"in_cast \(x -> float16\).*out_cast"):
+        qmodel = qb.import_onnx(model.SerializeToString())
+    x = np.random.default_rng(1).uniform(-4, 4, (4, C, H, H)).astype(np.float32)
+    with torch.no_grad():
+        y = qmodel(torch.from_numpy(x)).numpy()
+    # the same graph stored in float32 (built independently of the import's widening): both
+    # compute in float32 on the same grids; only the summation order differs
+    expected32 = _ort(_file(np.float32), x)
+    assert np.abs(y - expected32).max() <= 1e-5 * np.abs(expected32).max()
+    # ORT on the float16 file: each op's result rounded to float16 (at most 2^-11 relative: DQ,
+    # Conv, bias, pool, Gemm, bias in series, ~6 roundings), and a conv output that float16
+    # rounding moves across a Q/DQ decision threshold gains or loses one step of A_SCALE (after
+    # the pool, 1/36 of a step, ~2^-11 of the largest output per flip). Measured 1.4 to 2.7 *
+    # 2^-11 of the largest output over 5 input seeds; 16 * 2^-11 (~0.8%) leaves ~6x margin
+    expected16 = _ort(model, x)
+    assert np.abs(y - expected16).max() <= 16 * 2.0**-11 * np.abs(expected16).max()
+    # the grids are the file's float16 values, bit for bit, in the re-exported file
+    path = tmp_path / "again.onnx"
+    qb.export(qmodel, path, example_inputs=torch.from_numpy(x))
+    again = onnx.load(str(path))
+    scales = {
+        float(v)
+        for i in again.graph.initializer
+        if i.data_type == TensorProto.FLOAT
+        for v in numpy_helper.to_array(i).reshape(-1)[:1]
+    }
+    assert float(np.float16(A_SCALE)) in scales and X_SCALE in scales
+    assert np.abs(_ort(again, x) - y).max() <= 1e-5 * np.abs(y).max()
