@@ -105,10 +105,15 @@ def _rescale_concat(gm, cat, split: dict) -> None:
         m.meta = dict(a.meta)
         parts.append(m)
     cat.args = (parts, *cat.args[1:])
-    starts = np.cumsum([0, *sizes])
-    groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    groups = _part_groups(sizes)
     for r in list(cat.users):
         _scale_columns(gm, r, groups, k)
+
+
+def _part_groups(sizes: list[int]) -> list[list[int]]:
+    """The channels of each part of a concatenation of parts with ``sizes`` channels."""
+    starts = np.cumsum([0, *sizes])
+    return [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
 def _scale_columns(gm, reader, groups, k) -> None:

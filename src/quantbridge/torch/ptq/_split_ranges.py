@@ -42,6 +42,7 @@ from ._concat_ranges import (
     _factors,
     _mixed_concat,
     _param,
+    _part_groups,
     _rescale_concat,
     _scale_columns,
     _weight,
@@ -166,8 +167,7 @@ def _measure(gm, batches, plans, levels, cats=()) -> dict:
     for c in cats:
         parts = c.args[0]
         sizes = [len(lo[a]) for a in parts]
-        starts = np.cumsum([0, *sizes])
-        groups = [list(range(a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        groups = _part_groups(sizes)
         lo_c, hi_c = torch.cat([lo[a] for a in parts]), torch.cat([hi[a] for a in parts])
         ms = torch.cat([power[a][0] / power[a][1] for a in parts])
         columns = [_weight(gm, r) for r in c.users]
@@ -183,11 +183,8 @@ def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
     its own weight times its readers'); at a tensor before it, that times the channel's range
     ratio (out / here)^2, its gain through the region."""
 
-    def weight(conv):
-        return get_tensor(gm, weight_and_bias(gm, conv)[0]).detach().double()
-
     def column_power(conv):  # per input channel, the sum of its squared weights
-        w = weight(conv)
+        w = _weight(gm, conv)
         return w.transpose(0, 1).reshape(w.shape[1], -1).pow(2).sum(1)
 
     s = torch.zeros(len(lo_out), dtype=torch.float64)
@@ -195,7 +192,7 @@ def _sensitivity(gm, p, los, his, lo_out, hi_out) -> list:
         s += column_power(m)
     for dw in p.depthwise:
         col = sum((column_power(r) for r in dw.users), torch.zeros_like(s))
-        s += weight(dw).reshape(len(s), -1).pow(2).sum(1) * col
+        s += _weight(gm, dw).reshape(len(s), -1).pow(2).sum(1) * col
     r_out = (hi_out - lo_out).clamp_min(0)
     out = []
     for a, b in zip(los, his, strict=True):
@@ -313,34 +310,24 @@ class _Plan:
 
     def rewrite(self, gm, split: dict) -> None:
         g, groups, factors = gm.graph, split["groups"], split["factors"]
-        w_node, b_node = weight_and_bias(gm, self.conv)
-        w, b = get_tensor(gm, w_node), get_tensor(gm, b_node) if b_node is not None else None
         outs = []
         for gi, idx in enumerate(groups):  # the conv and its region, once per group
             with g.inserting_before(self.conv):
-                anchor = _conv_copy(gm, self.conv, self.conv.args[0], w, b, idx, 1.0, f"g{gi}")
+                anchor = _conv_copy(gm, self.conv, self.conv.args[0], idx, 1.0, f"g{gi}")
             env = {self.conv: anchor}
             for n in self.region:
                 if n.target in CONV_OPS:  # a depthwise conv: its channels ``idx``
-                    nw, nb = weight_and_bias(gm, n)
-                    nwt = get_tensor(gm, nw)
-                    nbt = get_tensor(gm, nb) if nb is not None else None
                     with g.inserting_before(n):
-                        env[n] = anchor = _conv_copy(
-                            gm, n, env[n.args[0]], nwt, nbt, idx, 1.0, f"g{gi}"
-                        )
+                        env[n] = anchor = _conv_copy(gm, n, env[n.args[0]], idx, 1.0, f"g{gi}")
                     continue
                 with g.inserting_after(anchor):
                     env[n] = anchor = g.node_copy(n, lambda a, env=env: env[a])
             outs.append(env[self.out])
         for dw in self.depthwise:  # split too, factor folded in; its readers read the concat
-            dw_w, dw_b = weight_and_bias(gm, dw)
-            dwt = get_tensor(gm, dw_w)
-            dbt = get_tensor(gm, dw_b) if dw_b is not None else None
             k = factors[dw.name]
             with g.inserting_before(dw):
                 parts = [
-                    _conv_copy(gm, dw, value, dwt, dbt, idx, kg, f"g{gi}")
+                    _conv_copy(gm, dw, value, idx, kg, f"g{gi}")
                     for gi, (idx, value, kg) in enumerate(zip(groups, outs, k, strict=True))
                 ]
                 cat = g.call_function(aten.cat.default, (parts, 1))
@@ -363,11 +350,12 @@ class _Plan:
                 r.replace_input_with(self.out, cat)
 
 
-def _conv_copy(gm, conv, inp, w, b, idx, k: float, tag: str) -> torch.fx.Node:
+def _conv_copy(gm, conv, inp, idx, k: float, tag: str) -> torch.fx.Node:
     """``conv``'s output channels ``idx`` (times ``k``) as a new conv node reading ``inp``; a
     depthwise ``conv`` keeps one group per channel."""
     t = torch.tensor(idx)
     wb = weight_and_bias(gm, conv)
+    w, b = get_tensor(gm, wb[0]), get_tensor(gm, wb[1]) if wb[1] is not None else None
     dims = w.ndim - 2
     stride, padding, dilation = conv_geometry(conv, dims)
     groups = len(idx) if groups_of(conv) > 1 else 1
