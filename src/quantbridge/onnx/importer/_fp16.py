@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...torch._capture import user_stacklevel
+
 FLOAT, FLOAT16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
 
 
@@ -75,7 +77,7 @@ def widen_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
         "exactly, the Casts to float16 made float32), so its outputs differ from the file's by "
         "float16 rounding (~1e-3 relative)",
         Float16GraphWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     return wide
 
