@@ -379,8 +379,10 @@ class _Planner:
             role = scoped_role(node, self.recipe.activation_scope)
             if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
                 reason = unquantized_weighted_reason(node)
-                if reason and not self.recipe.for_module(*module_of(node))[0]:
-                    left_float.append((module_of(node)[0] or node.name, reason))
+                if reason:
+                    module, module_type = module_of(node)
+                    if not self.recipe.for_module(module, module_type)[0]:
+                        left_float.append((module or node.name, reason))
                 continue
             module, module_type = module_of(node)
             self.seen_modules.add((module, module_type))
