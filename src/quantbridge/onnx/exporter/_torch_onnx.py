@@ -14,9 +14,9 @@ mutated value is a fresh (non-view, non-input) result, with later readers redire
 value, which is what functionalization would do; ``adaptive_avg_pool2d`` to 1x1 becomes a mean
 over the spatial axes, ``Tensor.to`` a cast, ``&`` a bitwise and, a transposed convolution
 ``convolution(transposed=True)``, ``squeeze`` on a list of axes ``squeeze`` on its one size-1
-axis, ``reshape_as`` a ``reshape`` to the other tensor's sizes, an inference batch norm that was not folded the ``_native_batch_norm_legit_no_training`` +
-``getitem`` pair, as the decomposition table has them -- and hands the program to the translator
-without the second trace.
+axis, ``reshape_as`` a ``reshape`` to the other tensor's sizes, an inference batch norm that was
+not folded the ``_native_batch_norm_legit_no_training`` + ``getitem`` pair, as the decomposition
+table has them -- and hands the program to the translator without the second trace.
 
 Anything else (an operator neither translated nor rewritten, a mutation of a view or an input, an
 exporter whose internals moved) takes the public path with the program already traced, so the

@@ -310,9 +310,9 @@ def _bias_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 def _correct_sequentially(qmodel, layers, batches, progress, masks, shrink=False) -> None:
     """Per layer in graph order, applied to its bias before the graph goes on: mean float output
-    minus mean quantized output with the corrections before it. One float pass, then one
-    quantized pass with every kept batch at once (``Lockstep``): at a corrected layer its shift goes into the float
-    bias, and the layer runs again with the bias through its int32 quantizer. ``masks``: per
+    minus mean quantized output with the corrections before it. One float pass, then one quantized
+    pass with every kept batch at once (``Lockstep``): at a corrected layer its shift goes into the
+    float bias, and the layer runs again with the bias through its int32 quantizer. ``masks``: per
     batch, the positions the means run over (``position_masks``). ``shrink``: the shift is
     ``numerics.shrink_bias_shift`` of the per-sample errors instead (module docstring)."""
     samples: dict | None = {} if shrink else None
@@ -403,9 +403,9 @@ def correct_bias(
     shrink: bool = False,
 ) -> int:
     """Correct each quantized layer's float bias in place from ``batches`` ((args, kwargs)
-    calls); see the module docstring for the two variants, ``mask`` (the keyword input marking
-    real positions, sequential only), ``check`` (keep the corrections only if the output
-    error on ``batches`` fell) and ``shrink`` (sequential only: each shift shrunk by its noise). Returns the layers corrected (0 when the check restored them)."""
+    calls), a variant of the module docstring; ``mask`` (sequential: the keyword input marking real
+    positions), ``check`` (keep them only if the output error on ``batches`` fell), ``shrink``
+    (sequential: shifts shrunk by their noise). Returns the layers corrected (0 if restored)."""
     if mask and not sequential:
         raise ValueError(
             f"bias correction mask {mask!r}: only the sequential correction reads it; use"
