@@ -164,7 +164,8 @@ class TorchCapture:
     def __init__(self, module, sites: list[Site], onnx_model: onnx.ModelProto, quant: bool):
         self.module, self.quant = module.eval(), quant
         self.names = _input_names(onnx_model)
-        self.where: dict[str, tuple[str, int]] = {}  # site -> (quantizer attribute, call)
+        # site -> (the quantizer attributes whose calls it is, which call in execution order)
+        self.where: dict[str, tuple[tuple[str, ...], int]] = {}
         if isinstance(module, QuantModel):
             scales = quantizer_scales(onnx_model)
             self.where = match_quantizers(sites, module.qb_points, scales)
@@ -173,11 +174,13 @@ class TorchCapture:
     def run(self, feeds: dict[str, np.ndarray]) -> Values:
         container = getattr(self.module, CONTAINER, None)
         calls: dict[str, list[torch.Tensor]] = {}  # quantizer attribute -> its outputs, in order
+        order: list[str] = []  # the attribute of each call, in execution order
         hooks = []
-        for attr in {a for a, _ in self.where.values()}:
+        for attr in {a for attrs, _ in self.where.values() for a in attrs}:
 
             def hook(mod, args, out, attr=attr):
                 calls.setdefault(attr, []).append(out.detach())
+                order.append(attr)
 
             hooks.append(getattr(container, attr).register_forward_hook(hook))
         try:
@@ -190,14 +193,24 @@ class TorchCapture:
         finally:
             for h in hooks:
                 h.remove()
-        # the k-th call is the k-th site reading the quantizer's scale initializer only where the
-        # counts agree; else the exporter merged equal initializers (other quantizers' sites read
-        # it too) and only the first site, the one the initializer is named after, is certain
-        sites_of = Counter(attr for attr, _ in self.where.values())
+        # the calls of the quantizers sharing a scale initializer, in execution order
+        merged: dict[tuple[str, ...], list[torch.Tensor]] = {}
+        for attrs in {attrs for attrs, _ in self.where.values()}:
+            seen = dict.fromkeys(attrs, 0)
+            merged[attrs] = []
+            for a in order:
+                if a in seen:
+                    merged[attrs].append(calls[a][seen[a]])
+                    seen[a] += 1
+        # the k-th call is the k-th site reading the scale initializer only where the counts
+        # agree; else (an initializer the record does not trace to all of its quantizers) only
+        # the first site of a single quantizer, the one the initializer is named after, is certain
+        sites_of = Counter(attrs for attrs, _ in self.where.values())
         found = {
-            site: calls[attr][k]
-            for site, (attr, k) in self.where.items()
-            if k < len(calls.get(attr, ())) and (k == 0 or len(calls[attr]) == sites_of[attr])
+            site: merged[attrs][k]
+            for site, (attrs, k) in self.where.items()
+            if k < len(merged[attrs])
+            and (len(merged[attrs]) == sites_of[attrs] or (k == 0 and len(attrs) == 1))
         }
         leaves = torch.utils._pytree.tree_leaves(outs)
         for site, leaf in zip(self.output_sites, leaves, strict=False):

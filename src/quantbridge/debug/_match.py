@@ -66,11 +66,16 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 
 
 def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
-    """Scale initializer -> quantizer name, from quantbridge's export record (empty if none)."""
+    """Scale initializer -> quantizer name, from quantbridge's export record (empty if none):
+    the quantizer it is named after, not those whose equal step the exporter merged into it."""
     for prop in model.metadata_props:
         if prop.key == QUANTIZERS_KEY:
             record = json.loads(prop.value)
-            return {v["scale"]: k for k, v in record.items() if v.get("kind") == "activation"}
+            return {
+                v["scale"]: k
+                for k, v in record.items()
+                if v.get("kind") == "activation" and not v.get("merged")
+            }
     return {}
 
 
@@ -199,18 +204,20 @@ def match_other_file(sites: list[Site], other: list[Site]) -> dict[str, str]:
 
 def match_quantizers(
     sites: list[Site], points: list, scale_of: dict[str, str]
-) -> dict[str, tuple[str, int]]:
-    """Site name -> (activation quantizer attribute of a ``QuantModel``, which of its calls).
+) -> dict[str, tuple[tuple[str, ...], int]]:
+    """Site name -> (the activation quantizers of a ``QuantModel`` whose calls it is, which of
+    their calls in execution order).
 
     With quantbridge's export record (``scale_of``: quantizer name -> scale initializer): the
-    quantizer whose recorded scale initializer the site reads, where one quantizer owns it; the
-    k-th site reading it (graph order) is the quantizer's k-th call in a forward pass (a shared
-    quantizer, a Reshape's requantization). The record names values, not graph positions, so it
-    holds where the exporter renamed the fx values: ``Recipe.split_ranges`` adds a conv per
-    channel group, and the re-traced graph numbers ``conv2d_4`` ... differently from the
-    QuantModel's own fx names, which paired a split copy with another conv's tensor. A site whose
-    initializer no record names (the exporter merged equal constants: every hard-swish clamp's
-    fixed 6/255 step is one initializer) is left unmatched, never paired by name.
+    quantizers whose recorded scale initializer the site reads; the k-th site reading it (graph
+    order) is the k-th of their calls in a forward pass (a shared quantizer, a Reshape's
+    requantization). The record names values, not graph positions, so it holds where the exporter
+    renamed the fx values: ``Recipe.split_ranges`` adds a conv per channel group, and the re-traced
+    graph numbers ``conv2d_4`` ... differently from the QuantModel's own fx names, which paired a
+    split copy with another conv's tensor. Where the exporter merged equal initializers (a split
+    group on the common grid; every hard-swish clamp's fixed 6/255 step), the record names the
+    merged initializer for each of its quantizers, and their calls are taken together, in the
+    order the forward pass makes them (``TorchCapture`` pairs them only where the counts agree).
 
     Without a record of this model (most of its quantizers unnamed there: a model imported from
     ONNX, or a file the QuantModel was not exported to):
@@ -224,21 +231,20 @@ def match_quantizers(
     for p in acts:
         if p.name in scale_of:
             owners.setdefault(scale_of[p.name], []).append(p.attr)
-    by_scale = {k: v[0] for k, v in owners.items() if len(v) == 1}
-    found: dict[str, tuple[str, int]] = {}
+    found: dict[str, tuple[tuple[str, ...], int]] = {}
     if 2 * sum(p.name in scale_of for p in acts) > len(acts):  # the record describes this model
         calls: dict[str, int] = {}
         for s in sites:
-            attr = by_scale.get(s.scale_init)
-            if attr is not None:
-                found[s.name] = (attr, calls.get(attr, 0))
-                calls[attr] = calls.get(attr, 0) + 1
+            attrs = owners.get(s.scale_init)
+            if attrs:
+                found[s.name] = (tuple(attrs), calls.get(s.scale_init, 0))
+                calls[s.scale_init] = calls.get(s.scale_init, 0) + 1
         return found
     used = set()
     for s in sites:
         attr = by_name.get(s.source) or by_tensor.get(s.source)
         if attr is not None and attr not in used:
-            found[s.name] = (attr, 0)
+            found[s.name] = ((attr,), 0)
             used.add(attr)
     return found
 
