@@ -102,3 +102,45 @@ def test_a_tie_seen_in_a_finer_step_downstream_is_rounding_carried():
     assert finer["max_lsb"] == pytest.approx(4.0) and finer["carried_lsb"] == pytest.approx(4.0)
     assert finer["class"] == "rounding"
     assert r.first_divergence is None
+
+
+def test_a_tie_carried_through_a_product_and_a_constant_factor_is_rounding():
+    # the tie model's output squared (DQ(yq) * DQ(yq)) on step 0.2, then times the constant 0.25
+    # on step 0.05: a 1-step tie at a is 2|a| da + da^2 in the square, ~13 steps here, and a
+    # quarter of it after the constant; both carried from the input ("rounding"). Before, a Mul
+    # got no credit and the square was the first "divergence" (PP-OCRv4 det's hard-swish Mul).
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.float32(0.2), "s_sq"),
+        numpy_helper.from_array(np.uint8(0), "z_sq"),
+        numpy_helper.from_array(np.float32(0.05), "s_qt"),
+        numpy_helper.from_array(np.float32(0.25), "quarter"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        onnx.helper.make_node("Mul", [out, out], ["sq"]),
+        onnx.helper.make_node("QuantizeLinear", ["sq", "s_sq", "z_sq"], ["sq_q"], name="square"),
+        onnx.helper.make_node("DequantizeLinear", ["sq_q", "s_sq", "z_sq"], ["sq_dq"]),
+        onnx.helper.make_node("Mul", ["sq_dq", "quarter"], ["qt"]),
+        onnx.helper.make_node("QuantizeLinear", ["qt", "s_qt", "z_sq"], ["qt_q"], name="quarter"),
+        onnx.helper.make_node("DequantizeLinear", ["qt_q", "s_qt", "z_sq"], ["qt_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "qt_out"
+    onnx.checker.check_model(model, full_check=True)
+    codes = np.arange(64, dtype=np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
+    # the bound recomputed independently: node by node rounds float32(q * 0.1f) / 0.2f, the
+    # integer program q / 2 to even (test (a)); a = the reference's value, da the tie
+    q = codes.ravel().astype(np.int64)
+    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
+    da = np.abs(a - np.rint(q / 2.0) * 0.2)
+    assert da.max() == pytest.approx(0.2, abs=1e-6)  # the premise: ties differ
+    bound = float((2 * np.abs(a) * da + da * da).max())
+    sq, qt = by_name["sq_q"], by_name["qt_q"]
+    assert sq["carried_lsb"] == pytest.approx(bound / 0.2, rel=1e-5)  # float32 values: 1e-5
+    assert sq["max_lsb"] > 2 and sq["class"] == "rounding", sq
+    assert qt["carried_lsb"] == pytest.approx(sq["max_abs"] * 0.25 / 0.05, rel=1e-5)
+    assert qt["max_lsb"] > 2 and qt["class"] == "rounding", qt
+    assert r.first_divergence is None

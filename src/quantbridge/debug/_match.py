@@ -51,6 +51,8 @@ class Site:
     aliases: tuple[str, ...] = ()  # DequantizeLinear outputs of the same values (graph outputs)
     inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
+    factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
+    gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|
 
     @property
     def quantized(self) -> bool:
@@ -108,6 +110,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
             "inputs": _upstream(nodes[s.name], sites, producer)[0],
             "unit_gain": _upstream(nodes[s.name], sites, producer)[1],
+            **_product(nodes[s.name], sites, producer, consts),
         })
         for s in sites.values()
     ]  # fmt: skip
@@ -152,6 +155,49 @@ def _upstream(
         unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
         todo.extend(i for i in p.input if i)
     return tuple(dict.fromkeys(found)), unit_gain
+
+
+def _product(node: onnx.NodeProto, sites: dict, producer: dict, consts: dict) -> dict:
+    """For a QuantizeLinear of a Mul of two sites: ``factors`` (their names); of a Mul or Div of
+    one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
+    error a product can carry is bounded by its factors' errors (``compare._carried``), where no
+    other op stands between them and the QuantizeLinear."""
+    p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+    if p is None or p.op_type not in ("Mul", "Div") or len(p.input) != 2:
+        return {}
+    kinds = [_operand(t, sites, producer, consts) for t in p.input]
+    named = [k for k in kinds if isinstance(k, str)]
+    if p.op_type == "Mul" and len(named) == 2:
+        return {"factors": tuple(named)}
+    const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
+    if len(named) != 1 or len(const) != 1 or (p.op_type == "Div" and kinds[1] is not const[0]):
+        return {}
+    c = np.abs(const[0].astype(np.float64))
+    if p.op_type == "Mul":
+        return {"gain": float(c.max())}
+    return {"gain": float(1.0 / c.min())} if c.min() > 0 else {}
+
+
+def _operand(t: str, sites: dict, producer: dict, consts: dict) -> str | np.ndarray | None:
+    """A site's name (its DequantizeLinear's output), a constant's value, or None."""
+    if t in consts:
+        return np.asarray(consts[t])
+    p = producer.get(t)
+    if p is None or p.op_type != "DequantizeLinear":
+        return None
+    if p.input[0] in sites:
+        return p.input[0]
+    q = consts.get(p.input[0])
+    scale = consts.get(p.input[1])
+    zp = consts.get(p.input[2]) if len(p.input) > 2 and p.input[2] else None
+    if q is None or scale is None:
+        return None
+    zero = np.zeros_like(scale, np.float64) if zp is None else zp.astype(np.float64)
+    if scale.size > 1:  # per-channel: scale and zero point along the node's axis
+        axis = next((a.i for a in p.attribute if a.name == "axis"), 1) % max(q.ndim, 1)
+        shape = [-1 if d == axis else 1 for d in range(q.ndim)]
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return np.asarray((q.astype(np.float64) - zero) * scale.astype(np.float64))
 
 
 def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | None:

@@ -7,6 +7,7 @@ measured against them and dropped, so memory holds two engines' tensors, not eve
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -175,6 +176,7 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
     if missing:
         unmatched[ref_run.name] = missing
     ran = [ref_run.name]
+    uses = Counter(f for s in sites for f in s.factors)  # the products reading each site
     for run in runs:
         if run is ref_run or run.name in errors:
             continue
@@ -186,15 +188,23 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
         ran.append(run.name)
         lost = []
         carried: dict[str, float] = {}  # site -> this pair's max_abs, for the sites after it
+        diffs: dict[str, np.ndarray] = {}  # a product's factor -> this pair's differences
+        factors = Counter(uses)  # products still to read each factor
         for s in sites:
             if s.name not in ref_values:
                 continue
             if s.name not in values:
                 lost.append(s.name)
                 continue
-            # an Add's two input errors add up; ops that may amplify an error get no credit
-            upstream = sum(carried.get(i, 0.0) for i in s.inputs) if s.unit_gain else 0.0
-            pair = _pair(ref_run, run, s, ref_values[s.name], values.pop(s.name), upstream)
+            upstream = _carried(s, carried, diffs, ref_values)
+            for f in s.factors:  # a factor's differences are dropped after its last product
+                factors[f] -= 1
+                if not factors[f]:
+                    diffs.pop(f, None)
+            b = values.pop(s.name)
+            if factors.get(s.name) and b.shape == ref_values[s.name].shape:
+                diffs[s.name] = np.abs(ref_values[s.name] - b)
+            pair = _pair(ref_run, run, s, ref_values[s.name], b, upstream)
             if pair is None:
                 lost.append(s.name)
             else:
@@ -216,6 +226,26 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
         "tensors": list(table.values()),
         "first_divergence": _first_divergence(table),
     }
+
+
+def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
+    """The largest error ``s`` can carry from its input sites (``classify``'s ``carried``): an
+    Add's two input errors add up (every op in between in ``UNIT_GAIN_OPS``); a product
+    ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element by
+    element (``a``, ``b`` the reference's values); a site times a constant ``c`` by ``|c|``
+    times its input's error; other ops that may amplify an error get no credit."""
+    if s.unit_gain:
+        return sum(carried.get(i, 0.0) for i in s.inputs)
+    if s.gain is not None and len(s.inputs) == 1:
+        return carried.get(s.inputs[0], 0.0) * s.gain
+    if s.factors and all(f in diffs for f in s.factors):
+        (a, b), (da, db) = (ref_values[f] for f in s.factors), (diffs[f] for f in s.factors)
+        try:
+            bound = np.abs(b) * da + np.abs(a) * db + da * db
+        except ValueError:  # shapes that do not broadcast: no credit
+            return 0.0
+        return float(bound.max()) if bound.size else 0.0
+    return 0.0
 
 
 def _pair(ref_run, run, site: Site, a, b, carried: float) -> dict[str, Any] | None:
