@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
@@ -36,11 +37,18 @@ QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinea
 
 
 def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """The model; a quantized float16 graph (ModelOpt's default mode) read as float32, its Casts
+    between float types as Identity (``Float16GraphWarning``): the program's integer codes and
+    fixed-point scales are the file's, its float parts float32 instead of float16."""
     if isinstance(src, onnx.ModelProto):
-        return src
-    if not os.path.isfile(src):
+        model = src
+    elif not os.path.isfile(src):
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
-    return onnx.load(os.fspath(src))
+    else:
+        model = onnx.load(os.fspath(src))
+    if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
+        model = widen_float16(model, float_casts="identity")
+    return model
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
