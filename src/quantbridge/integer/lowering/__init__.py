@@ -88,6 +88,17 @@ def _check(model: onnx.ModelProto) -> None:
             "(adds, norms, softmax ...) run in float, so it has no integer-only program; "
             "quantize with activation_scope='all' (the default) to lower it"
         )
+    dynamic = [repr(node_name(n)) for n in nodes if n.op_type == "DynamicQuantizeLinear"]
+    if dynamic:
+        raise LoweringError(
+            f"cannot lower dynamic quantization: DynamicQuantizeLinear {', '.join(dynamic[:3])}"
+            f"{f' (and {len(dynamic) - 3} more)' if len(dynamic) > 3 else ''}: the activation "
+            "scales and zero points are computed from each input at run time (ONNX Runtime's "
+            "quantize_dynamic), so the rescales of an integer-only program would change with "
+            "every input: none exists. Quantize the float model statically instead (`quantbridge "
+            "quantize FLOAT.onnx --calib CALIB.npz -o Q.onnx`, qb.quantize with calibration data, "
+            "or onnxruntime's quantize_static) and lower that file"
+        )
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "

@@ -52,6 +52,16 @@ class FoldQOperator:
 def check_foldable(g: GraphView) -> None:
     """ValueError for a float model, and for a QuantizeLinear whose DequantizeLinear partner
     uses other parameters (the pair would not be a quantization but a silent rescale)."""
+    dynamic = [label(n) for n in g.nodes if n.op_type == "DynamicQuantizeLinear"]
+    if dynamic:
+        raise ValueError(
+            f"the model is dynamically quantized (ONNX Runtime's quantize_dynamic: "
+            f"{', '.join(dynamic[:3])}{', ...' if len(dynamic) > 3 else ''} "
+            "feeding ConvInteger / MatMulInteger): its activation scales are computed from each "
+            "input at run time, and QLinearConv / QLinearMatMul need fixed ones. Quantize the "
+            "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
+            "onnxruntime's quantize_static in QDQ format), then fold that file"
+        )
     if not {n.op_type for n in g.nodes} & set(_QDQ):
         raise ValueError(
             "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "
