@@ -21,6 +21,7 @@ from onnx import numpy_helper
 from torch import nn
 
 import quantbridge as qb
+from quantbridge.torch import _ops
 from quantbridge.torch._quantizer import Quantizer
 
 
@@ -104,3 +105,24 @@ def test_a_nonzero_constant_pad_keeps_its_own_grid(tmp_path):
     producer = {o: n for n in file.graph.node for o in n.output}
     (node,) = [n for n in file.graph.node if n.op_type == "Pad"]
     assert producer[node.input[0]].op_type == "DequantizeLinear"
+
+
+def test_a_checkpoint_from_before_keeps_its_pad_quantizer(tmp_path, monkeypatch):
+    """A ``.qb`` saved when every pad had a quantizer of its own (no ``pads_on_grid`` in its
+    header) loads as it was placed, bit for bit; a new one loads with the pad on its input's grid.
+    Without the record the load would fail ("different architecture")."""
+    model, data = PadConv(nn.ZeroPad2d(1)), _data(2, 1)
+    with monkeypatch.context() as m:
+        m.setattr(_ops, "PAD_OPS", {})  # the placement as it was: a pad was a float op
+        old = qb.quantize(model, data, recipe="int8", progress=False)
+    assert "pad/pad" in _quantizers(old)
+    del old.qb_capture["pads_on_grid"]  # not in old headers
+    qb.save(old, tmp_path / "old.qb")
+    loaded = qb.load(tmp_path / "old.qb", PadConv(nn.ZeroPad2d(1)))
+    assert _quantizers(loaded) == _quantizers(old)
+    x = _data(1, 2)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(x), old(x))
+    new = qb.quantize(model, data, recipe="int8", progress=False)
+    qb.save(new, tmp_path / "new.qb")
+    assert _quantizers(qb.load(tmp_path / "new.qb", PadConv(nn.ZeroPad2d(1)))) == _quantizers(new)

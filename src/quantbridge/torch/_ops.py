@@ -122,6 +122,9 @@ PAD_OPS: dict[object, object] = {
     ),
     aten.constant_pad_nd.default: lambda n: _arg(n, 2, n.kwargs.get("value", 0.0)) == 0.0,
 }
+# node.meta key: this pad keeps a grid of its own, as every pad had before zero padding moved
+# (``prepare(pads_on_grid=False)``: ``load`` of a checkpoint saved before)
+PAD_OWN_GRID = "qb_pad_own_grid"
 
 # Ops that are the identity in eval mode but rescale values in training (see IDENTITY_IN_EVAL).
 IDENTITY_IN_EVAL_OPS: frozenset = frozenset({aten.dropout.default})
@@ -345,8 +348,9 @@ def op_role(node: torch.fx.Node) -> Role:
         return Role.ARITHMETIC
     if target in DATA_MOVEMENT_OPS:
         return Role.DATA_MOVEMENT
-    if target in PAD_OPS:
-        return Role.DATA_MOVEMENT if PAD_OPS[target](node) else Role.FLOAT
+    if target in PAD_OPS:  # OWN_GRID: as placed before pads moved (an older checkpoint)
+        moves = PAD_OPS[target](node) and not node.meta.get(PAD_OWN_GRID)
+        return Role.DATA_MOVEMENT if moves else Role.FLOAT
     if target in IDENTITY_IN_EVAL_OPS:
         return Role.IDENTITY_IN_EVAL
     if target in FOLDABLE_ACTIVATIONS:
