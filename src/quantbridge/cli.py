@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from . import __version__
@@ -293,8 +294,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    with quiet_torch():  # the library is quiet itself; this covers the demo's other torch calls
+    with quiet_torch(), warnings.catch_warnings():  # quiet_torch: the demo's other torch calls
+        warnings.simplefilter("default")
+        warnings.showwarning = _warning_printer(args.command)
         return args.run(args)
+
+
+def _warning_printer(command: str):
+    """``warnings.showwarning`` for a command: ``quantbridge CMD: warning: ...`` on stderr, once per
+    text (``compare`` imports a file once per engine), without the source line (quantbridge's
+    own, or ``sys:1``: no user code is on the stack)."""
+    shown: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"quantbridge {command}: warning: {message}", file=file or sys.stderr)
+
+    return show
 
 
 __all__ = ["main"]

@@ -6,10 +6,19 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantbridge.debug._sens_metrics import Outputs, mean_cosine, metric_fn, sqnr_db, top1
+import quantbridge as qb
+from quantbridge.debug._sens_metrics import (
+    Outputs,
+    check_budget,
+    mean_cosine,
+    metric_fn,
+    sqnr_db,
+    top1,
+)
 
 
 def _outs(*batches) -> Outputs:
@@ -58,3 +67,18 @@ def test_top1_against_labels_and_against_float():
 def test_unknown_metric_names_the_known_ones():
     with pytest.raises(ValueError, match=r"\['cosine', 'sqnr', 'top1'\]"):
         metric_fn("psnr")
+
+
+@pytest.mark.parametrize(
+    ("metric", "budget", "hint"),
+    [("cosine", 40.0, r"\[-1, 1\].*sqnr takes dB"), ("top1", 98.0, r"\[0, 1\].*0.98 for 98 %")],
+)
+def test_a_budget_the_metric_cannot_reach_is_refused(metric, budget, hint, capsys):
+    # regression: `quantbridge sensitivity ... --budget 40` (cosine, the default metric) kept
+    # every layer float and reported "achieved 1"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    data = [torch.randn(2, 4)]
+    with pytest.raises(ValueError, match=rf"budget {budget:g} is outside what {metric}.*{hint}"):
+        qb.sensitivity(model, data, data, metric=metric, budget=budget, progress=False)
+    check_budget("sqnr", 40.0)  # dB: any number
+    check_budget("cosine", 0.999)

@@ -97,12 +97,15 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             site = _site(node, slots, consts, producer, names, len(sites), seen_scales)
             if site is not None:
                 sites[site.name] = site
+        elif node.op_type == "DynamicQuantizeLinear":
+            site = _dynamic_site(node, producer, len(sites))
+            sites[site.name] = site
         elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
             aliases.setdefault(node.input[0], []).append(node.output[0])
     if not sites:
         raise ValueError(
-            f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear or QLinear* "
-            "op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
+            f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
+            "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
         )
     nodes = {n.output[0]: n for n in graph.node if n.output}
     out = [
@@ -222,6 +225,16 @@ def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | No
         layer = names.get(scale_name, layer)
     seen_scales.add(scale_name)
     return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
+
+
+def _dynamic_site(node, producer, order) -> Site:
+    """A ``DynamicQuantizeLinear``'s uint8 codes: its scale and zero point are computed from each
+    input's range at run time, so the site has no fixed step (``scale`` None)."""
+    source = node.input[0]
+    p = producer.get(source)
+    op = p.op_type if p is not None else "input"
+    return Site(node.output[0], order, op, node.name or source, None, 0, onnx.TensorProto.UINT8,
+                source)  # fmt: skip
 
 
 def match_names(sites: list[Site], available: set[str]) -> dict[str, str]:

@@ -29,7 +29,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="evaluation arrays keyed by input name (an array 'labels' for top1 accuracy)",
     )  # fmt: skip
     p.add_argument("--metric", choices=("sqnr", "cosine", "top1"), default="cosine")
-    p.add_argument("--budget", type=float, help="lower bound on the metric for the recipe")
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="lower bound on the metric (sqnr: dB; cosine: 0.999; top1: 0.98)",
+    )
     p.add_argument(
         "--wider", choices=("int16",),
         help="repair with int16 activations instead of float layers",

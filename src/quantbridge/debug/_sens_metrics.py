@@ -68,6 +68,25 @@ METRICS: dict[str, Callable[[Outputs, Outputs, np.ndarray | None], float]] = {
 }
 
 
+# the values a metric can take: a budget outside them is a unit mistake (a cosine of 40, a top-1
+# of 98 for 98 %), refused instead of keeping every layer float in search of it
+METRIC_RANGES: dict[str, tuple[float, float, str]] = {
+    "cosine": (-1.0, 1.0, "a similarity such as 0.999; --metric sqnr takes dB"),
+    "top1": (0.0, 1.0, "a fraction: 0.98 for 98 %"),
+}
+
+
+def check_budget(metric: str, budget: float) -> None:
+    """ValueError for a ``budget`` the metric cannot reach, naming the metric's range."""
+    if metric in METRIC_RANGES:
+        lo, hi, hint = METRIC_RANGES[metric]
+        if not lo <= budget <= hi:
+            raise ValueError(
+                f"budget {budget:g} is outside what {metric} can reach ([{lo:g}, {hi:g}]); "
+                f"give {hint}"
+            )
+
+
 def metric_fn(name: str) -> Callable[[Outputs, Outputs, np.ndarray | None], float]:
     if name not in METRICS:
         raise ValueError(f"metric {name!r} is unknown; use one of {sorted(METRICS)}")

@@ -55,7 +55,7 @@ from ..torch._nodes import module_of
 from ..torch._ops import Role, op_role
 from ..torch._progress import progress_enabled, stage
 from ..torch._record import CONTAINER
-from ._sens_metrics import Outputs, metric_fn
+from ._sens_metrics import Outputs, check_budget, metric_fn
 from ._sens_model import Subject, from_onnx, from_torch, is_onnx
 from ._sens_search import estimate_search, prune
 
@@ -160,6 +160,8 @@ def sensitivity(
         raise ValueError(f"wider={wider!r} is unknown; use None (keep float) or one of {WIDER}")
     if budget is not None and not isinstance(budget, (int, float)):
         raise TypeError(f"budget must be a number (a lower bound on {metric}), got {budget!r}")
+    if budget is not None:
+        check_budget(metric, budget)
     if isinstance(model, QuantModel) and budget is not None:
         raise ValueError(
             "a QuantModel can be ranked but not repaired (the repair quantizes again); pass the "

@@ -7,6 +7,7 @@ measured against them and dropped, so memory holds two engines' tensors, not eve
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -27,7 +28,11 @@ _PAIR_DEFAULTS = ("ort-ref", "torch-quant", "torch-float")
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    """The error's first line; for OpenVINO's, whose first line is only the C++ location
+    ("Exception from src/core/...cpp:298:"), its last line, which says what failed."""
+    text = [line for line in str(e).strip().splitlines() if line.strip()]
+    if len(text) > 1 and re.fullmatch(r"Exception from \S+:\d+:", text[0].strip()):
+        text = text[-1:]
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 

@@ -335,6 +335,8 @@ def _rebuild(header: dict, model: nn.Module) -> QuantModel:
         smooth["split"] = capture.get("split_ranges")  # the range-group split (torch.ptq)
         # older checkpoints: padding="same" convs were captured as such and stayed float
         smooth["explicit_padding"] = capture.get("explicit_padding", False)
+        # older checkpoints: every pad had a quantizer of its own
+        smooth["pads_on_grid"] = capture.get("pads_on_grid", False)
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"the checkpoint's header is corrupted ({e!r})") from None
     saved_class, this_class = header.get("model_class", "?"), _class_name(model)

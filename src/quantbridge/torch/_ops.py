@@ -7,7 +7,8 @@ Rules are data (named property sets), not if/elif chains. Placement asks one que
   (per-channel along ``WEIGHT_AXIS``), int32 bias (scale = input scale x weight scale) and output.
 * ``ARITHMETIC`` - functional ops between activations (add, mul, matmul, bmm, cat): every
   tensor input quantized, output quantized.
-* ``DATA_MOVEMENT`` - ops that commute with quantization (max-pool, reshape, permute, slicing...):
+* ``DATA_MOVEMENT`` - ops that commute with quantization (max-pool, reshape, permute, slicing, zero
+  or copying padding ...):
   ``quantize(f(x)) == f(quantize(x))`` with the same parameters, so the output reuses the input's
   quantizer and no new range is observed.
 * ``IDENTITY_IN_EVAL`` - dropout: the identity in eval mode (so its output lies on its input's
@@ -108,6 +109,22 @@ DATA_MOVEMENT_OPS: frozenset = frozenset(
         aten.t.default,
     }
 )
+
+# Padding: op -> function(node) telling whether it only copies values or writes zeros. Reflect,
+# replicate and circular padding copy elements; a constant 0 lies on every affine grid
+# (``dequantize(zero_point) == 0`` exactly), so zero padding commutes with quantization as MaxPool
+# does and its output shares the input's grid (ONNX Runtime then pads the int8 codes, no
+# requantization). A non-zero constant is in general off the grid: such a pad stays FLOAT.
+PAD_OPS: dict[object, object] = {
+    aten.pad.default: lambda n: (
+        _arg(n, 2, n.kwargs.get("mode", "constant")) != "constant"
+        or _arg(n, 3, n.kwargs.get("value")) in (None, 0.0)
+    ),
+    aten.constant_pad_nd.default: lambda n: _arg(n, 2, n.kwargs.get("value", 0.0)) == 0.0,
+}
+# node.meta key: this pad keeps a grid of its own, as every pad had before zero padding moved
+# (``prepare(pads_on_grid=False)``: ``load`` of a checkpoint saved before)
+PAD_OWN_GRID = "qb_pad_own_grid"
 
 # Ops that are the identity in eval mode but rescale values in training (see IDENTITY_IN_EVAL).
 IDENTITY_IN_EVAL_OPS: frozenset = frozenset({aten.dropout.default})
@@ -331,6 +348,9 @@ def op_role(node: torch.fx.Node) -> Role:
         return Role.ARITHMETIC
     if target in DATA_MOVEMENT_OPS:
         return Role.DATA_MOVEMENT
+    if target in PAD_OPS:  # OWN_GRID: as placed before pads moved (an older checkpoint)
+        moves = PAD_OPS[target](node) and not node.meta.get(PAD_OWN_GRID)
+        return Role.DATA_MOVEMENT if moves else Role.FLOAT
     if target in IDENTITY_IN_EVAL_OPS:
         return Role.IDENTITY_IN_EVAL
     if target in FOLDABLE_ACTIVATIONS:

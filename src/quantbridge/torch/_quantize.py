@@ -21,6 +21,7 @@ from ._fakequant import Quantizer, WeightQuantizer
 from ._fold_affine import fold_affine as fold_affine_ops
 from ._fold_affine_input import fold_affine_inputs
 from ._model import QuantModel
+from ._ops import PAD_OPS, PAD_OWN_GRID
 from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters, tensor_storages
 from ._placement import CONTAINER, place_quantizers
@@ -72,6 +73,7 @@ def prepare(
     smoothed: list[str] | None = None,
     split: dict | None = None,
     explicit_padding: bool = True,
+    pads_on_grid: bool = True,
 ) -> QuantModel:
     """Capture ``model``, fold batch norms, place observing quantizers (no calibration yet).
 
@@ -80,7 +82,9 @@ def prepare(
     instead of measuring (``load`` replays the saved decision). ``ptq_batches`` ((args, kwargs)
     calls; default: the example) feed the recipe's float methods (``torch.ptq``); ``smoothed``
     names the tensors an earlier SmoothQuant divided (``load`` replays them). ``explicit_padding``:
-    see ``capture`` (``load`` passes False for checkpoints older than it). With ``fold_bn``,
+    see ``capture`` (``load`` passes False for checkpoints older than it). ``pads_on_grid``: zero
+    padding shares its input's grid (``_ops.PAD_OPS``; False: each pad gets its own quantizer, as
+    placed before, for older checkpoints). With ``fold_bn``,
     ``recipe.fold_affine`` folds constant ``* k`` / ``+ t`` next to a conv/linear into it."""
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
@@ -120,6 +124,10 @@ def prepare(
         recipe = replace(recipe.with_rules(*outlier_rules(found)), float_outlier_residuals=False)
     if separate_concats is None:
         separate_concats = sorted(mismatched_concats(gm, example_args, example_kwargs))
+    if not pads_on_grid:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in PAD_OPS:
+                node.meta[PAD_OWN_GRID] = True
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
     if recipe.reader_bounds:  # a value only relu / clamp / hard-swish reads: their interval
         limit_observed_ranges(gm)
@@ -138,6 +146,7 @@ def prepare(
         "fold_bn": fold_bn,
         "separate_concats": list(separate_concats),
         "explicit_padding": explicit_padding,  # string-padding convs quantized (_conv_padding)
+        "pads_on_grid": pads_on_grid,  # zero padding on its input's grid (_ops.PAD_OPS)
     }
     if recipe.split_ranges:
         qmodel.qb_capture["split_ranges"] = split

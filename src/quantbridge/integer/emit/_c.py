@@ -321,6 +321,18 @@ def _gather(c: _Ctx, k: str, step) -> str:
     return f"    for (int i = 0; i < {c.size(step.output)}; i++) {y}[i] = {x}[{k}_i[i]];\n"
 
 
+@_register("pad")
+def _pad(c: _Ctx, k: str, step) -> str:
+    """A gather whose padded positions (index -1) write the zero point."""
+    source = np.arange(c.size(step.inputs[0])).reshape(c.shapes[step.inputs[0]])
+    c.const("int32_t", f"{k}_i", KERNELS["pad"]({**step.attrs, "value": -1}, source))
+    x, y, value = c.names[step.inputs[0]], c.names[step.output], step.attrs["value"]
+    return (
+        f"    for (int i = 0; i < {c.size(step.output)}; i++)\n"
+        f"        {y}[i] = {k}_i[i] < 0 ? ({c.ctype(step.output)}){value} : {x}[{k}_i[i]];\n"
+    )
+
+
 def emit_c(program: Any, directory: str | os.PathLike, input_shapes=None) -> list[str]:
     """Write ``qb_model.h`` / ``qb_model.c`` for ``program`` into ``directory``; the paths."""
     directory = os.fspath(directory)

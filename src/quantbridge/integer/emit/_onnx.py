@@ -311,6 +311,14 @@ def _gather(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Gather", [flat, g.const(index)], out, axis=0)
 
 
+@_register("pad")
+def _pad(g: _Graph, step, ins: list[str], out: str) -> None:
+    a = step.attrs
+    dtype = np.dtype(g.program.tensors[step.inputs[0]].dtype)
+    constant = [g.const(a["value"], dtype)] if a["mode"] == "constant" else []
+    g.op("Pad", [ins[0], g.const(list(a["pads"])), *constant], out, mode=a["mode"])
+
+
 def to_onnx(program: Any, input_shapes=None) -> onnx.ModelProto:
     """The program as an integer-only ONNX model (inputs and outputs: integer codes)."""
     shapes = program.tensor_shapes(input_shapes)

@@ -112,6 +112,20 @@ def gather(attrs, x: np.ndarray) -> np.ndarray:
     return np.take(x, attrs["indices"], axis=attrs["axis"])
 
 
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+
+
+@register_kernel("pad")
+def pad(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX Pad on codes: ``pads`` (begins for every axis, then ends; non-negative), ``mode``
+    constant (writing ``value``: the zero point, the code of 0), reflect, edge or wrap."""
+    n = x.ndim
+    widths = list(zip(attrs["pads"][:n], attrs["pads"][n:], strict=True))
+    if attrs["mode"] == "constant":
+        return np.pad(x, widths, constant_values=attrs["value"])
+    return np.pad(x, widths, mode=PAD_MODES[attrs["mode"]])
+
+
 @register_kernel("identity")
 def identity(attrs, x: np.ndarray) -> np.ndarray:
     return x

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
@@ -36,11 +37,18 @@ QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinea
 
 
 def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """The model; a quantized float16 graph (ModelOpt's default mode) read as float32, its Casts
+    between float types as Identity (``Float16GraphWarning``): the program's integer codes and
+    fixed-point scales are the file's, its float parts float32 instead of float16."""
     if isinstance(src, onnx.ModelProto):
-        return src
-    if not os.path.isfile(src):
+        model = src
+    elif not os.path.isfile(src):
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
-    return onnx.load(os.fspath(src))
+    else:
+        model = onnx.load(os.fspath(src))
+    if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
+        model = widen_float16(model, float_casts="identity")
+    return model
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
@@ -79,6 +87,17 @@ def _check(model: onnx.ModelProto) -> None:
             f"the model was quantized with activation_scope={scope!r}: its element-wise ops "
             "(adds, norms, softmax ...) run in float, so it has no integer-only program; "
             "quantize with activation_scope='all' (the default) to lower it"
+        )
+    dynamic = [repr(node_name(n)) for n in nodes if n.op_type == "DynamicQuantizeLinear"]
+    if dynamic:
+        raise LoweringError(
+            f"cannot lower dynamic quantization: DynamicQuantizeLinear {', '.join(dynamic[:3])}"
+            f"{f' (and {len(dynamic) - 3} more)' if len(dynamic) > 3 else ''}: the activation "
+            "scales and zero points are computed from each input at run time (ONNX Runtime's "
+            "quantize_dynamic), so the rescales of an integer-only program would change with "
+            "every input: none exists. Quantize the float model statically instead (`quantbridge "
+            "quantize FLOAT.onnx --calib CALIB.npz -o Q.onnx`, qb.quantize with calibration data, "
+            "or onnxruntime's quantize_static) and lower that file"
         )
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(

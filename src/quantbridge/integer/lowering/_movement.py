@@ -1,6 +1,6 @@
 """Lowering of ops that commute with quantization: data movement (Reshape, Flatten, Transpose,
-Squeeze, Unsqueeze, Slice, Split (one Slice per output), nearest Resize, Identity, Dropout) and
-MaxPool.
+Squeeze, Unsqueeze, Slice, Split (one Slice per output), nearest Resize, Identity, Dropout, Pad
+with zeros or copies) and MaxPool.
 
 ``moved`` applies one such op to any symbolic value: a program tensor gets a movement step
 (same scale and zero point), an integer constant is folded now, a pending kernel result is
@@ -18,7 +18,7 @@ import onnx
 
 from .._program import Boundary, QTensor
 from ..kernels import KERNELS
-from ..kernels._movement import COORDINATES
+from ..kernels._movement import COORDINATES, PAD_MODES
 from ._core import (
     Accumulator,
     Builder,
@@ -245,6 +245,35 @@ MOVEMENTS = {
 }
 for _op, (_kernel, _attrs) in MOVEMENTS.items():
     register_lowering(_op)(_movement(_kernel, _attrs))
+
+
+@register_lowering("Pad")
+def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Padding with zeros (the zero point's code) or copies (reflect / edge / wrap) of a
+    quantized tensor: its grid, its codes moved (what ``qb.export`` writes for a zero pad)."""
+    mode = attrs_of(node).get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    v, pads = ins[0], _ints(node, ins[1], "pads") if len(ins) > 1 else None
+    constant = ins[2] if len(ins) > 2 else None
+    if len(ins) > 3 and ins[3] is not None:
+        raise LoweringError(f"{describe_node(node)}: Pad with axes is not lowered")
+    if pads is None or any(p < 0 for p in pads) or mode not in PAD_MODES:
+        raise LoweringError(
+            f"{describe_node(node)}: only non-negative constant pads in mode constant, reflect, "
+            f"edge or wrap are lowered (got pads={pads}, mode={mode!r})"
+        )
+    if not isinstance(v, QValue):
+        raise LoweringError(f"{describe_node(node)}: the padded tensor must be integer codes")
+    value = v.tensor.zero_point
+    expected = value if v.integer else 0.0  # codes (Q -> Pad) or dequantized values (DQ -> Pad)
+    if mode == "constant" and constant is not None:
+        if not isinstance(constant, Const) or np.any(np.asarray(constant.array) != expected):
+            raise LoweringError(
+                f"{describe_node(node)}: pads with a constant other than 0 (the code "
+                f"{value}): not on the tensor's grid"
+            )
+    attrs = {"pads": tuple(int(p) for p in pads), "mode": mode, "value": int(value)}
+    return [moved(b, node, v, "pad", attrs)]
 
 
 @register_lowering("Split")

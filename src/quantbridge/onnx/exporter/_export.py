@@ -57,6 +57,7 @@ from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
+from ._pad_codes import pad_on_codes
 from ._relu_quant import relu_into_quantize
 from ._reuse import reused_program
 from ._torch_onnx import export_program
@@ -155,6 +156,7 @@ def to_onnx(
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
+    pad_on_codes(model)  # a zero / copying Pad on its input's grid pads the codes
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _record(model, qmodel)

@@ -39,9 +39,16 @@ def is_float16(proto: onnx.ModelProto) -> bool:
     return any(_float16_parts(g) for g in _graphs(proto.graph))
 
 
-def widen_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
+def widen_float16(proto: onnx.ModelProto, *, float_casts: str = "keep") -> onnx.ModelProto:
     """A float32 copy of a float16 graph (``proto`` itself when it has nothing float16), with a
-    ``Float16GraphWarning`` naming the file's input / output Casts."""
+    ``Float16GraphWarning`` naming the file's input / output Casts.
+
+    ``float_casts="identity"``: the main graph's Casts from a float type to a float type (the
+    input and output Casts, float32 to float32 once widened) become ``Identity`` nodes of the same
+    name, for the passes that have no Cast (``onnx.fold``, ``integer.lower``). A Cast whose input
+    type shape inference cannot tell is kept."""
+    if float_casts not in ("keep", "identity"):
+        raise ValueError(f"float_casts must be 'keep' or 'identity', got {float_casts!r}")
     if not is_float16(proto):
         return proto
     inputs = {i.name for i in proto.graph.input}
@@ -65,6 +72,8 @@ def widen_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     wide.CopyFrom(proto)
     for graph in _graphs(wide.graph):
         _widen_graph(graph)
+    if float_casts == "identity":
+        _float_casts_as_identity(proto, wide.graph)
     warnings.warn(
         "the ONNX file computes in float16 (float16 weights, scales and activations; input Casts: "
         f"{', '.join(in_casts) or 'none'}; output Casts: {', '.join(out_casts) or 'none'}"
@@ -73,7 +82,7 @@ def widen_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
             if typed
             else ""
         )
-        + "); quantbridge imports it in float32 (scales, zero points and integer codes kept "
+        + "); quantbridge reads it in float32 (scales, zero points and integer codes kept "
         "exactly, the Casts to float16 made float32), so its outputs differ from the file's by "
         "float16 rounding (~1e-3 relative)",
         Float16GraphWarning,
@@ -107,6 +116,25 @@ def _float16_parts(graph: onnx.GraphProto) -> bool:
             if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT16:
                 return True
     return False
+
+
+def _float_casts_as_identity(proto: onnx.ModelProto, wide: onnx.GraphProto) -> None:
+    """Cast nodes of ``wide`` (the widened main graph of ``proto``) from a float type to a float
+    type in ``proto``, replaced by ``Identity``."""
+    try:
+        typed = onnx.shape_inference.infer_shapes(proto, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - unknown ops or broken shapes: the declared types only
+        typed = proto.graph
+    dtype = {t.name: t.data_type for t in typed.initializer}
+    for v in (*typed.input, *typed.output, *typed.value_info):
+        dtype[v.name] = v.type.tensor_type.elem_type
+    floats = (FLOAT, FLOAT16)
+    for i, node in enumerate(wide.node):
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and to in floats and dtype.get(node.input[0]) in floats:
+            wide.node[i].CopyFrom(
+                onnx.helper.make_node("Identity", [node.input[0]], [node.output[0]], node.name)
+            )
 
 
 def _widened(tensor: onnx.TensorProto) -> onnx.TensorProto:

@@ -54,6 +54,7 @@ from ...optables import (
     WEIGHTED_OPS,
     WeightSlots,
 )
+from ..importer._fp16 import is_float16
 from ._concat import separate_scale_concats
 from ._graph import FLOAT_TYPES, QUANT_TYPES, Graph, bits_for_range, type_name, type_range
 from ._report import InspectReport, TensorInfo, WeightInfo
@@ -420,6 +421,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         weights=_weights(g),
         qdq_ops=qdq_ops,
         concats=separate_scale_concats(g),
+        float16=is_float16(model),
     )
 
 

@@ -73,6 +73,7 @@ class InspectReport:
     weights: list[WeightInfo] = field(default_factory=list)
     qdq_ops: list[str] = field(default_factory=list)  # ops a DQ feeds or a Q reads
     concats: list[str] = field(default_factory=list)  # Concats with inputs on separate scales
+    float16: bool = False  # float16 weights / scales / compute (ModelOpt's default mode)
 
     @property
     def float_weights(self) -> list[WeightInfo]:
@@ -107,6 +108,9 @@ class InspectReport:
             "int8 ops:  " + (_counts(self.int8_ops) or "none"),
             "float ops: " + (_counts(self.float_ops) or "none"),
         ]
+        if self.float16:
+            lines.insert(3, "float16:   the graph computes in float16 (float16 weights, scales or "
+                         "Casts); import_onnx, fold and lower read it as float32, grids kept exactly")  # fmt: skip
         if self.float_nodes:
             lines.append("           " + _names(self.float_nodes))
         if self.form == "QDQ+QOperator" and self.qdq_ops:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ..importer._fp16 import widen_float16
 from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they register folds)
 from ._graph import MS_DOMAIN, GraphView, label
 from ._normalize import normalize
@@ -51,6 +52,16 @@ class FoldQOperator:
 def check_foldable(g: GraphView) -> None:
     """ValueError for a float model, and for a QuantizeLinear whose DequantizeLinear partner
     uses other parameters (the pair would not be a quantization but a silent rescale)."""
+    dynamic = [label(n) for n in g.nodes if n.op_type == "DynamicQuantizeLinear"]
+    if dynamic:
+        raise ValueError(
+            f"the model is dynamically quantized (ONNX Runtime's quantize_dynamic: "
+            f"{', '.join(dynamic[:3])}{', ...' if len(dynamic) > 3 else ''} "
+            "feeding ConvInteger / MatMulInteger): its activation scales are computed from each "
+            "input at run time, and QLinearConv / QLinearMatMul need fixed ones. Quantize the "
+            "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
+            "onnxruntime's quantize_static in QDQ format), then fold that file"
+        )
     if not {n.op_type for n in g.nodes} & set(_QDQ):
         raise ValueError(
             "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "
@@ -129,7 +140,9 @@ def fold(
     """Fold a QDQ ONNX model into ONNX integer operators; write it to ``dst`` (if given).
 
     ``src`` is a path or a ``ModelProto``. Returns the folded model. Ops without an integer form
-    stay in QDQ form (``quantbridge inspect`` names them). Raises ``ValueError`` for a float
+    stay in QDQ form (``quantbridge inspect`` names them). A float16 graph (ModelOpt's default
+    mode) is folded as float32, its Casts between float types as Identity
+    (``Float16GraphWarning``): the integer operators take float32 scales. Raises ``ValueError`` for a float
     model and for a Q/DQ pair whose parameters differ, ``FileNotFoundError`` for a missing file.
     """
     if isinstance(src, onnx.ModelProto):
@@ -145,7 +158,8 @@ def fold(
             raise ValueError(f"{os.fspath(src)}: not an ONNX model (no IR version or graph)")
     else:
         raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
-    folded = FoldQOperator()(model).model
+    # QLinearConv & co. take float32 scales: a float16 graph (ModelOpt) folds as float32 (warns)
+    folded = FoldQOperator()(widen_float16(model, float_casts="identity")).model
     if dst is not None:
         onnx.save(folded, os.fspath(dst))
     return folded
