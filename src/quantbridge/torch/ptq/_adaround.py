@@ -18,7 +18,10 @@ linear; transposed and 3-D convs keep round-to-nearest), in graph order:
    minimises ``||y - y~||^2 / ||y - y_rtn||^2 + reg_weight * mean(1 - |2h - 1|^beta)`` on random
    batches of rows, ``beta`` annealed from 20 to 2 after a warm-up without regulariser;
 5. the hard rounding ``floor(w / s) + (V >= 0)`` is written into the weight as its dequantized
-   value (an exact grid point, so export stores exactly those integers). If it reconstructs the
+   value (an exact grid point, so export stores exactly those integers); ``float_mode`` still
+   runs the float weight (``keep_float_weight``), so the sequential bias correction after it
+   corrects against the float model (it used to take the rounded weights as its float
+   reference, and so undid the mean the rounding had absorbed from upstream). If it reconstructs the
    held-out fifth of the rows worse than round-to-nearest, the layer keeps round-to-nearest.
 
 Scales and zero points stay as frozen. Rounding formulas: ``numerics._adaround``.
@@ -48,7 +51,7 @@ from ...numerics import (
 )
 from ...recipe import AdaRound
 from .._fakequant import WeightQuantizer
-from .._model import QuantModel, float_mode
+from .._model import QuantModel, float_mode, keep_float_weight
 from .._ops import FOLDABLE_ACTIVATIONS
 from .._progress import progress_bar, stage
 from ._graph import conv_geometry, groups_of
@@ -306,8 +309,10 @@ def _round_layer(layer, rows, target, config, gen, progress, name) -> LayerResul
     error_hard = error(hard, held)
     kept = "adaround" if error_hard <= error_nearest else "nearest"
     chosen = hard if kept == "adaround" else nearest
+    float_weight = w.clone()  # ``w`` shares the parameter's storage
     with torch.no_grad():
         layer.weight.copy_(chosen)
+    keep_float_weight(q, layer.weight, float_weight)
     return LayerResult(
         name=q.name,
         rows=int(rows.shape[0]),
