@@ -157,6 +157,29 @@ def test_grouped_conv_error_in_float64_on_fresh_data(quantized):
     assert err_ada < 0.85 * err_near, (err_ada, err_near)
 
 
+def test_a_layer_with_fewer_rows_than_weights_keeps_nearest():
+    """Regression: a squeeze-excite conv reads one pooled position per image, so it has as many
+    rows as calibration images (7 on PP-OCRv4 det): AdaRound fitted 6 rows with hundreds of
+    weight flips per layer and "checked" them on one held-out row. With fewer training rows than
+    weights per output channel the layer now keeps round-to-nearest; the conv before it (12 x 12
+    positions per image) still learns."""
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Conv2d(16, 16, 1),  # 16 weights per output channel, 8 rows (8 images)
+    ).eval()
+    data = _data(6, 2)[:2]
+    data = [x[:4] for x in data]
+    qm = qb.quantize(m, data, recipe="w4a8", progress=False)
+    config = dataclasses.replace(CONFIG, iterations=30, rows=256)
+    results = adaround(qm, [((x,), {}) for x in data], config, progress=False)
+    assert [r.rows for r in results] == [256, 8]
+    assert results[1].kept == "nearest" and results[1].flipped == 0
+    assert results[0].flipped > 0
+
+
 def test_exported_file_matches_torch_in_onnx_runtime(tmp_path):
     ada = qb.quantize(_model(), _data(1), recipe="native", progress=False)
     assert any(r.flipped for r in adaround(ada, [((x,), {}) for x in _data(1)], CONFIG, False))

@@ -26,6 +26,7 @@ from ._graph import CONV_OPS, groups_of, record
 
 aten = torch.ops.aten
 MODES = ("minmax", "mse", "output")
+CENTERED = False  # experiment: Var(x_j) instead of E[x_j^2] (bias correction removes the mean)
 
 
 def _layers(qmodel) -> list[tuple[torch.fx.Node, WeightQuantizer]]:
@@ -50,16 +51,20 @@ def _importance(qmodel, layers, batches) -> dict:
     """Per layer, ``E[x_j^2]`` of each weight's input as a (channels, fan-in) float64 array."""
     sums: dict = {}
     counts: dict = {}
+    firsts: dict = {}
 
     def on_args(node, args):
         x, w = args[0], args[1]
         with torch.no_grad():
             taps = tap_means(node, x.double() * x.double(), w)
+            first = tap_means(node, x.double(), w) if CENTERED else None
         if taps is None:
             raise ValueError(f"weight_ranges='output': layer {node.name} has a form it cannot read")
         mean, count = taps
         sums[node] = sums.get(node, 0) + mean * count
         counts[node] = counts.get(node, 0) + count
+        if first is not None:
+            firsts[node] = firsts.get(node, 0) + first[0] * count
 
     with float_mode(qmodel):
         record(qmodel, batches, {n for n, _ in layers}, lambda n, v: None, on_args)
@@ -67,6 +72,8 @@ def _importance(qmodel, layers, batches) -> dict:
     for node, q in layers:
         w = qmodel.get_parameter(q.weight_name)
         d = (sums[node] / counts[node]).reshape(-1)
+        if CENTERED:
+            d = (d - (firsts[node] / counts[node]).reshape(-1) ** 2).clamp_min(0)
         groups = groups_of(node) if node.target in CONV_OPS else 1
         per_group = d.reshape(groups, 1, -1).expand(groups, w.shape[0] // groups, -1)
         out[node] = per_group.reshape(w.shape[0], -1).numpy()
