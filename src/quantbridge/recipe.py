@@ -191,7 +191,8 @@ class Recipe:
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
     # per-channel weight scales (symmetric signed): "minmax", or the clip with the least squared
     # rounding error, each weight counted alike ("mse") or by its input's E[x^2] on the
-    # calibration data ("output": the layer's output error); ``torch.ptq._weight_ranges``
+    # calibration data ("output": the layer's output error; Var(x) with bias correction, which
+    # removes the error's mean); ``torch.ptq._weight_ranges``
     weight_ranges: str = "minmax"
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")

@@ -37,12 +37,15 @@ def _model() -> nn.Module:
 
 def _data() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    # per-channel input scales differ: the importance then differs across a row's weights
-    return [torch.randn(4, 3, 6, 6, generator=g) * torch.tensor([0.2, 1.0, 3.0])[:, None, None]]
+    # per-channel input scales and means differ: the importance then differs across a row's weights
+    return [
+        torch.randn(4, 3, 6, 6, generator=g) * torch.tensor([0.2, 1.0, 3.0])[:, None, None] + 0.5
+    ]
 
 
-def _importance(m, data) -> list[np.ndarray]:
-    """Per weighted layer of ``m``, E[x_j^2] per weight as (out channels, fan-in), float64."""
+def _importance(m, data, centered) -> list[np.ndarray]:
+    """Per weighted layer of ``m``, E[x_j^2] (``centered``: Var(x_j)) per weight as (out
+    channels, fan-in), float64."""
     inputs: dict = {}
     hooks = [
         mod.register_forward_pre_hook(lambda mod, a: inputs.setdefault(mod, []).append(a[0]))
@@ -58,10 +61,13 @@ def _importance(m, data) -> list[np.ndarray]:
     for mod, xs in inputs.items():
         x = torch.cat(xs).double()
         if isinstance(mod, nn.Linear):
-            d = (x * x).mean(0)[None].expand(mod.out_features, -1)
+            d = x.var(0, correction=0) if centered else (x * x).mean(0)
+            d = d[None].expand(mod.out_features, -1)
         else:
             cols = F.unfold(x, mod.kernel_size, padding=mod.padding)  # (N, C*k*k, L)
-            sq = (cols * cols).mean((0, 2))  # input channel major, as weight.reshape(out, -1)
+            cols = cols.transpose(1, 2).reshape(-1, cols.shape[1])  # (positions, taps)
+            # input channel major, as weight.reshape(out, -1)
+            sq = cols.var(0, correction=0) if centered else (cols * cols).mean(0)
             g = mod.groups
             d = sq.reshape(g, 1, -1).expand(g, mod.out_channels // g, -1)
             d = d.reshape(mod.out_channels, -1)
@@ -69,15 +75,20 @@ def _importance(m, data) -> list[np.ndarray]:
     return found
 
 
-@pytest.mark.parametrize("mode", ["output", "mse"])
-def test_scales_are_the_weighted_mse_argmin(mode):
+@pytest.mark.parametrize(
+    ("mode", "bias_correction"), [("output", False), ("output", True), ("mse", False)]
+)
+def test_scales_are_the_weighted_mse_argmin(mode, bias_correction):
+    """With bias correction "output" counts Var(x_j): the correction removes the error's mean."""
     m, data = _model(), _data()
     # 4-bit weights: clipping pays on some channels there (at 8 bits, with these few weights per
     # channel, the plain squared error never clips)
-    recipe = dataclasses.replace(qb.Recipe.preset("w4a8"), weight_ranges=mode)
+    recipe = dataclasses.replace(
+        qb.Recipe.preset("w4a8"), weight_ranges=mode, bias_correction=bias_correction
+    )
     qm = qb.quantize(m, data, recipe=recipe, progress=False)
     layers = weighted_layers(qm)
-    importance = _importance(m, data)
+    importance = _importance(m, data, bias_correction)
     assert len(layers) == len(importance) == 3
     clipped = 0
     for layer, d in zip(layers, importance, strict=True):

@@ -9,7 +9,8 @@ terms cancel, and the usual diagonal-Hessian approximation otherwise):
 .. math:: \\mathrm{err}_i(s) = \\sum_j d_j \\, (w_{ij} - \\mathrm{fq}(w_{ij}; s))^2,
           \\qquad d_j = E[x_j^2]
 
-``d = 1`` everywhere is the plain squared weight error. The scale of channel ``i`` is chosen among
+``d = 1`` everywhere is the plain squared weight error. With ``d_j = Var(x_j)`` it is the
+variance of that output error (the part a bias correction, which removes its mean, leaves). The scale of channel ``i`` is chosen among
 ``s = r * max_j |w_ij| / qmax`` for the clip ratios ``r``: the smallest error wins, ties go to the
 larger ratio (the wider grid, so ``r = 1``, the min-max scale, wins whenever nothing is better).
 """

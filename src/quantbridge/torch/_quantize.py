@@ -252,7 +252,7 @@ def calibrate_and_freeze(
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
     if freeze_weights:  # PTQ only: QAT's weight ranges follow the weights
-        fit_weight_ranges(qmodel, recipe.weight_ranges, batches)
+        fit_weight_ranges(qmodel, recipe.weight_ranges, batches, bool(recipe.bias_correction))
     warn_dead_ranges(qmodel)
     fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
     if ada is not None:  # learned rounding first; bias correction then measures what is left

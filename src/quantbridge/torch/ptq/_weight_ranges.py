@@ -8,7 +8,10 @@ channel on a symmetric signed grid: each channel's scale becomes the clipped one
 * ``"output"``: weight ``j`` counted by ``E[x_j^2]``, the mean square of the input it multiplies
   (a conv's tap of input channel ``c`` at kernel offset ``k``, zero padding included, as the
   bias correction's ``tap_means`` on ``x^2``) on the float model's inputs over the calibration
-  batches: the layer's output error from its weights, less the inputs' cross terms.
+  batches: the layer's output error from its weights, less the inputs' cross terms. With bias
+  correction in the recipe, ``Var(x_j) = E[x_j^2] - E[x_j]^2`` instead: the correction removes
+  the error's mean (``e . E[x]``), so what is left is its variance. Measured on PP-OCRv4 det
+  (the split-ranges row, repeat 0, ORT fused): E[x^2] 19.83 dB, Var 20.51, min-max 20.11.
 
 Other weights (per tensor, asymmetric, learnable, transposed convs) keep their min-max scales.
 Formulas: ``numerics._weight_ranges``.
@@ -26,7 +29,6 @@ from ._graph import CONV_OPS, groups_of, record
 
 aten = torch.ops.aten
 MODES = ("minmax", "mse", "output")
-CENTERED = False  # experiment: Var(x_j) instead of E[x_j^2] (bias correction removes the mean)
 
 
 def _layers(qmodel) -> list[tuple[torch.fx.Node, WeightQuantizer]]:
@@ -47,8 +49,9 @@ def _layers(qmodel) -> list[tuple[torch.fx.Node, WeightQuantizer]]:
     return found
 
 
-def _importance(qmodel, layers, batches) -> dict:
-    """Per layer, ``E[x_j^2]`` of each weight's input as a (channels, fan-in) float64 array."""
+def _importance(qmodel, layers, batches, centered: bool) -> dict:
+    """Per layer, ``E[x_j^2]`` (``centered``: ``Var(x_j)``) of each weight's input as a
+    (channels, fan-in) float64 array."""
     sums: dict = {}
     counts: dict = {}
     firsts: dict = {}
@@ -57,7 +60,7 @@ def _importance(qmodel, layers, batches) -> dict:
         x, w = args[0], args[1]
         with torch.no_grad():
             taps = tap_means(node, x.double() * x.double(), w)
-            first = tap_means(node, x.double(), w) if CENTERED else None
+            first = tap_means(node, x.double(), w) if centered else None
         if taps is None:
             raise ValueError(f"weight_ranges='output': layer {node.name} has a form it cannot read")
         mean, count = taps
@@ -72,7 +75,7 @@ def _importance(qmodel, layers, batches) -> dict:
     for node, q in layers:
         w = qmodel.get_parameter(q.weight_name)
         d = (sums[node] / counts[node]).reshape(-1)
-        if CENTERED:
+        if centered:
             d = (d - (firsts[node] / counts[node]).reshape(-1) ** 2).clamp_min(0)
         groups = groups_of(node) if node.target in CONV_OPS else 1
         per_group = d.reshape(groups, 1, -1).expand(groups, w.shape[0] // groups, -1)
@@ -80,9 +83,10 @@ def _importance(qmodel, layers, batches) -> dict:
     return out
 
 
-def fit_weight_ranges(qmodel, mode: str, batches=None) -> int:
+def fit_weight_ranges(qmodel, mode: str, batches=None, centered: bool = False) -> int:
     """Set the weight scales of ``qmodel``'s per-channel layers by ``mode`` (module docstring);
-    ``batches`` ((args, kwargs) calibration calls) for ``"output"``. Returns the layers set."""
+    ``batches`` ((args, kwargs) calibration calls) for ``"output"``, ``centered`` (the recipe
+    has bias correction) for ``Var(x_j)``. Returns the layers set."""
     if mode not in MODES:
         raise ValueError(f"Recipe.weight_ranges={mode!r}: use one of {MODES}")
     if mode == "minmax":
@@ -91,7 +95,7 @@ def fit_weight_ranges(qmodel, mode: str, batches=None) -> int:
     if mode == "output":
         if not batches:
             raise ValueError("weight_ranges='output' needs calibration batches; got none")
-        importance = _importance(qmodel, layers, list(batches))
+        importance = _importance(qmodel, layers, list(batches), centered)
     for node, q in layers:
         w = qmodel.get_parameter(q.weight_name).detach()
         d = importance[node] if mode == "output" else None
