@@ -122,13 +122,42 @@ def test_float_mode_runs_the_float_weights(quantized):
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
     assert torch.equal(before, after)
     # a weight written after AdaRound (say, loaded) is no longer replaced by the old float copy
-    w = weighted_layers(ada)[0].weight
+    layer = weighted_layers(ada)[0]
+    w, record = layer.weight, layer.quantizer.__dict__["_float_weight"]
     saved = w.detach().clone()
     with torch.no_grad():
         w.mul_(2.0)
         with qb.float_mode(ada):
             assert torch.equal(w, saved * 2.0)
         w.copy_(saved)
+    layer.quantizer.__dict__["_float_weight"] = (w, record[1], w._version)  # for the next tests
+
+
+def test_one_pass_bias_correction_sees_the_adaround_weights(quantized):
+    """The one-pass correction quantizes each weight inside ``float_mode``; there the float
+    weight is swapped in, and the quantizer must give AdaRound's rounding back, not round the
+    float weight to nearest. Its shift for the grouped conv (AdaRound kept there) against an
+    independent float64 mean of ``conv(x, W_float) - conv(Q(x), W_adaround)``, ``x`` the float
+    model's input to it."""
+    from quantbridge.torch.ptq._bias_correction import _corrected_layers, _local_shifts
+
+    m, _, ada, results = quantized
+    assert results[1].kept == "adaround" and results[1].flipped > 0
+    data = _data(7, 2)
+    node = _corrected_layers(ada)[1]
+    shift = _local_shifts(ada, [node], [((x,), {}) for x in data])[node]
+    xq_of = ada.get_submodule(node.args[0].target)  # the quantizer of its input
+    w_ada = weighted_layers(ada)[1].weight.detach().double()
+    w = m[2].weight.detach().double()
+    with torch.no_grad():
+        diffs = []
+        for x in data:
+            h = m[1](m[0](x))
+            y = F.conv2d(h.double(), w, padding=1, groups=4)
+            diffs.append(y - F.conv2d(xq_of(h).double(), w_ada, padding=1, groups=4))
+    ref = torch.cat(diffs).mean((0, 2, 3))
+    # float64 both ways, different summation orders: 1e-9 of the shifts' size
+    torch.testing.assert_close(shift.double(), ref, rtol=1e-9, atol=1e-9 * float(ref.abs().max()))
 
 
 def test_grouped_conv_error_in_float64_on_fresh_data(quantized):

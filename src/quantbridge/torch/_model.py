@@ -206,6 +206,7 @@ def _swap_float_weights(quantizers: list) -> list:
                 del m.__dict__["_float_weight"]  # the parameter changed since: stale
                 continue
             swapped.append((m, param, weight, param.detach().clone()))
+            m.__dict__["_rounded_weight"] = swapped[-1][3]  # what the quantizer gives if enabled
             param.copy_(weight)
     return swapped
 
@@ -214,6 +215,7 @@ def _restore_weights(swapped: list) -> None:
     with torch.no_grad():
         for m, param, weight, rounded in swapped:
             param.copy_(rounded)
+            m.__dict__.pop("_rounded_weight", None)
             m.__dict__["_float_weight"] = (param, weight, param._version)
 
 
