@@ -189,8 +189,9 @@ def keep_float_weight(
     (AdaRound writes its hard rounding into the parameter, so that export and checkpoints carry
     it): ``float_mode`` runs ``float_weight``, so the float references made from it (sequential
     bias correction, ``compare``, sensitivity) are the float model's, not the rounded weights'.
-    Not saved in checkpoints; forgotten once ``param`` is written by anything else (its version
-    counter moved)."""
+    Not saved in checkpoints; forgotten once ``param`` is written by anything else or the model
+    is copied or pickled (the version counter moved or restarted: ``float_mode`` then runs the
+    rounded weights, as before AdaRound kept them)."""
     quantizer.__dict__["_float_weight"] = (param, float_weight.detach().clone(), param._version)
 
 
