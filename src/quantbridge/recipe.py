@@ -134,6 +134,7 @@ _LATER = {
     "bias_correction_mask": "",
     "bias_correction_check": False,
     "bias_correction_shrink": False,
+    "weight_ranges": "minmax",
 }
 
 
@@ -188,6 +189,11 @@ class Recipe:
     # samples): c * c^2 / (c^2 + se^2) (``numerics.shrink_bias_shift``); few samples fit noise
     bias_correction_shrink: bool = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
+    # per-channel weight scales (symmetric signed): "minmax", or the clip with the least squared
+    # rounding error, each weight counted alike ("mse") or by its input's E[x^2] on the
+    # calibration data ("output": the layer's output error; Var(x) with bias correction, which
+    # removes the error's mean); ``torch.ptq._weight_ranges``
+    weight_ranges: str = "minmax"
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
     float_outlier_residuals: bool = False
@@ -219,6 +225,7 @@ class Recipe:
             object.__setattr__(self, "smoothquant", float(sq))
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
+        check_choice("Recipe.weight_ranges", self.weight_ranges, ("minmax", "mse", "output"))
         check_bias_correction(
             self.bias_correction,
             self.bias_correction_mask,

@@ -104,6 +104,62 @@ def test_each_layer_reconstructs_better_than_nearest(quantized):
     assert len(ratios) >= 3 and all(x < 0.8 for x in ratios), ratios
 
 
+def test_float_mode_runs_the_float_weights(quantized):
+    """Regression: AdaRound writes its rounding into the weights, and ``float_mode`` ran those
+    rounded weights, so the sequential bias correction after it (whose float reference is
+    ``float_mode``) corrected towards the rounded model. Now ``float_mode`` runs the float
+    weights and gives the float model back; leaving it restores the rounded weights bitwise."""
+    m, _, ada, _ = quantized
+    x = _data(3, 1)[0]
+    with torch.no_grad():
+        before = ada(x)
+        with qb.float_mode(ada):
+            got = ada(x)
+        after = ada(x)
+        ref = m(x)
+    # the same float32 graph math as the float model (measured: equal to the last bit here;
+    # 1e-6 allows another summation order)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(before, after)
+    # a weight written after AdaRound (say, loaded) is no longer replaced by the old float copy
+    layer = weighted_layers(ada)[0]
+    w, record = layer.weight, layer.quantizer.__dict__["_float_weight"]
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w.mul_(2.0)
+        with qb.float_mode(ada):
+            assert torch.equal(w, saved * 2.0)
+        w.copy_(saved)
+    layer.quantizer.__dict__["_float_weight"] = (w, record[1], w._version)  # for the next tests
+
+
+def test_one_pass_bias_correction_sees_the_adaround_weights(quantized):
+    """The one-pass correction quantizes each weight inside ``float_mode``; there the float
+    weight is swapped in, and the quantizer must give AdaRound's rounding back, not round the
+    float weight to nearest. Its shift for the grouped conv (AdaRound kept there) against an
+    independent float64 mean of ``conv(x, W_float) - conv(Q(x), W_adaround)``, ``x`` the float
+    model's input to it."""
+    from quantbridge.torch.ptq._bias_correction import _corrected_layers, _local_shifts
+
+    m, _, ada, results = quantized
+    assert results[1].kept == "adaround" and results[1].flipped > 0
+    data = _data(7, 2)
+    node = _corrected_layers(ada)[1]
+    shift = _local_shifts(ada, [node], [((x,), {}) for x in data])[node]
+    xq_of = ada.get_submodule(node.args[0].target)  # the quantizer of its input
+    w_ada = weighted_layers(ada)[1].weight.detach().double()
+    w = m[2].weight.detach().double()
+    with torch.no_grad():
+        diffs = []
+        for x in data:
+            h = m[1](m[0](x))
+            y = F.conv2d(h.double(), w, padding=1, groups=4)
+            diffs.append(y - F.conv2d(xq_of(h).double(), w_ada, padding=1, groups=4))
+    ref = torch.cat(diffs).mean((0, 2, 3))
+    # float64 both ways, different summation orders: 1e-9 of the shifts' size
+    torch.testing.assert_close(shift.double(), ref, rtol=1e-9, atol=1e-9 * float(ref.abs().max()))
+
+
 def test_grouped_conv_error_in_float64_on_fresh_data(quantized):
     """Independent of the module's rows and bookkeeping: the grouped conv's output on new inputs,
     recomputed in float64 by F.conv2d from the same quantized input, is closer to the float model
@@ -128,6 +184,29 @@ def test_grouped_conv_error_in_float64_on_fresh_data(quantized):
         err_ada = float(((out(seen[0], layer.weight) - ref) ** 2).sum())
     # measured 0.7x; the held-out rows said 0.73
     assert err_ada < 0.85 * err_near, (err_ada, err_near)
+
+
+def test_a_layer_with_fewer_rows_than_weights_keeps_nearest():
+    """Regression: a squeeze-excite conv reads one pooled position per image, so it has as many
+    rows as calibration images (7 on PP-OCRv4 det): AdaRound fitted 6 rows with hundreds of
+    weight flips per layer and "checked" them on one held-out row. With fewer training rows than
+    weights per output channel the layer now keeps round-to-nearest; the conv before it (12 x 12
+    positions per image) still learns."""
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Conv2d(16, 16, 1),  # 16 weights per output channel, 8 rows (8 images)
+    ).eval()
+    data = _data(6, 2)[:2]
+    data = [x[:4] for x in data]
+    qm = qb.quantize(m, data, recipe="w4a8", progress=False)
+    config = dataclasses.replace(CONFIG, iterations=30, rows=256)
+    results = adaround(qm, [((x,), {}) for x in data], config, progress=False)
+    assert [r.rows for r in results] == [256, 8]
+    assert results[1].kept == "nearest" and results[1].flipped == 0
+    assert results[0].flipped > 0
 
 
 def test_exported_file_matches_torch_in_onnx_runtime(tmp_path):

@@ -40,6 +40,7 @@ from ._scheme import (
     granularity_from_dict,
     storage_dtype,
 )
+from ._weight_ranges import weighted_mse_scales, weighted_rounding_error
 from ._xp import normalize_axis
 
 __all__ = [
@@ -81,4 +82,6 @@ __all__ = [
     "shrink_bias_shift",
     "saturating_rounding_doubling_high_mul",
     "storage_dtype",
+    "weighted_mse_scales",
+    "weighted_rounding_error",
 ]

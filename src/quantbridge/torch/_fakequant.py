@@ -53,6 +53,9 @@ class WeightQuantizer(Quantizer):
             return torch.ops.quantbridge.dequantize(
                 self.export_qweight, self.export_scale, self.export_zero_point, self.axis
             )
+        rounded = self.__dict__.get("_rounded_weight")
+        if rounded is not None:  # enabled inside float_mode, which swapped the float weight in
+            return rounded  # (``keep_float_weight``): AdaRound's rounding, not a new one
         if self.learnable:
             zero_point = (
                 self.zero_point if self.zero_point.is_floating_point() else self.zero_point.float()

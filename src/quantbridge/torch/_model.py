@@ -5,7 +5,7 @@ It is a ``torch.fx.GraphModule`` (the captured computation with quantizers in it
 * keeps the user's parameters at their original state-dict keys (quantizer state lives under
   ``_quantbridge.*``),
 * runs with INT8 semantics (fake quantization) by default; ``float_mode`` bypasses every quantizer
-  without touching weights,
+  (and runs the float value of a weight AdaRound rounded in place, ``keep_float_weight``),
 * falls back to the original model for attributes and methods it does not have itself,
 * carries the recipe and the placement record (``qb_points``) as plain data for export, save and
   debug tools.
@@ -182,21 +182,63 @@ class QuantModel(torch.fx.GraphModule):
 FLOAT_SWITCHES: list[type] = []
 
 
+def keep_float_weight(
+    quantizer: nn.Module, param: torch.Tensor, float_weight: torch.Tensor
+) -> None:
+    """Record ``float_weight`` as the float value of ``param``, which now holds a rounded copy
+    (AdaRound writes its hard rounding into the parameter, so that export and checkpoints carry
+    it): ``float_mode`` runs ``float_weight``, so the float references made from it (sequential
+    bias correction, ``compare``, sensitivity) are the float model's, not the rounded weights'.
+    Not saved in checkpoints; forgotten once ``param`` is written by anything else or the model
+    is copied or pickled (the version counter moved or restarted: ``float_mode`` then runs the
+    rounded weights, as before AdaRound kept them)."""
+    quantizer.__dict__["_float_weight"] = (param, float_weight.detach().clone(), param._version)
+
+
+def _swap_float_weights(quantizers: list) -> list:
+    """Copy each recorded float weight into its parameter; returns what to restore."""
+    swapped = []
+    with torch.no_grad():
+        for m in quantizers:
+            param, weight, version = m.__dict__.get("_float_weight", (None, None, None))
+            if param is None:
+                continue
+            if param._version != version or param.shape != weight.shape:
+                del m.__dict__["_float_weight"]  # the parameter changed since: stale
+                continue
+            swapped.append((m, param, weight, param.detach().clone()))
+            m.__dict__["_rounded_weight"] = swapped[-1][3]  # what the quantizer gives if enabled
+            param.copy_(weight)
+    return swapped
+
+
+def _restore_weights(swapped: list) -> None:
+    with torch.no_grad():
+        for m, param, weight, rounded in swapped:
+            param.copy_(rounded)
+            m.__dict__.pop("_rounded_weight", None)
+            m.__dict__["_float_weight"] = (param, weight, param._version)
+
+
 @contextlib.contextmanager
 def float_mode(model: nn.Module):
     """Run ``model`` (a QuantModel, an EngineModel, or a model containing one) in float:
-    quantizers bypassed (an EngineModel runs its fp32 export)."""
+    quantizers bypassed (an EngineModel runs its fp32 export), weights AdaRound rounded at their
+    float values (``keep_float_weight``)."""
     saved = [(m, m.enabled) for m in model.modules() if isinstance(m, (Quantizer, BiasQuantizer))]
     switches = [
         (m, m.quantization_enabled) for m in model.modules() if isinstance(m, tuple(FLOAT_SWITCHES))
     ]
+    swapped = []
     try:
         for m, _ in saved:
             m.enabled = False
         for m, _ in switches:
             m.set_quantization(False)
+        swapped = _swap_float_weights([m for m, _ in saved])
         yield model
     finally:
+        _restore_weights(swapped)
         for m, enabled in saved:
             m.enabled = enabled
         for m, enabled in switches:

@@ -35,6 +35,7 @@ from .ptq._data import collect_calls, needs_batches
 from .ptq._equalize import equalize
 from .ptq._smoothquant import replay, smooth
 from .ptq._split_ranges import split_ranges
+from .ptq._weight_ranges import fit_weight_ranges
 
 
 class _FirstCall(Exception):
@@ -259,6 +260,8 @@ def calibrate_and_freeze(
         _calibrate(qmodel, _chain(first, calls), (args0, kwargs0), progress, total)
     sync_observers(qmodel)  # torch.distributed: combine every rank's statistics (else no-op)
     freeze(qmodel, weights=freeze_weights)
+    if freeze_weights:  # PTQ only: QAT's weight ranges follow the weights
+        fit_weight_ranges(qmodel, recipe.weight_ranges, batches, bool(recipe.bias_correction))
     warn_dead_ranges(qmodel)
     fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
     if ada is not None:  # learned rounding first; bias correction then measures what is left

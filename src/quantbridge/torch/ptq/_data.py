@@ -22,6 +22,7 @@ def needs_batches(recipe: Recipe) -> bool:
             ("smoothquant", recipe.smoothquant is not None),
             ("bias_correction", recipe.bias_correction),
             ("split_ranges", recipe.split_ranges),  # the channel ranges it cuts on
+            ("weight_ranges", recipe.weight_ranges == "output"),  # its E[x^2] per input
         )
         if on
     ]
