@@ -127,3 +127,19 @@ def test_a_partial_run_replaces_whole_workloads_and_the_cost_figure():
         merge.add_run(results, {**part, "mode": "full"})
     with pytest.raises(ValueError, match="1 calibration repeats, the run has 3"):
         merge.add_run(results, {**part, "plan": {"repeats": 1}})
+
+
+def test_a_partial_run_keeps_the_figures_it_did_not_run():
+    # `--figures accuracy` measures no speed: the run's speed figure of that workload stays,
+    # its accuracy rows are replaced
+    results = {**_run(), "mode": "quick", "plan": {"repeats": 3}}
+    results["workloads"]["ocr_det"]["speed"] = {"batch 1": {"kept": True}}
+    part = _run()
+    part["workloads"]["ocr_det"]["accuracy"]["rows"][1] = _row("nncf", "default", [16.0] * 3, True)
+    part |= {"mode": "quick", "plan": {"repeats": 3}, "command": "python -m bench --quick",
+             "started": "2026-12-02 04:50", "machine": {}}  # fmt: skip
+    assert merge.add_run(results, part) == ["ocr_det"]
+    entry = results["workloads"]["ocr_det"]
+    assert entry["speed"] == {"batch 1": {"kept": True}}
+    assert entry["accuracy"]["rows"][1]["tool"] == "nncf"
+    assert entry["accuracy"]["rows"][1] == part["workloads"]["ocr_det"]["accuracy"]["rows"][1]

@@ -10,8 +10,9 @@ addition under ``"added_rows"``, which the report's header prints: the report sa
 were measured when, at which version.
 
 A partial run (``python -m bench --quick --only W1,W2 --json PART.json``, same mode) can be added
-too: its workloads replace the run's whole entries (every figure of them: accuracy rows of every
-tool, speed), its cost figure the run's, each listed in ``"added_rows"`` the same way.
+too: each figure it measured of a workload replaces the run's (accuracy: the rows of every tool;
+speed), a figure it did not run (``--figures accuracy``) stays the run's; its cost figure replaces
+the run's; each is listed in ``"added_rows"`` the same way.
 
 Refused (``ValueError`` naming the file and the fix): a rows file for a workload the run did not
 measure, with another number of calibration repeats (the verdicts compare repeat by repeat), or a
@@ -85,7 +86,8 @@ def add_run(results: dict, part: dict, source: str = "partial run") -> list[str]
         )
     names = []
     for name, entry in part.get("workloads", {}).items():
-        results["workloads"][name] = {**entry, "added": True}
+        old = results["workloads"].get(name, {})
+        results["workloads"][name] = {**old, **entry, "added": True}  # figures not run: kept
         names.append(name)
     for key in ("cost", "cost_ocr_det"):
         if key in part:
