@@ -1,6 +1,7 @@
-"""A recurrent layer (nn.LSTM, nn.GRU, nn.RNN) has no int8 form here and runs in float: placement says
-so, naming the layer (regression sweep, 2026-12-02: both were left float without a word while
-every Linear around them was quantized)."""
+"""Layers with weights that stay float are named in placement's warning (regression sweep,
+2026-12-02: each was left float without a word while every Linear around it was quantized): a
+recurrent layer (nn.LSTM, nn.GRU, nn.RNN: no int8 cell here), and a matmul / einsum reading a
+parameter (``x @ self.proj``: the parameter is no weight to placement)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,25 @@ def test_recurrent_layer_left_float_is_warned():
     with torch.no_grad():
         ref, got = model(data[0]), qm(data[0])
     assert float(((ref - got) ** 2).sum() / (ref**2).sum()) < 1e-2
+
+
+class _ParameterProducts(nn.Module):
+    """``h @ self.proj`` (OpenAI CLIP's projections) and ``einsum(..., self.w)``: the parameter
+    is no weight to placement, the products run in float."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.proj = nn.Parameter(torch.randn(8, 16) * 0.3)
+        self.w = nn.Parameter(torch.randn(8, 4) * 0.3)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x)) @ self.proj.t()
+        return torch.einsum("bd,de->be", h, self.w)
+
+
+def test_product_with_a_parameter_left_float_is_warned():
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"2 layer\(s\) with weights stay float.*parameter proj.*"
+                      r"parameter w, .*nn.Linear"):  # fmt: skip
+        qb.quantize(_ParameterProducts().eval(), [torch.randn(4, 8)])

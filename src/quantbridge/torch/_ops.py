@@ -331,10 +331,40 @@ RECURRENT_OPS: frozenset = frozenset(
 _WEIGHTED_OVERLOADS |= RECURRENT_OPS
 
 
+# products that read a parameter or buffer as an operand (``x @ self.proj``, OpenAI CLIP's
+# projections, ``einsum("bd,de->be", x, self.w)``): the constant is no weight to placement and is
+# not quantized (CONSTANT_OPERAND_OPS), so the product runs in float
+_CONSTANT_PRODUCT_OPS: frozenset = frozenset(
+    {aten.matmul.default, aten.mm.default, aten.bmm.default, aten.einsum.default}
+)
+
+
+_TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+
+
+def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
+    found = []
+    for a in node.args[1] if node.target is aten.einsum.default else node.args[:2]:
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _TRANSPOSES:
+            a = a.args[0]
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            found.append(a)
+    return found
+
+
 def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
     """Why ``node``, an op with a weight that ``op_role`` leaves FLOAT, has no int8 form; None
     when it is not such an op."""
-    if node.op != "call_function" or node.target not in _WEIGHTED_OVERLOADS:
+    if node.op != "call_function":
+        return None
+    if node.target in _CONSTANT_PRODUCT_OPS and _constant_operands(node):
+        names = ", ".join(str(a.target) for a in _constant_operands(node))
+        return (
+            f"{node.target.__name__.split('.')[0]} of the parameter {names}, which is not quantized "
+            "(write the product as nn.Linear / F.linear to quantize it)"
+        )
+    if node.target not in _WEIGHTED_OVERLOADS:
         return None
     if op_role(node) is not Role.FLOAT:
         return None
