@@ -108,3 +108,30 @@ def test_sdpa_and_eager_attention_quantize_alike(mask, tmp_path):
     np.testing.assert_allclose(sdpa["ort"], eager["ort"], rtol=1e-5, atol=1e-5)
     for run in (sdpa, eager):
         np.testing.assert_allclose(run["ort"], run["torch"], rtol=1e-5, atol=1e-5)
+
+
+class _ViewAfterSdpa(nn.Module):
+    """``sdpa(...).permute(0, 2, 1, 3).view(...)``: valid on the fused kernels' (B, L, H, E)
+    memory layout (Hugging Face Data2Vec-vision, whose ``.contiguous()`` there torch.export drops).
+    Regression sweep, 2026-12-02: on the decomposed, contiguous P @ V the ``view`` failed, and
+    ``qb.quantize`` refused the model ("view size is not compatible ...")."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 4)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v)
+        return self.out(o.permute(0, 2, 1, 3).view(b, t, 16))
+
+
+def test_decomposed_sdpa_keeps_the_kernel_memory_layout():
+    torch.manual_seed(0)
+    model, data = _ViewAfterSdpa().eval(), [torch.randn(2, 5, 16) for _ in range(2)]
+    qm = qb.quantize(model, data)
+    with torch.no_grad():
+        ref, got = model(data[0]), qm(data[0])
+    # int8 QK^T and Linears only (measured 40.9 dB)
+    assert float(10 * torch.log10((ref**2).sum() / ((ref - got) ** 2).sum())) > 30

@@ -29,6 +29,8 @@ import enum
 
 import torch
 
+from ._nodes import is_float_tensor
+
 aten = torch.ops.aten
 
 
@@ -190,6 +192,26 @@ def feeds_float_input_only(node: torch.fx.Node) -> bool:
     )
 
 
+# Casts, and the shape checks torch.export leaves before them, that end an index computation.
+_CASTS: frozenset = frozenset({aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout})
+_CHECKS: frozenset = frozenset({aten._assert_tensor_metadata.default})
+
+
+def feeds_integer_cast_only(node: torch.fx.Node) -> bool:
+    """Every use of ``node`` ends in a cast to an integer or bool dtype, through float ops: the
+    value computes indices and stays float. OPT's positions ``(cumsum(mask) * mask - 1).long()``
+    on the float mask transformers builds when none is passed: quantized (step 16/255 over
+    0..15), position 7 became 6.97 and cast to 6, and every later token took a wrong position
+    embedding (random-init OPT, 16 tokens: SQNR vs float 4.4 dB; tokens 7-14 at 1-4 dB)."""
+    return _uses_end_in(
+        node,
+        ends=lambda user, value: (
+            user.target in _CHECKS or (user.target in _CASTS and not is_float_tensor(user))
+        ),
+        passes=lambda user, value: is_float_tensor(user) and user.target not in WEIGHTED_OPS,
+    )
+
+
 # Ops that divide by an input: op -> the divisor's position (x / y, 1 / y, 1 / sqrt(y)). A divisor
 # stays float: on an int8 grid a small denominator rounds to 0, and the quotient becomes inf, or
 # NaN for 0 / 0 (which fake-quant and ONNX Runtime then map to different codes). Measured on MIT
@@ -316,12 +338,50 @@ _WEIGHTED_OVERLOADS = frozenset(WEIGHTED_OPS) | {
     aten.conv2d.padding,
     aten.conv3d.padding,
 }
+# recurrent layers: no int8 cell here (their gates are float functions of int8 products); the
+# whole layer, weights included, runs in float (the exported file holds a float ONNX LSTM/GRU/RNN)
+RECURRENT_OPS: frozenset = frozenset(
+    getattr(getattr(aten, op), overload)
+    for op in ("lstm", "gru", "rnn_tanh", "rnn_relu")
+    for overload in ("input", "data")
+)
+_WEIGHTED_OVERLOADS |= RECURRENT_OPS
+
+
+# products that read a parameter or buffer as an operand (``x @ self.proj``, OpenAI CLIP's
+# projections, ``einsum("bd,de->be", x, self.w)``): the constant is no weight to placement and is
+# not quantized (CONSTANT_OPERAND_OPS), so the product runs in float
+_CONSTANT_PRODUCT_OPS: frozenset = frozenset(
+    {aten.matmul.default, aten.mm.default, aten.bmm.default, aten.einsum.default}
+)
+
+
+_TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+
+
+def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
+    found = []
+    for a in node.args[1] if node.target is aten.einsum.default else node.args[:2]:
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _TRANSPOSES:
+            a = a.args[0]
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            found.append(a)
+    return found
 
 
 def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
     """Why ``node``, an op with a weight that ``op_role`` leaves FLOAT, has no int8 form; None
     when it is not such an op."""
-    if node.op != "call_function" or node.target not in _WEIGHTED_OVERLOADS:
+    if node.op != "call_function":
+        return None
+    if node.target in _CONSTANT_PRODUCT_OPS and _constant_operands(node):
+        names = ", ".join(str(a.target) for a in _constant_operands(node))
+        return (
+            f"{node.target.__name__.split('.')[0]} of the parameter {names}, which is not quantized "
+            "(write the product as nn.Linear / F.linear to quantize it)"
+        )
+    if node.target not in _WEIGHTED_OVERLOADS:
         return None
     if op_role(node) is not Role.FLOAT:
         return None
@@ -329,6 +389,8 @@ def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
         return "a grouped transposed conv (its per-output-channel weight scales need groups=1)"
     if node.target in SCALED_SUM_OPS:
         return "beta * bias + alpha * x @ w with beta or alpha != 1"
+    if node.target in RECURRENT_OPS:
+        return f"a recurrent layer ({node.target.__name__}): quantbridge has no int8 recurrent cell"
     return f"{node.target} is in none of quantbridge's op tables"
 
 
@@ -343,8 +405,12 @@ def op_role(node: torch.fx.Node) -> Role:
             return Role.FLOAT  # beta * bias + alpha * x @ w: not a plain weighted op
         return Role.WEIGHTED
     if target in ARITHMETIC_OPS:
-        if feeds_float_input_only(node) or feeds_divisor_only(node):
-            return Role.FLOAT  # masked scores, a divisor (``+ eps``): see DIVISOR_INPUTS
+        if (
+            feeds_float_input_only(node)
+            or feeds_divisor_only(node)
+            or feeds_integer_cast_only(node)
+        ):
+            return Role.FLOAT  # masked scores, a divisor (``+ eps``), an index: see their docs
         return Role.ARITHMETIC
     if target in DATA_MOVEMENT_OPS:
         return Role.DATA_MOVEMENT

@@ -377,12 +377,12 @@ class _Planner:
         left_float = []  # (layer, reason): weighted ops no rule skips that stay float
         for node in list(self.graph.nodes):
             role = scoped_role(node, self.recipe.activation_scope)
+            reason = unquantized_weighted_reason(node)
+            if reason:
+                module, module_type = module_of(node)
+                if not self.recipe.for_module(module, module_type)[0]:
+                    left_float.append((module or node.name, reason))
             if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
-                reason = unquantized_weighted_reason(node)
-                if reason:
-                    module, module_type = module_of(node)
-                    if not self.recipe.for_module(module, module_type)[0]:
-                        left_float.append((module or node.name, reason))
                 continue
             module, module_type = module_of(node)
             self.seen_modules.add((module, module_type))

@@ -82,8 +82,33 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
             s = call(aten.masked_fill.Scalar, s, call(aten.logical_not.default, keep), -math.inf)
         out = call(aten.matmul.default, call(aten.softmax.int, s, -1), v)
     node.replace_all_uses_with(out)
+    _reshape_views(out, _val(node))
     graph.erase_node(node)
     return True
+
+
+_VIEWS_THROUGH = frozenset({aten.permute.default, aten.transpose.int, aten.slice.Tensor,
+                            aten.select.int, aten.unsqueeze.default, aten.alias.default})  # fmt: skip
+
+
+def _reshape_views(out: torch.fx.Node, sdpa_val) -> None:
+    """The fused kernels write SDPA's output in (B, L, H, E) memory, and code after them may
+    rely on it (Hugging Face Data2Vec-vision: ``out.permute(0, 2, 1, 3).contiguous().view(...)``,
+    whose ``contiguous`` ``torch.export`` drops as a no-op). The decomposed P @ V is contiguous:
+    a ``view`` reached through permutes and slices becomes a ``reshape`` (the same values; a
+    copy where a view is impossible), so that such a graph still runs."""
+    if not isinstance(sdpa_val, torch.Tensor) or sdpa_val.stride() == _val(out).stride():
+        return
+    stack, seen = [out], set()
+    while stack:
+        for user in list(stack.pop().users):
+            if user in seen or user.op != "call_function":
+                continue
+            seen.add(user)
+            if user.target is aten.view.default:
+                user.target = aten.reshape.default
+            elif user.target in _VIEWS_THROUGH:
+                stack.append(user)
 
 
 class _Caller:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KERNELS
+from ..kernels._movement import INDEX_MAPPED
 
 CTYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t",
           "int32": "int32_t", "int64": "int64_t"}  # fmt: skip
@@ -313,7 +314,7 @@ def _copy(c: _Ctx, k: str, step) -> str:
     return f"    memcpy({y}, {x}, sizeof {y});\n"
 
 
-@_register("transpose", "slice", "resize_nearest", "gather")
+@_register("transpose", "slice", "resize_nearest", "gather", *INDEX_MAPPED)
 def _gather(c: _Ctx, k: str, step) -> str:
     source = np.arange(c.size(step.inputs[0])).reshape(c.shapes[step.inputs[0]])
     c.const("int32_t", f"{k}_i", KERNELS[step.op](step.attrs, source))

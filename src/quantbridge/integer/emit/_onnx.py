@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..kernels import KERNELS
-from ..kernels._movement import resize_indices
+from ..kernels._movement import INDEX_MAPPED, resize_indices
 
 I64 = TensorProto.INT64
 
@@ -296,7 +296,7 @@ def _transpose(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Transpose", ins, out, perm=list(perm))
 
 
-@_register("slice", "resize_nearest", "gather")
+@_register("slice", "resize_nearest", "gather", *INDEX_MAPPED)
 def _gather(g: _Graph, step, ins: list[str], out: str) -> None:
     """A gather through the flat index map the numpy kernel computes on ``arange``."""
     shape = g.shapes[step.inputs[0]]

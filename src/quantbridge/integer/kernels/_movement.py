@@ -1,8 +1,9 @@
 """Data movement on integer codes: no arithmetic, the (scale, zero point) pass through.
 
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Gather (constant indices),
-nearest-neighbour Resize (a gather with index maps computed at lowering) and Identity move codes
-without changing them, so they commute with quantization exactly.
+nearest-neighbour Resize (a gather with index maps computed at lowering), Expand, Tile,
+DepthToSpace / SpaceToDepth and Identity move codes without changing them, so they commute with
+quantization exactly.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._registry import register_kernel
+
+# kernels that are a pure index map (each output code is one input code): the emitters gather
+# through the map the kernel computes on ``arange`` (besides transpose, slice, gather, resize)
+INDEX_MAPPED = ("expand", "tile", "depth_to_space", "space_to_depth")
 
 
 @register_kernel("reshape")
@@ -129,3 +134,36 @@ def pad(attrs, x: np.ndarray) -> np.ndarray:
 @register_kernel("identity")
 def identity(attrs, x: np.ndarray) -> np.ndarray:
     return x
+
+
+@register_kernel("expand")
+def expand(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX Expand: numpy broadcasting of ``x`` and ``shape`` (either may be the larger)."""
+    return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(attrs["shape"]))).copy()
+
+
+@register_kernel("tile")
+def tile(attrs, x: np.ndarray) -> np.ndarray:
+    return np.tile(x, tuple(attrs["repeats"]))
+
+
+@register_kernel("depth_to_space")
+def depth_to_space(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX DepthToSpace (N, C, H, W) -> (N, C / b^2, H b, W b); ``mode`` DCR (depth-column-row,
+    the default) or CRD (torch's ``pixel_shuffle``), as the ONNX operator spec writes them."""
+    n, c, h, w = x.shape
+    k = attrs["blocksize"]
+    if attrs["mode"] == "DCR":
+        y = x.reshape(n, k, k, c // k**2, h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // k**2, k, k, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return _contiguous(y.reshape(n, c // k**2, h * k, w * k))
+
+
+@register_kernel("space_to_depth")
+def space_to_depth(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX SpaceToDepth (N, C, H, W) -> (N, C b^2, H / b, W / b) (the inverse of DCR)."""
+    n, c, h, w = x.shape
+    k = attrs["blocksize"]
+    y = x.reshape(n, c, h // k, k, w // k, k).transpose(0, 3, 5, 1, 2, 4)
+    return _contiguous(y.reshape(n, c * k**2, h // k, w // k))

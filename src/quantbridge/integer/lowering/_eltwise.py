@@ -12,7 +12,9 @@ Rules, in the order a handler asks them:
    uint8 after a ReLU) narrows the clamp of the step that wrote them, or is one identity
    ``rescale_sum`` with that clamp;
 3. Add / Sub / Mul / Concat of program tensors (or integer constants) with any scales: a
-   ``Pending`` realized as ``rescale_sum`` / ``mul`` / ``concat`` with integer multipliers.
+   ``Pending`` realized as ``rescale_sum`` / ``mul`` / ``concat`` with integer multipliers;
+   a float constant tensor added to one program tensor goes on a fine int32 grid first
+   (``_float_constants_on_fine_grid``); a Concat of constants (shape arithmetic) is folded.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ...numerics import fixed_point_multiplier, fixed_point_multipliers
+from ...numerics import fixed_point_multiplier, fixed_point_multipliers, quantize
 from .._program import QTensor
 from ._core import (
     Builder,
@@ -193,6 +195,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
     if biased is not None:
         return [biased]
+    ins = _float_constants_on_fine_grid(node, ins)
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
@@ -207,6 +210,28 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
 
     return [Pending(name, realize)]
+
+
+def _float_constants_on_fine_grid(node: onnx.NodeProto, ins: list[Value | None]) -> list:
+    """Add / Sub of one program tensor ``x`` and a float constant tensor (a ViT's position
+    embedding, which the default recipe leaves unquantized): the constant as int32 codes on a
+    grid 256 times finer than ``x``'s (coarser only where that would exceed 2**24 codes), so
+    ``rescale_sum`` adds it with one rounding, as ONNX Runtime's float Add then QuantizeLinear
+    do; the constant's own rounding error is at most ``s_x / 512``."""
+    tensors = [v.tensor for v in ins if isinstance(v, QValue)]
+    if node.op_type not in ("Add", "Sub") or len(tensors) != 1:
+        return ins
+    out = []
+    for v in ins:
+        if isinstance(v, Const) and v.array.dtype.kind == "f":
+            c = np.asarray(v.array, np.float64)
+            scale = np.float64(tensors[0].scale) / 256
+            peak = float(np.abs(c).max()) / scale if c.size else 0.0
+            scale *= max(1.0, peak / 2**24)
+            q = quantize(c, scale, np.float64(0), -(2**31), 2**31 - 1)
+            v = QConst(np.asarray(q).astype(np.int32), np.asarray(scale), np.asarray(0), None)
+        out.append(v)
+    return out
 
 
 def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
@@ -224,8 +249,11 @@ def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
 
 @register_lowering("Concat")
 def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    axis = int(attrs_of(node)["axis"])
+    if all(isinstance(v, Const) for v in ins):  # shape arithmetic: Shape -> Concat -> Expand
+        return [Const(np.concatenate([v.array for v in ins], axis=axis))]
     parts = [_operand(b, node, v) for v in ins]
-    axis, name = int(attrs_of(node)["axis"]), node_name(node)
+    name = node_name(node)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in parts])

@@ -1,9 +1,12 @@
 """Lowering of ops that commute with quantization: data movement (Reshape, Flatten, Transpose,
-Squeeze, Unsqueeze, Slice, Split (one Slice per output), nearest Resize, Identity, Dropout, Pad
-with zeros or copies) and MaxPool.
+Squeeze, Unsqueeze, Slice, Split (one Slice per output), nearest Resize, Expand, Tile,
+DepthToSpace, SpaceToDepth, Identity, Dropout, Pad with zeros or copies) and MaxPool; and
+``Shape`` of a tensor whose shape is static (``lower(..., input_shapes=...)``), a constant.
 
 ``moved`` applies one such op to any symbolic value: a program tensor gets a movement step
-(same scale and zero point), an integer constant is folded now, a pending kernel result is
+(same scale and zero point), a constant (an integer initializer, or a float one such as a
+shape computation or a ViT's class token before its QuantizeLinear) is folded now, a pending
+kernel result is
 requantized first and moved after (the same codes, since requantization is elementwise and
 monotone; a weighted layer's accumulator moves too, for a float graph output),
 and a float function of one tensor moves its source.
@@ -45,6 +48,8 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
         return QValue(out, v.integer)
     if isinstance(v, QConst):
         return _fold(node, v, op, attrs)
+    if isinstance(v, Const):
+        return Const(KERNELS[op](attrs, v.array))
     if isinstance(v, Elementwise):
         out = b.like(node.output[0], v.source)
         b.step(op, name, [v.source], out, **attrs)
@@ -225,6 +230,14 @@ def _resize_attrs(node, ins, a) -> dict[str, Any]:
             "coordinates": coordinates, "nearest_mode": nearest}  # fmt: skip
 
 
+def _depth_attrs(node, ins, a) -> dict[str, Any]:
+    mode = a.get("mode", "DCR")
+    return {
+        "blocksize": int(a["blocksize"]),
+        "mode": mode.decode() if isinstance(mode, bytes) else mode,
+    }
+
+
 MOVEMENTS = {
     "Reshape": ("reshape", _reshape_attrs),
     "Flatten": ("flatten", lambda n, i, a: {"axis": int(a.get("axis", 1))}),
@@ -240,6 +253,10 @@ MOVEMENTS = {
             "axis": int(a.get("axis", 0)),
         },
     ),  # fmt: skip
+    "Expand": ("expand", lambda n, i, a: {"shape": tuple(_ints(n, i[1], "shape"))}),
+    "Tile": ("tile", lambda n, i, a: {"repeats": tuple(_ints(n, i[1], "repeats"))}),
+    "DepthToSpace": ("depth_to_space", _depth_attrs),
+    "SpaceToDepth": ("space_to_depth", lambda n, i, a: {"blocksize": int(a["blocksize"])}),
     "Identity": ("identity", lambda n, i, a: {}),
     "Dropout": ("identity", lambda n, i, a: {}),
 }
@@ -295,3 +312,19 @@ def _split(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         attrs = {"starts": (end - sizes[i],), "ends": (end,), "axes": (axis,), "steps": (1,)}
         outs.append(moved(b, part, ins[0], "slice", attrs))
     return outs
+
+
+@register_lowering("Shape")
+def _shape(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """The shape of a tensor whose dimensions are all static (shape inference from the graph's
+    input shapes): a constant that the shape arithmetic after it (Gather, Concat, Expand's
+    target ...) folds. ``start`` / ``end`` slice it (opset 15), clamped as Python's slicing."""
+    shape = b.shapes.get(node.input[0])
+    if shape is None or any(d is None for d in shape):
+        raise LoweringError(
+            f"{describe_node(node)}: the shape of {node.input[0]!r} is not static "
+            f"({shape}); lower with input_shapes={{name: shape}} (`--input-shape` on the CLI)"
+        )
+    a = attrs_of(node)
+    start, end = a.get("start", 0), a.get("end")
+    return [Const(np.asarray(shape[start:end], np.int64))]

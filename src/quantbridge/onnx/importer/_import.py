@@ -302,7 +302,8 @@ class _Graph:
         kept = []
         for node in self.nodes:
             inputs = [i for i in node.inputs if i]
-            if node.op_type in _RANDOM_OPS or not all(i in self.consts for i in inputs):
+            if (node.op_type in _RANDOM_OPS or node.domain == SITE_DOMAIN  # a quantizer stays
+                    or not all(i in self.consts for i in inputs)):  # fmt: skip
                 kept.append(node)
                 continue
             values = [self.consts[i] if i else None for i in node.inputs]
