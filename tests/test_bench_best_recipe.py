@@ -102,3 +102,10 @@ def test_transformer_row_runs_on_minilm_in_every_run():
     best = peers.ours_factory(peers.WEIGHTED_INPUTS)()
     assert best.activation_scope == "weighted_inputs" and best.smoothquant == "auto"
     assert best.weights == qb.Recipe.preset("native").weights
+
+
+def test_an_extra_row_that_is_already_configured_runs_once():
+    # `--ours-recipes` naming a row the figure already has ran it twice (session 11)
+    names = [(c.tool, c.name) for c in peers.configs(True, (peers.SPLIT_RANGES, "native"))]
+    assert names.count(("quantbridge", peers.SPLIT_RANGES)) == 1
+    assert names.count(("quantbridge", "native")) == 1

@@ -385,7 +385,8 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(Config("pytorch_fx", "x86", True, runner="torch", exclude=lines))
     if not quick:
         out.append(Config("pytorch_fx", "minmax", runner="torch", exclude=lines))
-    return out
+    seen: set[tuple[str, str]] = set()  # an extra row named again by --ours-recipes: once
+    return [c for c in out if (c.tool, c.name) not in seen and not seen.add((c.tool, c.name))]
 
 
 # -- quantizing ---------------------------------------------------------------------------------
