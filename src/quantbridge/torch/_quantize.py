@@ -209,8 +209,7 @@ def calibrate_and_freeze(
     ``recipe.adaround`` (PTQ only), AdaRound then sets the weights' rounding (``ptq``)."""
     ada = recipe.adaround if freeze_weights else None
     kept: list = []
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_float_module(model)
     if forward_loop is not None:
         if calib_data is not None:
             raise ValueError("pass either calib_data or forward_loop, not both")
@@ -263,6 +262,24 @@ def calibrate_and_freeze(
         correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
+
+
+def _check_float_module(model: Any) -> None:
+    """TypeError naming the fix for what torch.export cannot capture or should not re-quantize."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, QuantModel):
+        raise TypeError(
+            "model is already quantized (a QuantModel); quantize the float model it came from "
+            "(quantize leaves it unchanged) to use another recipe or other calibration data, or "
+            "train this one further as it is (QAT)"
+        )
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            f"model is a torch.jit.ScriptModule ({type(model).__name__}, from torch.jit.script or "
+            "torch.jit.trace), which torch.export cannot capture; pass the nn.Module you "
+            "scripted, or export it to ONNX and use quantize_onnx"
+        )
 
 
 def _cast_calls(calls, model_dtype):

@@ -6,8 +6,8 @@ Three checks, each with the fix in its message:
   of ``(inputs, labels)`` passed as is becomes ``model(inputs, labels)``; without this check
   torch.export fails deep inside with "too many positional arguments" and capture advice that
   does not apply.
-* ``cast_float64``: float64 calibration batches for a float32 model are cast to float32, and
-  said once (a ``UserWarning``), instead of failing inside the first convolution.
+* ``cast_float64``: float64 (and float16, bfloat16) calibration batches for a float32 model are
+  cast to float32, and said once (a ``UserWarning``), instead of failing inside the first convolution.
 * ``check_call`` (a forward pre-hook of every ``QuantModel``, and ``qb.export``'s example
   inputs): each input tensor against the placeholder the model was captured with - rank,
   dtype, and every dimension that capture fixed. Torch's own check is a guard assertion
@@ -70,17 +70,23 @@ def float_dtype(model: nn.Module) -> torch.dtype | None:
     return None
 
 
+_OTHER_FLOATS = (torch.float64, torch.float16, torch.bfloat16)
+
+
 def cast_float64(args: tuple, kwargs: dict, model_dtype: torch.dtype | None, warned: list):
-    """float64 tensors cast to float32 when the model is float32; warns once per ``warned``."""
+    """float64 / float16 / bfloat16 tensors cast to float32 when the model is float32; warns once
+    per ``warned``. (A half batch would otherwise fail in the first layer with torch's "Input type
+    (c10::Half) and bias type (float) should be the same", an error without the input's name.)"""
     if model_dtype != torch.float32:
         return args, kwargs
 
     def cast(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FLOATS:
             if not warned:
                 warned.append(True)
+                dtype = str(x.dtype).replace("torch.", "")
                 warnings.warn(
-                    "calibration batches are float64 and the model's weights float32: casting "
+                    f"calibration batches are {dtype} and the model's weights float32: casting "
                     "the batches to float32 (pass float32 tensors, e.g. x.float(), to silence "
                     "this)",
                     UserWarning,

@@ -25,7 +25,7 @@ import onnx
 from onnx import version_converter
 
 from ...recipe import Recipe, resolve_recipe
-from ...torch import CaptureError, quantize
+from ...torch import CaptureError, QuantModel, quantize
 from ...torch._progress import progress_scope
 from ..exporter import to_onnx
 from ..importer import import_onnx
@@ -65,6 +65,7 @@ def quantize_onnx(
     if opset is not None and opset < MIN_OPSET:
         raise ValueError(f"opset {opset}: a QDQ file needs opset >= {MIN_OPSET}; use --opset 13+")
     module = _import(model)
+    _refuse_quantized(model, module)
     if float_head:
         the_recipe = the_recipe.with_rules(*head_rules(model, module.onnx_names))
         the_recipe = the_recipe.with_rules(*output_rules(model, module, data.first()))
@@ -109,17 +110,28 @@ def load_model(src) -> onnx.ModelProto:
 
 
 def _recipe(recipe, method: str | None) -> Recipe:
-    if isinstance(recipe, (str, os.PathLike)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
-        path = Path(recipe)
-        if not path.is_file():
-            raise ValueError(f"recipe file {str(path)!r} not found")
-        text = path.read_text()
-        resolved = Recipe.from_json(text) if path.suffix == ".json" else Recipe.from_yaml(text)
-    else:
-        resolved = resolve_recipe(recipe)
+    resolved = resolve_recipe(recipe)  # a preset, a Recipe, its dict or a .yaml / .json file
     if method is not None:
         resolved = replace(resolved, activations=replace(resolved.activations, method=method))
     return resolved
+
+
+def _refuse_quantized(model: onnx.ModelProto, module) -> None:
+    """ValueError when the file is already INT8 (QDQ, QOperator, dynamic): nothing to calibrate."""
+    if not isinstance(module, QuantModel):
+        return
+    ops = sorted(
+        {
+            n.op_type
+            for n in model.graph.node
+            if "Quant" in n.op_type or "Integer" in n.op_type or n.op_type.startswith("QLinear")
+        }
+    )
+    raise ValueError(
+        f"the model is already quantized ({', '.join(ops)}); quantize_onnx takes a float model: "
+        "pass the float file it came from, or fine-tune this one as it is "
+        "(qb.import_onnx gives a trainable QuantModel)"
+    )
 
 
 def default_opset(model: onnx.ModelProto) -> int:
