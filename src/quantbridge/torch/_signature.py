@@ -51,7 +51,34 @@ def bind_first_batch(model: nn.Module, args: tuple, kwargs: dict) -> None:
             f"{len(args)} positional inputs: pass transform=lambda b: b[0] to calibrate on the "
             "inputs only"
         )
-    raise TypeError(message)
+    raise TypeError(message + _keyword_fix(signature, args, kwargs))
+
+
+def _keyword_fix(signature: inspect.Signature, args: tuple, kwargs: dict) -> str:
+    """The transform that makes a dict batch with extra keys (labels), or a tensor batch for a
+    keyword-only forward, fit ``signature``; '' when neither applies."""
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    extra = [k for k in kwargs if k not in names]
+    if kwargs and extra and not args:
+        keep = [k for k in kwargs if k in names]
+        return (
+            f". The batch's keys {extra} are not inputs of forward (labels?): pass "
+            f"transform=lambda b: {{k: b[k] for k in {keep}}} to calibrate on the inputs only"
+        )
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    if args and not positional and len(args) <= len(keyword_only):
+        pairs = ", ".join(f"{name!r}: b[{i}]" for i, name in enumerate(keyword_only[: len(args)]))
+        if len(args) == 1:
+            pairs = f"{keyword_only[0]!r}: b"
+        return (
+            f". forward takes keyword-only inputs {keyword_only}: make each batch a dict, "
+            f"e.g. transform=lambda b: {{{pairs}}}"
+        )
+    return ""
 
 
 def _binds(signature: inspect.Signature, args: tuple) -> bool:
