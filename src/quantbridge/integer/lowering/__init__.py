@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx._load import parse_onnx
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
@@ -40,7 +41,7 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         return src
     if not os.path.isfile(src):
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
-    return onnx.load(os.fspath(src))
+    return parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
