@@ -266,3 +266,21 @@ def test_every_reader_says_a_file_is_not_onnx_in_one_line(onnx_files, name, caps
     assert main(["lower", str(path), "-o", str(onnx_files / "out"), "--emit", "npz"]) != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 1 and "not a readable ONNX" in err
+
+
+# -- the command line's help -------------------------------------------------------------------
+def test_every_help_describes_its_command_and_shows_an_example(capsys):
+    from quantbridge.cli import EXAMPLES, _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    assert set(EXAMPLES) == set(commands)  # a new command gets its example
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for name in commands:
+        assert f"\n  {EXAMPLES[name]}\n" in top  # listed, unwrapped, under quantbridge --help
+        assert main([name, "--help"]) == 0
+        text = capsys.readouterr().out
+        usage, description = text.split("\n\n")[:2]
+        assert len(description.strip()) > 20, name
+        assert text.rstrip().endswith(f"example:\n  {EXAMPLES[name]}"), name
+        assert EXAMPLES[name].startswith(f"quantbridge {name} ")
