@@ -214,6 +214,23 @@ def test_recipe_yaml_files_are_read_by_path(tmp_path):
         _quantize(model, [x], recipe=str(tmp_path / "missing.yaml"))
 
 
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (qb.Rule(module_type="linear", skip=True), "did you mean 'Linear'"),
+        (qb.Rule(pattern="fcc", skip=True), "did you mean 'fc'"),
+    ],
+)
+def test_a_rule_matching_nothing_suggests_the_layer_meant(rule, expected):
+    with pytest.warns(UserWarning, match=f"matches no layer of the model \\({expected}"):
+        _quantize(Net(), _images(1), recipe=qb.Recipe().with_rules(rule))
+
+
+def test_a_rule_pattern_must_be_a_string():
+    with pytest.raises(TypeError, match="Rule.pattern must be a string .*got 3"):
+        qb.Rule(pattern=3)
+
+
 # -- ONNX files --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def onnx_files(tmp_path_factory):

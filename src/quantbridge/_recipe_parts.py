@@ -174,9 +174,21 @@ class Rule:
     weights: TensorRecipe | None = None
     activations: TensorRecipe | None = None
 
+    def closest(self, names: list[str], types: list[str]) -> str:
+        """' (did you mean ...?)' with the layer name or type nearest to a rule matching none."""
+        if self.module_type is not None:
+            return did_you_mean(self.module_type, types)
+        return did_you_mean(self.pattern, names)
+
     def __post_init__(self) -> None:
         if self.pattern is None and self.module_type is None:
             raise ValueError("a Rule needs a 'pattern' (module name glob) or a 'module_type'")
+        for key in ("pattern", "module_type"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"Rule.{key} must be a string (e.g. 'layer4.*', 'Linear'), got {value!r}"
+                )
         if self.skip and (self.weights is not None or self.activations is not None):
             raise ValueError(
                 f"Rule {self.describe()}: 'skip' together with scheme overrides is contradictory;"
