@@ -130,6 +130,14 @@ def test_wrong_feature_size_in_a_sequential_names_the_linear():
         _quantize(nn.Sequential(nn.Linear(4, 4)), [torch.randn(2, 5)])
 
 
+def test_float_token_ids_name_the_embedding():
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8))
+    with pytest.raises(
+        qb.CaptureError, match=r"layer '0' \(Embedding\) float values .*int64 token"
+    ):
+        _quantize(model, [torch.randn(2, 5)])
+
+
 def test_half_batches_are_cast_like_float64_and_said_once():
     data = _images()
     model = Net().eval()

@@ -250,6 +250,7 @@ def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | No
 
 # torch's messages for an input of the wrong dtype, device or shape (the data, not the code)
 _DTYPE = re.compile(r"Input type|expected scalar type|should be the same|same dtype|found dtype")
+_INDICES = re.compile(r"'indices' to have one of the following scalar types")
 _DEVICE = re.compile(r"device")
 _SHAPE = re.compile(
     r"expected \d+D|to have \d+ channels|cannot be multiplied|size mismatch|must match the size"
@@ -282,6 +283,8 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
     text, layer = str(e), _failing_layer(model, e)
     inputs = f"the inputs {describe(args, kwargs)}"
     param = next(iter(model.parameters()), None)
+    if _INDICES.search(text):
+        return f"{inputs} feed {layer} float values where it takes indices: pass int64 token ids"
     if _DTYPE.search(text) and param is not None:
         dtype = str(param.dtype).replace("torch.", "")
         return (
