@@ -169,9 +169,13 @@ def quantize(
     ``quantbridge.set_progress(False)``. ``dynamic="batch"`` lets the result take any batch size; use
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
 
-    ``recipe``: a ``Recipe``, its dict, or a preset name; the ``"default"`` preset (7-bit
-    per-channel weights, uint8 activations, float logits, bias correction) was chosen by
-    measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
+    The model is captured and calibrated as in eval mode (dropout off, BatchNorm on its running
+    statistics) whatever its mode, and left unchanged; a ``QuantModel`` or a ScriptModule is
+    refused (pass the float ``nn.Module``).
+
+    ``recipe``: a ``Recipe``, its dict, a preset name or a ``.yaml``/``.json`` file; the
+    ``"default"`` preset (7-bit per-channel weights, uint8 activations, float logits, bias
+    correction) was chosen by measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
     quantized outputs.
 
     Under ``torch.distributed`` (a process group of more than one rank), call it on every rank
