@@ -112,6 +112,8 @@ def test_numpy_batches_name_torch_from_numpy():
         (torch.randn(2, 8, 8, 3), r"float32\[2, 8, 8, 3\]\) do not have the shape layer 'conv'"),
         # (Conv2d takes an unbatched image; the BatchNorm2d after it does not)
         (torch.randn(3, 8, 8), r"float32\[3, 8, 8\]\) do not have the shape layer 'bn'"),
+        # data on another device than the model (meta stands in for a GPU on a CPU machine)
+        (torch.randn(2, 3, 8, 8, device="meta"), r"not on the model's device \(cpu\): move"),
     ],
 )
 def test_data_of_the_wrong_dtype_or_shape_names_the_layer(batch, expected, capfd):
