@@ -191,6 +191,14 @@ def test_quantizing_a_quantized_or_scripted_model_names_the_fix():
         _quantize(scripted, [torch.randn(2, 4)])
 
 
+def test_an_engine_of_a_static_export_names_the_dynamic_option():
+    x = torch.randn(2, 4)
+    static = _quantize(nn.Sequential(nn.Linear(4, 4)), [x], dynamic="none")
+    fast = qb.to_engine(static, "onnxruntime", example_inputs=x)
+    with pytest.raises(ValueError, match=r"\[5, 4\]; expected float32\[2, 4\] .*dynamic='batch'"):
+        fast(torch.randn(5, 4))
+
+
 # -- recipes -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "expected"),
