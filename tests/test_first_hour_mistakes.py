@@ -80,13 +80,13 @@ def test_dict_batches_with_labels_name_the_key_and_the_transform():
     with pytest.raises(TypeError, match=r"keys \['label'\] are not inputs of forward") as e:
         _quantize(Net(), loader)
     assert "transform=lambda b: {k: b[k] for k in ['x']}" in str(e.value)
-    _quantize(Net(), loader, transform=lambda b: {k: b[k] for k in ["x"]})  # the fix works
+    _quantize(Net(), loader, transform=lambda b: {k: b[k] for k in ["x"]}, recipe="int8")  # works
 
 
 def test_tensor_batches_for_a_keyword_only_forward_name_the_dict():
     with pytest.raises(TypeError, match=r"keyword-only inputs \['x'\].*lambda b: \{'x': b\}"):
         _quantize(KeywordOnly(), [torch.randn(2, 4)])
-    _quantize(KeywordOnly(), [torch.randn(2, 4)], transform=lambda b: {"x": b})
+    _quantize(KeywordOnly(), [torch.randn(2, 4)], transform=lambda b: {"x": b}, recipe="int8")
 
 
 def test_numpy_batches_name_torch_from_numpy():
