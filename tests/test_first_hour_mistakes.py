@@ -175,6 +175,27 @@ def test_a_model_in_train_mode_is_calibrated_as_in_eval_and_left_alone():
     torch.testing.assert_close(quantized(x), _quantize(twin, data)(x), rtol=0, atol=0)
 
 
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return -self.fc(x)
+
+
+def test_data_dependent_control_flow_is_one_message_and_no_graph_dump(capfd):
+    with pytest.raises(
+        qb.CaptureError, match=r'(?s)in forward\(\): "if x.sum\(\) > 0:".*torch.cond'
+    ):
+        _quantize(Branches(), [torch.randn(2, 4)])
+    err = capfd.readouterr().err
+    # torch.export prints its partial aten graph (twice) and a symbolic-shapes warning on stderr
+    assert "def forward" not in err and "aten." not in err and "symbolic_shapes" not in err
+
+
 def test_an_unregistered_dataclass_output_names_register_dataclass():
     with pytest.raises(qb.CaptureError, match=r"returns a Output.*register_dataclass\(Output\)"):
         _quantize(ReturnsDataclass(), [torch.randn(2, 4)])

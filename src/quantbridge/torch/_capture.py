@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import linecache
 import logging
 import os
 import re
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -134,7 +136,7 @@ def capture(
     spec = dynamic_shapes(model.forward, args, kwargs, dynamic)
     limit = (capture_budget() if budget_s is None else budget_s) if dynamic == "all" else None
     try:
-        with torch.no_grad(), quiet_torch(), deadline(limit):
+        with torch.no_grad(), quiet_torch(), deadline(limit), _no_partial_graph():
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except CaptureTimeout:
         warnings.warn(fallback_message(spec, limit), stacklevel=user_stacklevel())
@@ -149,6 +151,24 @@ def capture(
         explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
+
+
+@contextlib.contextmanager
+def _no_partial_graph() -> Iterator[None]:
+    """stderr as it was, less the partial graph torch.export prints there when it fails (aten
+    code with ``arg0_1`` names, twice for a data-dependent branch): CaptureError says what failed
+    at the user's line. Everything else written meanwhile is passed on."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as e:
+        text, graph = buffer.getvalue(), getattr(e, "partial_fx_graph", None)
+        if graph is not None:
+            text = text.replace(f"{graph}\n", "")
+        sys.stderr.write(text)
+        raise
+    sys.stderr.write(buffer.getvalue())
 
 
 def declared_dims_fixed(model: nn.Module, dynamic: str) -> str | None:
