@@ -5,6 +5,7 @@ its own module so that ``recipe.py`` (the recipe and its presets) stays under th
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass
 from typing import Any
@@ -14,12 +15,21 @@ from .numerics import QScheme
 _METHODS = ("minmax", "moving_average_minmax", "percentile", "entropy", "mse")
 
 
+def did_you_mean(name: Any, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the closest of ``choices`` to a misspelled ``name``, else ''."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_keys(d: Any, allowed: set[str], where: str) -> None:
     if not isinstance(d, dict):
         raise TypeError(f"{where} must be a mapping, got {type(d).__name__}")
     for key in d:
         if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed keys: {sorted(allowed)}")
+            raise ValueError(
+                f"unknown key {key!r} in {where}{did_you_mean(key, allowed)}; allowed keys: "
+                f"{sorted(allowed)}"
+            )
 
 
 # where ``Recipe.smoothquant`` may act: every linear input, or ("transformer") only graphs where a
@@ -33,7 +43,9 @@ ACTIVATION_SCOPES = ("all", "weighted_inputs")
 
 def check_choice(what: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ValueError(f"{what}={value!r}: use one of {list(choices)}")
+        raise ValueError(
+            f"{what}={value!r}{did_you_mean(value, choices)}: use one of {list(choices)}"
+        )
 
 
 def check_bias_correction(bias_correction: Any, mask: Any, check: Any, shrink: Any = False) -> None:
@@ -130,7 +142,8 @@ class TensorRecipe:
             raise TypeError(f"TensorRecipe.scheme must be a QScheme, got {self.scheme!r}")
         if self.method not in _METHODS:
             raise ValueError(
-                f"calibration method {self.method!r} is unknown; use one of {list(_METHODS)}"
+                f"calibration method {self.method!r} is unknown"
+                f"{did_you_mean(self.method, _METHODS)}; use one of {list(_METHODS)}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,9 +174,21 @@ class Rule:
     weights: TensorRecipe | None = None
     activations: TensorRecipe | None = None
 
+    def closest(self, names: list[str], types: list[str]) -> str:
+        """' (did you mean ...?)' with the layer name or type nearest to a rule matching none."""
+        if self.module_type is not None:
+            return did_you_mean(self.module_type, types)
+        return did_you_mean(self.pattern, names)
+
     def __post_init__(self) -> None:
         if self.pattern is None and self.module_type is None:
             raise ValueError("a Rule needs a 'pattern' (module name glob) or a 'module_type'")
+        for key in ("pattern", "module_type"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"Rule.{key} must be a string (e.g. 'layer4.*', 'Linear'), got {value!r}"
+                )
         if self.skip and (self.weights is not None or self.activations is not None):
             raise ValueError(
                 f"Rule {self.describe()}: 'skip' together with scheme overrides is contradictory;"

@@ -281,7 +281,43 @@ def _parser() -> argparse.ArgumentParser:
 
     compare_cli.add_parser(sub)  # quantbridge compare (the debug layer)
     _sens_cli.add_parser(sub)  # quantbridge sensitivity
+    for name, command in sub.choices.items():  # every --help: what it does, then an example
+        command.formatter_class = _ExampleFormatter
+        command.description = command.description or _capitalised(sub, name)
+        command.epilog = f"example:\n  {EXAMPLES[name]}"
+    parser.formatter_class = _ExampleFormatter
+    parser.epilog = "examples:\n" + "".join(f"  {EXAMPLES[n]}\n" for n in EXAMPLES)
+    parser.epilog += "\n'quantbridge COMMAND --help' for each command's options."
     return parser
+
+
+# one command line per subcommand, shown under its --help and under quantbridge --help
+EXAMPLES = {
+    "demo": "quantbridge demo --epochs 2 --out demo_files",
+    "quantize": "quantbridge quantize model.onnx --calib calib.npz -o model.int8.onnx",
+    "inspect": "quantbridge inspect model.int8.onnx --verbose",
+    "compare": "quantbridge compare model.int8.onnx --inputs calib.npz",
+    "sensitivity": "quantbridge sensitivity model.onnx --calib calib.npz --eval eval.npz "
+    "--budget 0.99 -o recipe.yaml",
+    "fold": "quantbridge fold model.int8.onnx -o model.qop.onnx",
+    "lower": "quantbridge lower model.int8.onnx -o model.int.onnx --emit onnx",
+}
+
+
+class _ExampleFormatter(argparse.HelpFormatter):
+    """Descriptions wrapped as usual; the examples epilog kept line by line (a command line
+    wrapped at the terminal's width could not be copied)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _capitalised(sub, name: str) -> str:
+    """The one-line help of subcommand ``name`` as its description."""
+    text = next(a.help for a in sub._choices_actions if a.dest == name)
+    return text[0].upper() + text[1:] + "."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -96,7 +96,9 @@ default). QAT (``prepare_qat``) keeps ``"int8"`` as its default.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from ._platform import u8s8_saturates
@@ -108,6 +110,7 @@ from ._recipe_parts import (
     TensorRecipe,
     check_bias_correction,
     check_choice,
+    did_you_mean,
 )
 from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerChannel, PerTensor, QScheme
@@ -141,6 +144,14 @@ _LATER = {
 @dataclass(frozen=True)
 class Recipe:
     """The whole quantization plan. See the module docstring for the presets."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Recipe:
+        # a misspelled option gets the right name, not only "unexpected keyword argument"
+        names = [f.name for f in fields(cls)]
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(f"Recipe has no option {key!r}{did_you_mean(key, names)}")
+        return super().__new__(cls)
 
     weights: TensorRecipe = field(default_factory=_default_weights)
     activations: TensorRecipe = field(default_factory=_default_activations)
@@ -316,8 +327,9 @@ class Recipe:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Recipe:
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str | os.PathLike) -> Recipe:
+        """A recipe from JSON text or a ``.json`` file's path."""
+        return cls.from_dict(json.loads(_text_or_file(text, "JSON")))
 
     def to_yaml(self) -> str:
         import yaml
@@ -325,18 +337,20 @@ class Recipe:
         return yaml.safe_dump(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_yaml(cls, text: str) -> Recipe:
+    def from_yaml(cls, text: str | os.PathLike) -> Recipe:
+        """A recipe from YAML text or a ``.yaml`` file's path (``res.write_recipe``'s file)."""
         import yaml
 
-        return cls.from_dict(yaml.safe_load(text))
+        return cls.from_dict(yaml.safe_load(_text_or_file(text, "YAML")))
 
     @classmethod
     def preset(cls, name: str) -> Recipe:
         if name == "native":
             name = native_preset()
         if name not in PRESETS:
+            names = sorted([*PRESETS, "native"])
             raise ValueError(
-                f"unknown recipe preset {name!r}; presets: {sorted([*PRESETS, 'native'])}"
+                f"unknown recipe preset {name!r}{did_you_mean(name, names)}; presets: {names}"
             )
         return PRESETS[name]
 
@@ -388,6 +402,19 @@ def native_preset() -> str:
     return "int8_avx2" if u8s8_saturates() else "int8"
 
 
+_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _text_or_file(text: str | os.PathLike, kind: str) -> str:
+    """``text`` itself, or the file it names (a path: one line ending in .yaml/.yml/.json)."""
+    if isinstance(text, os.PathLike) or ("\n" not in text and Path(text).suffix in _FILE_SUFFIXES):
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"recipe file {str(path)!r} not found")
+        return path.read_text()
+    return text
+
+
 def resolve_recipe(recipe: Recipe | str | dict | None) -> Recipe:
     """Accept a Recipe, a preset name, a dict (``to_dict`` form) or None (the ``default`` preset,
     see the module docstring; ``Recipe()`` itself is the ``int8`` preset)."""
@@ -395,10 +422,16 @@ def resolve_recipe(recipe: Recipe | str | dict | None) -> Recipe:
         return PRESETS[DEFAULT]
     if isinstance(recipe, Recipe):
         return recipe
+    if isinstance(recipe, (str, os.PathLike)) and Path(recipe).suffix in _FILE_SUFFIXES:
+        path = Path(recipe)
+        if not path.is_file():
+            raise ValueError(f"recipe file {str(path)!r} not found")
+        return Recipe.from_json(path) if path.suffix == ".json" else Recipe.from_yaml(path)
     if isinstance(recipe, str):
         return Recipe.preset(recipe)
     if isinstance(recipe, dict):
         return Recipe.from_dict(recipe)
     raise TypeError(
-        f"recipe must be a Recipe, a preset name {sorted([*PRESETS, 'native'])} or a dict, got {type(recipe).__name__}"
+        f"recipe must be a Recipe, a preset name {sorted([*PRESETS, 'native'])}, a dict or a "
+        f".yaml/.json file, got {type(recipe).__name__}"
     )

@@ -42,12 +42,6 @@ LABELS_KEY = "labels"
 
 def load_recipe(recipe) -> Recipe:
     """A ``Recipe`` from a Recipe, preset name, dict, or ``.yaml`` / ``.json`` file path."""
-    if isinstance(recipe, (str, os.PathLike)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
-        path = Path(recipe)
-        if not path.is_file():
-            raise ValueError(f"recipe file {str(path)!r} not found")
-        text = path.read_text()
-        return Recipe.from_json(text) if path.suffix == ".json" else Recipe.from_yaml(text)
     return resolve_recipe(recipe)
 
 

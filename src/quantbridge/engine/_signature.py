@@ -233,8 +233,17 @@ class CallSignature:
             not isinstance(d, int) or d == n for d, n in zip(dims, array.shape, strict=False)
         )
         if array.ndim != len(dims) or not fixed_ok:
+            fix = ""
+            shape = zip(dims, array.shape, strict=False)
+            wrong = [k for k, (d, n) in enumerate(shape) if isinstance(d, int) and d != n]
+            if array.ndim == len(dims) and wrong == [0]:
+                fix = (  # the batch size is the export's choice, not the model's
+                    " (the export fixed the batch size: quantize with dynamic='batch', or "
+                    "export the file with a dynamic batch axis, to vary it)"
+                )
             raise self._error(
-                f"input {name!r} has shape {list(array.shape)}; expected {graph_input.describe()}"
+                f"input {name!r} has shape {list(array.shape)}; expected "
+                f"{graph_input.describe()}{fix}"
             )
         return array
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -27,6 +28,11 @@ def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
         return tuple(batch), {}
     if isinstance(batch, Mapping):
         return (), dict(batch)
+    if isinstance(batch, np.ndarray):
+        raise TypeError(
+            f"calibration batch {index} is a numpy array {batch.dtype}{list(batch.shape)}; pass "
+            "torch tensors: torch.from_numpy(a) for each batch, or transform=torch.from_numpy"
+        )
     raise TypeError(
         f"calibration batch {index} is a {type(batch).__name__}; expected a tensor (one input), "
         "a tuple (positional inputs) or a dict (keyword inputs). For a DataLoader of "
@@ -40,6 +46,12 @@ def iter_calls(
     if data is None:
         raise ValueError(
             "calibration data is missing: pass an iterable of batches or forward_loop="
+        )
+    if isinstance(data, np.ndarray):
+        raise TypeError(
+            "calib_data must be an iterable of batches (a list or a DataLoader), not a single "
+            f"numpy array {data.dtype}{list(data.shape)}; pass [torch.from_numpy(a)], or a list "
+            "of such tensors, one per batch"
         )
     if isinstance(data, (torch.Tensor, Mapping)):
         raise TypeError(

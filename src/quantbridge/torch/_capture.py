@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import linecache
 import logging
 import os
 import re
+import sys
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -39,6 +41,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ._batches import describe
 from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._passes import out_of_place
@@ -55,6 +58,9 @@ def _is_user_file(filename: str) -> bool:
 # torch loggers that print what users cannot act on ("torchvision is not installed. Skipping
 # torchvision::nms", four lines per export)
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript")
+# and those that log a failing capture's internals (a fake-tensor traceback, "Unable to find user
+# code corresponding to {u0}") before the exception that CaptureError re-states for the user
+_FAILURE_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
 # torch's own deprecations met inside torch (deepcopy of a captured module builds a LeafSpec)
 _FOREIGN_WARNINGS = (r".*LeafSpec.*",)
 
@@ -63,10 +69,10 @@ _FOREIGN_WARNINGS = (r".*LeafSpec.*",)
 def quiet_torch() -> Iterator[None]:
     """Foreign noise off for the duration: torch's exporter loggers at ERROR, torch-internal
     deprecation warnings ignored. quantbridge's own warnings still show."""
-    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS + _FAILURE_LOGGERS]
     saved = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL if lg.name in _FAILURE_LOGGERS else logging.ERROR)
     try:
         with warnings.catch_warnings():
             for pattern in _FOREIGN_WARNINGS:
@@ -130,13 +136,13 @@ def capture(
     spec = dynamic_shapes(model.forward, args, kwargs, dynamic)
     limit = (capture_budget() if budget_s is None else budget_s) if dynamic == "all" else None
     try:
-        with torch.no_grad(), quiet_torch(), deadline(limit):
+        with torch.no_grad(), quiet_torch(), deadline(limit), _no_partial_graph():
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=spec, strict=False)
     except CaptureTimeout:
         warnings.warn(fallback_message(spec, limit), stacklevel=user_stacklevel())
         return capture(model, args, kwargs, "batch", explicit_padding=explicit_padding)
     except Exception as e:  # noqa: BLE001 - re-raised with the user's line and a fix
-        raise CaptureError(_explain(model, e)) from e
+        raise CaptureError(_explain(model, e, args, kwargs)) from e
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     gm.qb_shape_ranges = dict(ep.range_constraints)  # export reuses the graph (one trace)
@@ -145,6 +151,24 @@ def capture(
         explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     return gm
+
+
+@contextlib.contextmanager
+def _no_partial_graph() -> Iterator[None]:
+    """stderr as it was, less the partial graph torch.export prints there when it fails (aten
+    code with ``arg0_1`` names, twice for a data-dependent branch): CaptureError says what failed
+    at the user's line. Everything else written meanwhile is passed on."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as e:
+        text, graph = buffer.getvalue(), getattr(e, "partial_fx_graph", None)
+        if graph is not None:
+            text = text.replace(f"{graph}\n", "")
+        sys.stderr.write(text)
+        raise
+    sys.stderr.write(buffer.getvalue())
 
 
 def declared_dims_fixed(model: nn.Module, dynamic: str) -> str | None:
@@ -216,7 +240,7 @@ def dynamic_shapes(forward, args: tuple, kwargs: dict, dynamic: str) -> Any:
     return spec
 
 
-def _explain(model: nn.Module, e: Exception) -> str:
+def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | None = None) -> str:
     """The innermost frame of user code in the traceback, with its source line and a fix."""
     frames = []
     err: BaseException | None = e
@@ -237,8 +261,76 @@ def _explain(model: nn.Module, e: Exception) -> str:
         line = linecache.getline(filename, lineno).strip()
         where = f' at {filename}:{lineno} in {func}(): "{line}"'
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = re.sub(r"\bs\d+\b", "N", first)  # export's symbol for a dynamic size (s77) means N
     return (
         f"could not capture {type(model).__name__}{where}: {type(e).__name__}: {first}\n"
+        + _advice(model, e, args, dict(kwargs or {}))
+    )
+
+
+# torch's messages for an input of the wrong dtype, device or shape (the data, not the code)
+_DTYPE = re.compile(r"Input type|expected scalar type|should be the same|same dtype|found dtype")
+_INDICES = re.compile(r"'indices' to have one of the following scalar types")
+_DEVICE = re.compile(r"device")
+_SHAPE = re.compile(
+    r"expected \d+D|to have \d+ channels|cannot be multiplied|size mismatch|must match the size"
+    r"|same reduction dim|normalized_shape|Expected .*dimension|Expected .*size"
+)
+
+
+def _failing_layer(model: nn.Module, e: BaseException) -> str:
+    """'layer NAME (Class)' for the innermost submodule of ``model`` whose forward raised ``e``
+    (non-strict export runs the user's modules themselves), else 'the layer at that line'."""
+    names = {id(m): name for name, m in model.named_modules() if name}
+    found = "the layer at that line"
+    err: BaseException | None = e
+    for _ in range(100):  # the chain of re-raised exceptions
+        if err is None:
+            break
+        tb = err.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if id(owner) in names and tb.tb_frame.f_code.co_name == "forward":
+                found = f"layer {names[id(owner)]!r} ({type(owner).__name__})"
+            tb = tb.tb_next
+        err = err.__cause__ or err.__context__
+    return found
+
+
+def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> str:
+    """What to change: the inputs when torch's error is about their dtype, device or shape, the
+    output type when export does not know it, else the code at the user's line."""
+    text, layer = str(e), _failing_layer(model, e)
+    inputs = f"the inputs {describe(args, kwargs)}"
+    param = next(iter(model.parameters()), None)
+    if _INDICES.search(text):
+        return f"{inputs} feed {layer} float values where it takes indices: pass int64 token ids"
+    if _DTYPE.search(text) and param is not None:
+        dtype = str(param.dtype).replace("torch.", "")
+        return (
+            f"{inputs} do not have the dtype {layer} computes in ({dtype}): pass "
+            f"{dtype} tensors (x.float(); images as integers need x.float() / 255 as in training)"
+        )
+    if _DEVICE.search(text) and param is not None:
+        return (
+            f"{inputs} are not on the model's device ({param.device}): move the batches "
+            "(x.to(device)) or the model (model.to(device)) so that they match"
+        )
+    if _SHAPE.search(text):
+        return (
+            f"{inputs} do not have the shape {layer} expects: check the layout "
+            "(channels first, N x C x H x W for convolutions), the number of dimensions (a batch "
+            "dimension first) and the feature size"
+        )
+    unknown = re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", text)
+    if unknown:
+        name = unknown.group(1).rsplit(".", 1)[-1]
+        return (
+            f"the model returns a {name}, which torch.export cannot look into: register it "
+            f"(torch.export.register_dataclass({name}) for a dataclass, "
+            "torch.utils._pytree.register_pytree_node otherwise) or return a tensor, tuple or dict"
+        )
+    return (
         "quantbridge captures models with torch.export (non-strict). Common fixes: avoid "
         "data-dependent Python control flow on tensor values at that line (use torch.where / "
         "torch.cond), do not call .item()/.tolist()/numpy() inside forward, and pass all model "

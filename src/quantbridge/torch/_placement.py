@@ -408,10 +408,13 @@ class _Planner:
                 "Rule(pattern=..., skip=True) to keep them float knowingly",
                 stacklevel=user_stacklevel(),
             )
+        names = sorted(m for m, _ in self.seen_modules if m)
+        types = sorted({t for _, t in self.seen_modules})
         for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
             warnings.warn(
-                f"recipe rule {rule.describe()} matches no layer of the model; known layers "
-                f"include {sorted(m for m, _ in self.seen_modules if m)[:8]}",
+                f"recipe rule {rule.describe()} matches no layer of the model"
+                f"{rule.closest(names, types)}; known "
+                f"layers include {names[:8]}, types {types[:8]}",
                 stacklevel=user_stacklevel(),
             )
         self.plan.order = list(self.points.values())

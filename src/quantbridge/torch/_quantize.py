@@ -179,9 +179,13 @@ def quantize(
     ``quantbridge.set_progress(False)``. ``dynamic="batch"`` lets the result take any batch size; use
     ``dynamic="all"`` when other dimensions vary too (sequence length, image size).
 
-    ``recipe``: a ``Recipe``, its dict, or a preset name; the ``"default"`` preset (7-bit
-    per-channel weights, uint8 activations, float logits, bias correction) was chosen by
-    measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
+    The model is captured and calibrated as in eval mode (dropout off, BatchNorm on its running
+    statistics) whatever its mode, and left unchanged; a ``QuantModel`` or a ScriptModule is
+    refused (pass the float ``nn.Module``).
+
+    ``recipe``: a ``Recipe``, its dict, a preset name or a ``.yaml``/``.json`` file; the
+    ``"default"`` preset (7-bit per-channel weights, uint8 activations, float logits, bias
+    correction) was chosen by measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
     quantized outputs.
 
     Under ``torch.distributed`` (a process group of more than one rank), call it on every rank
@@ -219,8 +223,7 @@ def calibrate_and_freeze(
     ``recipe.adaround`` (PTQ only), AdaRound then sets the weights' rounding (``ptq``)."""
     ada = recipe.adaround if freeze_weights else None
     kept: list = []
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_float_module(model)
     if forward_loop is not None:
         if calib_data is not None:
             raise ValueError("pass either calib_data or forward_loop, not both")
@@ -275,6 +278,24 @@ def calibrate_and_freeze(
         correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
     return qmodel
+
+
+def _check_float_module(model: Any) -> None:
+    """TypeError naming the fix for what torch.export cannot capture or should not re-quantize."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, QuantModel):
+        raise TypeError(
+            "model is already quantized (a QuantModel); quantize the float model it came from "
+            "(quantize leaves it unchanged) to use another recipe or other calibration data, or "
+            "train this one further as it is (QAT)"
+        )
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            f"model is a torch.jit.ScriptModule ({type(model).__name__}, from torch.jit.script or "
+            "torch.jit.trace), which torch.export cannot capture; pass the nn.Module you "
+            "scripted, or export it to ONNX and use quantize_onnx"
+        )
 
 
 def _cast_calls(calls, model_dtype):

@@ -6,8 +6,8 @@ Three checks, each with the fix in its message:
   of ``(inputs, labels)`` passed as is becomes ``model(inputs, labels)``; without this check
   torch.export fails deep inside with "too many positional arguments" and capture advice that
   does not apply.
-* ``cast_float64``: float64 calibration batches for a float32 model are cast to float32, and
-  said once (a ``UserWarning``), instead of failing inside the first convolution.
+* ``cast_float64``: float64 (and float16, bfloat16) calibration batches for a float32 model are
+  cast to float32, and said once (a ``UserWarning``), instead of failing inside the first convolution.
 * ``check_call`` (a forward pre-hook of every ``QuantModel``, and ``qb.export``'s example
   inputs): each input tensor against the placeholder the model was captured with - rank,
   dtype, and every dimension that capture fixed. Torch's own check is a guard assertion
@@ -51,7 +51,34 @@ def bind_first_batch(model: nn.Module, args: tuple, kwargs: dict) -> None:
             f"{len(args)} positional inputs: pass transform=lambda b: b[0] to calibrate on the "
             "inputs only"
         )
-    raise TypeError(message)
+    raise TypeError(message + _keyword_fix(signature, args, kwargs))
+
+
+def _keyword_fix(signature: inspect.Signature, args: tuple, kwargs: dict) -> str:
+    """The transform that makes a dict batch with extra keys (labels), or a tensor batch for a
+    keyword-only forward, fit ``signature``; '' when neither applies."""
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    extra = [k for k in kwargs if k not in names]
+    if kwargs and extra and not args:
+        keep = [k for k in kwargs if k in names]
+        return (
+            f". The batch's keys {extra} are not inputs of forward (labels?): pass "
+            f"transform=lambda b: {{k: b[k] for k in {keep}}} to calibrate on the inputs only"
+        )
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    if args and not positional and len(args) <= len(keyword_only):
+        pairs = ", ".join(f"{name!r}: b[{i}]" for i, name in enumerate(keyword_only[: len(args)]))
+        if len(args) == 1:
+            pairs = f"{keyword_only[0]!r}: b"
+        return (
+            f". forward takes keyword-only inputs {keyword_only}: make each batch a dict, "
+            f"e.g. transform=lambda b: {{{pairs}}}"
+        )
+    return ""
 
 
 def _binds(signature: inspect.Signature, args: tuple) -> bool:
@@ -70,17 +97,23 @@ def float_dtype(model: nn.Module) -> torch.dtype | None:
     return None
 
 
+_OTHER_FLOATS = (torch.float64, torch.float16, torch.bfloat16)
+
+
 def cast_float64(args: tuple, kwargs: dict, model_dtype: torch.dtype | None, warned: list):
-    """float64 tensors cast to float32 when the model is float32; warns once per ``warned``."""
+    """float64 / float16 / bfloat16 tensors cast to float32 when the model is float32; warns once
+    per ``warned``. (A half batch would otherwise fail in the first layer with torch's "Input type
+    (c10::Half) and bias type (float) should be the same", an error without the input's name.)"""
     if model_dtype != torch.float32:
         return args, kwargs
 
     def cast(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FLOATS:
             if not warned:
                 warned.append(True)
+                dtype = str(x.dtype).replace("torch.", "")
                 warnings.warn(
-                    "calibration batches are float64 and the model's weights float32: casting "
+                    f"calibration batches are {dtype} and the model's weights float32: casting "
                     "the batches to float32 (pass float32 tensors, e.g. x.float(), to silence "
                     "this)",
                     UserWarning,

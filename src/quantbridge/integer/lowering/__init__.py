@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx._load import parse_onnx
 from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
@@ -45,7 +46,7 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     elif not os.path.isfile(src):
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
     else:
-        model = onnx.load(os.fspath(src))
+        model = parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
     if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
         model = widen_float16(model, float_casts="identity")
     return model

@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 from torch import nn
 
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
+from .._load import parse_onnx
 from . import _cast, _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
 from ._fp16 import widen_float16
 from ._module import OnnxModule, new_module
@@ -154,26 +154,7 @@ def _load(model) -> onnx.ModelProto:
 
 
 def _parse(load, what: str) -> onnx.ModelProto:
-    """``load()``, with the errors of a file that is not ONNX, truncated, or missing its
-    external-data files said plainly."""
-    try:
-        proto = load()
-    except DecodeError as e:
-        raise ValueError(
-            f"import_onnx: {what} is not a readable ONNX model ({e}): the file is not ONNX, or "
-            "truncated (an interrupted download or copy); export or download it again"
-        ) from None
-    except onnx.checker.ValidationError as e:
-        raise ValueError(
-            f"import_onnx: {what} keeps tensors in external data files that cannot be read "
-            f"({str(e).strip()}); put the data files next to the model, as when it was saved"
-        ) from None
-    if not proto.graph.node and not proto.graph.output:
-        raise ValueError(
-            f"import_onnx: {what} holds no graph (not an ONNX model, or an empty one); pass a "
-            ".onnx model file"
-        )
-    return proto
+    return parse_onnx(load, what, "import_onnx")
 
 
 def _all_initializers(graph: onnx.GraphProto):

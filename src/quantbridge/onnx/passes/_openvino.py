@@ -56,6 +56,7 @@ from onnx import numpy_helper
 
 from ...numerics import dequantize
 from .._graph_index import GraphIndex
+from .._load import parse_onnx
 from ._normalize import INTEGER_DATA_MOVEMENT
 
 KEEP = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "ReduceMean", "GlobalAveragePool"})
@@ -254,4 +255,4 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         )
     if not os.path.isfile(src):
         raise FileNotFoundError(f"{os.fspath(src)}: no such file")
-    return onnx.load(os.fspath(src))
+    return parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))

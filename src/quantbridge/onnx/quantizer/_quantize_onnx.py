@@ -24,10 +24,13 @@ from pathlib import Path
 import onnx
 from onnx import version_converter
 
+from ...optables import is_quantized_op
 from ...recipe import Recipe, resolve_recipe
-from ...torch import CaptureError, quantize
+from ...torch import CaptureError, QuantModel, quantize
 from ...torch._progress import progress_scope
+from .._load import parse_onnx
 from ..exporter import to_onnx
+from ..exporter._export import _check_writable as check_writable
 from ..importer import import_onnx
 from ._calib_data import CalibrationSet, GraphInput, graph_inputs
 from ._head import head_rules
@@ -59,12 +62,16 @@ def quantize_onnx(
     float (``_head``), and those writing a graph output of mixed channel ranges (``_outputs``).
     """
     model = load_model(src)
+    _refuse_quantized(model)
+    if dst is not None:  # before minutes of calibration, not after
+        check_writable(dst)
     inputs = graph_inputs(model)
     data = CalibrationSet(calib, inputs, batch_size)
     the_recipe = _recipe(recipe, method)
     if opset is not None and opset < MIN_OPSET:
         raise ValueError(f"opset {opset}: a QDQ file needs opset >= {MIN_OPSET}; use --opset 13+")
     module = _import(model)
+    _refuse_quantized(model, module)
     if float_head:
         the_recipe = the_recipe.with_rules(*head_rules(model, module.onnx_names))
         the_recipe = the_recipe.with_rules(*output_rules(model, module, data.first()))
@@ -96,30 +103,32 @@ def load_model(src) -> onnx.ModelProto:
     path = Path(src)
     if not path.is_file():
         raise ValueError(f"no ONNX file at {str(path)!r}")
-    try:
-        model = onnx.load(str(path))
-    except Exception as e:  # noqa: BLE001 - protobuf raises several types for corrupt files
-        raise ValueError(
-            f"{str(path)!r} is not a readable ONNX model ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0] if str(e).strip() else 'truncated or corrupt'})"
-        ) from None
+    model = parse_onnx(lambda: onnx.load(str(path)), repr(str(path)))
     if not model.graph.node:
         raise ValueError(f"{str(path)!r} holds no ONNX graph (empty or not an ONNX file)")
     return model
 
 
 def _recipe(recipe, method: str | None) -> Recipe:
-    if isinstance(recipe, (str, os.PathLike)) and Path(recipe).suffix in (".yaml", ".yml", ".json"):
-        path = Path(recipe)
-        if not path.is_file():
-            raise ValueError(f"recipe file {str(path)!r} not found")
-        text = path.read_text()
-        resolved = Recipe.from_json(text) if path.suffix == ".json" else Recipe.from_yaml(text)
-    else:
-        resolved = resolve_recipe(recipe)
+    resolved = resolve_recipe(recipe)  # a preset, a Recipe, its dict or a .yaml / .json file
     if method is not None:
         resolved = replace(resolved, activations=replace(resolved.activations, method=method))
     return resolved
+
+
+def _refuse_quantized(model: onnx.ModelProto, module=None) -> None:
+    """ValueError when the file is already INT8 (QDQ, QOperator, dynamic): nothing to calibrate.
+    Checked on the file's ops first (before the calibration data is read against its inputs),
+    then on what ``import_onnx`` made of it (a ``QuantModel``: weight-only files too)."""
+    ops = sorted({n.op_type for n in model.graph.node if is_quantized_op(n.op_type)})
+    if not ops and not isinstance(module, QuantModel):
+        return
+    found = f" ({', '.join(ops)})" if ops else ""
+    raise ValueError(
+        f"the model is already quantized{found}; quantize_onnx takes a float model: "
+        "pass the float file it came from, or fine-tune this one as it is "
+        "(qb.import_onnx gives a trainable QuantModel)"
+    )
 
 
 def default_opset(model: onnx.ModelProto) -> int:
