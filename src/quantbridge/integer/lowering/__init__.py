@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
@@ -47,7 +48,7 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     else:
         model = onnx.load(os.fspath(src))
     if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
-        model = widen_float16(model, float_casts="identity")
+        model = fold_constant_quantize(widen_float16(model, float_casts="identity"))
     return model
 
 
