@@ -14,16 +14,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from float16_files import conv_file
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from runtime_weight_files import C, H, cnn_file, weight_nodes
 
 import quantbridge as qb
 from quantbridge.onnx.importer._const_quantize import fold_constant_quantize
 from quantbridge.onnx.inspector._inspect import inspect_model
 from quantbridge.onnx.passes._fold import fold
-
-from float16_files import conv_file
-from runtime_weight_files import C, H, cnn_file, weight_nodes
 
 FORMS = [(np.int8, True), (np.int8, False), (np.uint8, False)]
 FORM_IDS = ["int8-per-channel", "int8-per-tensor", "uint8-per-tensor"]
