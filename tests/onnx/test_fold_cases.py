@@ -364,14 +364,21 @@ def test_case14_clip_on_integers():
 
 
 # -- not applied ----------------------------------------------------------------------------------
-def test_not_applied_relu_that_is_not_exact():
+def test_case3b_relu_the_grid_cannot_absorb_becomes_clip_on_codes():
+    """Before case 3b this conv stayed float (``Q(relu(x)) != Q(x)`` when the zero point is
+    above qmin); now it is QLinearConv followed by a Clip of the codes at [Q(0), qmax]."""
     g = QDQGraph((2, 3, 6, 6))
     t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3])
     t = g.op("Relu", [t])
     model = g.model(t, 0.05, 100)  # zero point 100 > qmin: Q keeps negatives the Relu removed
     folded = FoldQOperator()(model).model
-    assert _ops(folded)["Conv"] == 1 and _ops(folded)["Relu"] == 1
-    assert "QLinearConv" not in _ops(folded)
+    ops = _ops(folded)
+    assert ops["QLinearConv"] == 1 and ops["Clip"] == 1
+    assert "Conv" not in ops and "Relu" not in ops
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32) * 2
+    lsb = _output_scale(model)
+    # ORT does not fuse Conv -> Relu -> Q here (runs the conv in float): at most 1 LSB
+    assert np.abs(_run_ort(folded, x) - _run_ort(model, x)).max() / lsb <= 1.0 + 1e-3
 
 
 def test_not_applied_clip_wider_than_nothing_and_shared_output():

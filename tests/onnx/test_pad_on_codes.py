@@ -93,6 +93,30 @@ def test_padding_shares_the_grid_and_onnx_runtime_pads_codes(pad, tmp_path):
     assert np.abs(plain - expected).max() <= step * 1.0001
 
 
+@pytest.mark.parametrize("preset", ["int8_symmetric", "pow2"])
+def test_symmetric_presets_pad_the_uint8_codes_after_a_relu(preset, tmp_path):
+    """With a symmetric int8 grid the ReLU's output is stored uint8 (``_relu_quant``); the Q
+    after the Pad stayed int8, so ``_pad_codes`` (equal parameters) did not apply and ONNX
+    Runtime padded in float and quantized again. A zero Pad of a non-negative tensor is
+    non-negative: the Q after it is uint8 too, and the Pad reads the codes."""
+    q = qb.quantize(PadConv(nn.ZeroPad2d((1, 2, 1, 0))), _data(3, 1), recipe=preset,
+                    progress=False)  # fmt: skip
+    x = _data(1, 2)[0]
+    path = tmp_path / "pad.onnx"
+    qb.export(q, path, example_inputs=x)
+    file = onnx.load(str(path))
+    producer = {o: n for n in file.graph.node for o in n.output}
+    (node,) = [n for n in file.graph.node if n.op_type == "Pad"]
+    assert producer[node.input[0]].op_type in ("QuantizeLinear", "Clip")  # integer codes
+    assert collections.Counter(n.op_type for n in file.graph.node)["QuantizeLinear"] == 3
+    inits = {i.name: numpy_helper.to_array(i) for i in file.graph.initializer}
+    step = float(inits[producer[file.graph.output[0].name].input[1]])
+    with torch.no_grad():
+        expected = q(x).numpy()
+    (out,) = _session(path).run(None, {"x": x.numpy()})
+    assert np.abs(out - expected).max() <= step * 1.0001  # requantization rounding: 1 LSB
+
+
 def test_a_nonzero_constant_pad_keeps_its_own_grid(tmp_path):
     # 0.5 is in general off the input's grid: the padded tensor is quantized again, as before
     model = PadConv(nn.ConstantPad2d(1, 0.5))

@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ...onnx._load import parse_onnx
+from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
 from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
@@ -48,7 +49,7 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     else:
         model = parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
     if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
-        model = widen_float16(model, float_casts="identity")
+        model = fold_constant_quantize(widen_float16(model, float_casts="identity"))
     return model
 
 

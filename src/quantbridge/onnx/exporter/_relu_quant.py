@@ -96,6 +96,17 @@ def _clip_bounds(g: _Graph, clip: onnx.NodeProto) -> tuple[int, int] | None:
     return int(bounds[0].ravel()[0]), int(bounds[1].ravel()[0])
 
 
+def _pad_constant_nonnegative(g: _Graph, pad: onnx.NodeProto) -> bool:
+    """A Pad that writes no negative value: a copying mode, or a constant >= 0 (default 0).
+    Without it a ReLU -> ZeroPad2d -> Conv kept int8 after the pad and uint8 before it, so
+    ``_pad_codes`` (equal parameters on both sides) did not apply: a float Pad in ONNX Runtime."""
+    mode = next((a.s for a in pad.attribute if a.name == "mode"), b"constant")
+    if mode != b"constant" or len(pad.input) < 3 or not pad.input[2]:
+        return True
+    value = g.value(pad.input[2])
+    return value is not None and bool(np.all(value >= 0))
+
+
 def _nonnegative(g: _Graph, name: str, seen: dict[str, bool]) -> bool:
     """``name`` is >= 0 for every input of the model (sign analysis over the graph)."""
     if name in seen:
@@ -113,6 +124,8 @@ def _nonnegative(g: _Graph, name: str, seen: dict[str, bool]) -> bool:
     elif node.op_type == "Clip":
         lo = g.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
         result = (lo is not None and bool(np.all(lo >= 0))) or _nonnegative(g, node.input[0], seen)
+    elif node.op_type == "Pad":
+        result = _pad_constant_nonnegative(g, node) and _nonnegative(g, node.input[0], seen)
     elif node.op_type in NONNEGATIVE_ALL_INPUTS_OPS:
         result = all(_nonnegative(g, t, seen) for t in node.input if t)
     elif node.op_type in NONNEGATIVE_PRESERVING_OPS:

@@ -48,6 +48,7 @@ from ...optables import is_quantized_op
 from ...torch._model import QuantModel
 from .._load import parse_onnx
 from . import _cast, _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _tensor  # noqa: F401 - registries
+from ._const_quantize import fold_constant_quantize
 from ._fp16 import widen_float16
 from ._module import OnnxModule, new_module
 from ._qmodel import quant_model
@@ -95,6 +96,7 @@ def import_onnx(
     proto = _load(model)
     if is_quantized(proto):
         proto = widen_float16(proto)  # ModelOpt's float16 graphs, read as float32 (warns)
+        proto = fold_constant_quantize(proto)  # float weights quantized at run time: their codes
         normalised, record = normalise(proto, _ranks(proto))
         graph, module = _float_module(normalised, frozenset(record.weights))
         return quant_model(module, graph, record, proto, example_inputs, learn_scales)

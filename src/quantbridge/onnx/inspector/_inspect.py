@@ -54,6 +54,7 @@ from ...optables import (
     WEIGHTED_OPS,
     WeightSlots,
 )
+from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import is_float16
 from ._concat import separate_scale_concats
 from ._graph import FLOAT_TYPES, QUANT_TYPES, Graph, bits_for_range, type_name, type_range
@@ -395,7 +396,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
     ONNX model. Only the main graph is inspected (not If/Loop subgraphs).
     """
     model, path, size = _load(path_or_proto)
-    g = Graph(model)
+    g = Graph(fold_constant_quantize(model))  # a weight quantized at run time counts as int8
     op_counts = Counter(n.op_type for n in g.nodes)
     int8, floats, float_nodes, rules = _compute_ops(g)
     pairs, schemes = _quantize_nodes(g)

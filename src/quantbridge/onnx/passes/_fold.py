@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import widen_float16
 from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they register folds)
 from ._graph import MS_DOMAIN, GraphView, label
@@ -159,7 +160,9 @@ def fold(
     else:
         raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
     # QLinearConv & co. take float32 scales: a float16 graph (ModelOpt) folds as float32 (warns)
-    folded = FoldQOperator()(widen_float16(model, float_casts="identity")).model
+    # a weight quantized at run time (ModelOpt: float W -> QuantizeLinear) folds as its codes
+    model = fold_constant_quantize(widen_float16(model, float_casts="identity"))
+    folded = FoldQOperator()(model).model
     if dst is not None:
         onnx.save(folded, os.fspath(dst))
     return folded

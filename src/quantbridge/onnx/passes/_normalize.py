@@ -8,6 +8,13 @@ and acts elementwise, so it commutes with every op in ``INTEGER_DATA_MOVEMENT`` 
 select elements; MaxPool takes a maximum, and its padding is the type's minimum either way);
 ``Q`` is non-decreasing and elementwise, so ``Q(M(x)) == M(Q(x))`` for the same ops; and
 ``Q(DQ(q)) == q`` for the same parameters (``round(q - z) + z = q``, inside the range).
+
+Case 3b (``_quantize_before_activation``): ``op -> Relu/Clip -> Q`` where Q does not absorb the
+activation (``_match.absorbed``: a signed grid after a Relu, as NVIDIA ModelOpt writes) becomes
+``op -> Q -> DQ -> Relu/Clip -> Q`` with the output Q's parameters, so that ``op -> Q`` folds
+(QLinearConv, QGemm ...) and ``DQ -> Relu/Clip -> Q`` folds to a Clip on the codes (case 14).
+Exact: Q is non-decreasing, so ``Q(clip(x, a, b)) == clip(Q(x), Q(a), Q(b))``, and
+``Q(clip(DQ(Q(x)), a, b)) == clip(Q(DQ(Q(x))), Q(a), Q(b)) == clip(Q(x), Q(a), Q(b))``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import onnx
 from onnx import numpy_helper
 
 from ._graph import GraphView, Rewrite, attribute, attributes, node
+from ._match import absorbed, clip_bounds
+from ._registry import fold_handler
 
 # ops that commute with a per-tensor affine (de)quantization: they copy, select or take maxima.
 # Data is input 0; the other inputs are shapes, axes, indices, sizes.
@@ -127,11 +136,43 @@ def _cancel_pair(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
     return Rewrite(remove=remove, add=add)
 
 
+# Case 3b
+def _quantize_before_activation(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
+    """Case 3b: ``op -> Relu/Clip -> Q`` (Q not absorbing it) becomes
+    ``op -> Q -> DQ -> Relu/Clip -> Q`` (module docstring)."""
+    act = g.producer.get(q.input[0])
+    if act is None or act.op_type not in ("Relu", "Clip") or g.opset < 12:
+        return None
+    if g.sole_consumer(act.output[0]) is not q or clip_bounds(g, act) is None:
+        return None
+    op = g.producer.get(act.input[0])
+    if op is None or op.op_type in _QDQ or fold_handler(op.op_type) is None:
+        return None
+    if g.sole_consumer(act.input[0]) is not act or act.input[0] in g.outputs:
+        return None
+    params = g.qparams(q)
+    if params is None or not params.per_tensor or absorbed(g, act, params):
+        return None
+    codes, value = g.fresh(act.input[0] + "_q"), g.fresh(act.input[0] + "_dq")
+    new_q = node("QuantizeLinear", [act.input[0], *q.input[1:]], [codes], g.fresh("q"),
+                 **attributes(q))  # fmt: skip
+    new_dq = node("DequantizeLinear", [codes, *q.input[1:]], [value], g.fresh("dq"),
+                  **attributes(q))  # fmt: skip
+    new_act = onnx.NodeProto.FromString(act.SerializeToString())
+    new_act.input[0] = value
+    return Rewrite(remove=[act], add=[new_q, new_dq, new_act])
+
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
 def _first_rewrite(g: GraphView) -> Rewrite | None:
     for n in g.nodes:
         rewrite = None
         if n.op_type == "QuantizeLinear":
-            rewrite = _cancel_pair(g, n) or _raise_quantize(g, n)
+            rewrite = (
+                _cancel_pair(g, n) or _raise_quantize(g, n) or _quantize_before_activation(g, n)
+            )
         elif n.op_type in INTEGER_DATA_MOVEMENT and n.input:
             rewrite = _sink_dequantize(g, n)
         if rewrite is not None:
