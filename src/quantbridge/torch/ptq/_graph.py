@@ -166,6 +166,72 @@ class Lockstep:
                     held -= sizes.pop(dead, 0)
         return peak
 
+    def sweep(
+        self,
+        layers: set[torch.fx.Node],
+        measure: Callable[[torch.fx.Node, int, object], None],
+        correct: Callable[[torch.fx.Node], Iterable[torch.fx.Node]],
+    ) -> None:
+        """The walk of ``run`` with ``after`` rerunning each of ``layers`` after a correction,
+        holding less: the graph (``late_constants`` order) is cut at ``layers``, and each
+        stretch between two of them runs a batch at a time; the layer then runs on each batch
+        in turn, ``measure(layer, i, value)`` seeing batch ``i``'s output, which is not kept;
+        ``correct(layer)`` (every batch measured) may change parameters and returns the
+        constant nodes to evaluate again (a bias and its quantizer); the layer runs again, on
+        each batch, as the first node of the next stretch. Held: between stretches, one value
+        per live edge per batch; within a stretch, one batch's other values besides (``run``
+        held every batch's values at every node: a stem conv's output and its activation's for
+        all images). A node that reads no input (a parameter, its quantizer) runs once, its
+        value shared by every batch (``run`` ran it per batch: a copy each). Every node sees
+        the same values as in ``run``."""
+        constant = constant_nodes(self.gm.graph)
+        last_uses = self.runs[0].user_to_last_uses if self.runs else {}
+
+        def evaluate(node):  # once for every batch: the same value
+            value = self.runs[0].run_node(node)
+            for run in self.runs:
+                run.env[node] = value
+                for dead in last_uses.get(node, ()):
+                    run.env.pop(dead, None)
+
+        def advance(stretch):
+            with torch.no_grad():
+                for i, run in enumerate(self.runs):
+                    for node in stretch:
+                        if node in constant:
+                            if i == 0:
+                                evaluate(node)
+                            continue
+                        run.env[node] = run.run_node(node)
+                        for dead in last_uses.get(node, ()):
+                            run.env.pop(dead, None)
+
+        stretch: list[torch.fx.Node] = []
+        for node in late_constants(self.gm.graph):
+            if node not in layers:
+                stretch.append(node)
+                continue
+            advance(stretch)
+            with torch.no_grad():
+                for i, run in enumerate(self.runs):
+                    measure(node, i, run.run_node(node))
+                for again in correct(node):
+                    evaluate(again)
+            stretch = [node]
+        advance(stretch)
+
+
+def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The parameter reads (``get_attr``) and the module calls on them alone (a weight's or a
+    bias's quantizer): the nodes whose value does not depend on the batch."""
+    constant: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (
+            node.op == "call_module" and all(a in constant for a in node.all_input_nodes)
+        ):
+            constant.add(node)
+    return constant
+
 
 def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """``graph``'s nodes, with the parameter reads (``get_attr``) and the module calls on them
@@ -173,12 +239,7 @@ def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     is neither, or kept in place when it has none; the rest keep their order. Every node still
     comes after its inputs, and a value's last reader stays its last reader. Operator calls
     stay in place (an in-place operator on a parameter must keep its order)."""
-    constant: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "get_attr" or (
-            node.op == "call_module" and all(a in constant for a in node.all_input_nodes)
-        ):
-            constant.add(node)
+    constant = constant_nodes(graph)
     late: set[torch.fx.Node] = set()  # the constants some other node reads, maybe through others
     for node in reversed(graph.nodes):
         if node in constant and any(u not in constant or u in late for u in node.users):
