@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._heap import release_free_memory
 from .._ops import TRANSPOSED_CONV_OPS, WEIGHTED_OPS
 from .._passes import _owner, _unwrap
 
@@ -171,6 +172,7 @@ class Lockstep:
         layers: set[torch.fx.Node],
         measure: Callable[[torch.fx.Node, int, object], None],
         correct: Callable[[torch.fx.Node], Iterable[torch.fx.Node]],
+        pack: Callable[[torch.fx.Node, object], Callable[[], object] | None] | None = None,
     ) -> None:
         """The walk of ``run`` with ``after`` rerunning each of ``layers`` after a correction,
         holding less: the graph (``late_constants`` order) is cut at ``layers``, and each
@@ -182,10 +184,15 @@ class Lockstep:
         per live edge per batch; within a stretch, one batch's other values besides (``run``
         held every batch's values at every node: a stem conv's output and its activation's for
         all images). A node that reads no input (a parameter, its quantizer) runs once, its
-        value shared by every batch (``run`` ran it per batch: a copy each). Every node sees
-        the same values as in ``run``."""
+        value shared by every batch (``run`` ran it per batch: a copy each). ``pack(node,
+        value)``: a value held from one stretch to a later one is kept as what ``pack`` turned
+        it into (a callable that gives the value back, or None: kept as it is), and given back
+        for the batch's stretch that reads it. Every node sees the same values as in ``run``
+        (where ``pack`` gives back the same values)."""
         constant = constant_nodes(self.gm.graph)
         last_uses = self.runs[0].user_to_last_uses if self.runs else {}
+        packed: list[dict] = [{} for _ in self.runs]  # per batch: node -> _Packed (or None)
+        largest = [0]  # bytes of the largest value the batch's stretch made
 
         def evaluate(node):  # once for every batch: the same value
             value = self.runs[0].run_node(node)
@@ -194,31 +201,70 @@ class Lockstep:
                 for dead in last_uses.get(node, ()):
                     run.env.pop(dead, None)
 
+        def step(i, node, keep=True):
+            run = self.runs[i]
+            for arg in node.all_input_nodes:
+                if isinstance(run.env.get(arg), _Packed):
+                    run.env[arg] = run.env[arg].rebuild()
+            value = run.run_node(node)
+            largest[0] = max(largest[0], _nbytes(value))
+            if not keep:
+                return value
+            run.env[node] = value
+            for dead in last_uses.get(node, ()):
+                run.env.pop(dead, None)
+                packed[i].pop(dead, None)
+            return None
+
+        def hold(i):  # the end of batch i's stretch: what it still holds, packed
+            env = self.runs[i].env
+            if pack is not None and largest[0] >= TRIM_BYTES:
+                release_free_memory()  # what the stretch freed (``_heap``)
+            largest[0] = 0
+            for node, value in env.items():
+                if pack is None or node in constant or isinstance(value, _Packed):
+                    continue
+                if node not in packed[i]:
+                    rebuild = pack(node, value)
+                    packed[i][node] = _Packed(rebuild) if rebuild is not None else None
+                if packed[i][node] is not None:
+                    env[node] = packed[i][node]
+
         def advance(stretch):
-            with torch.no_grad():
-                for i, run in enumerate(self.runs):
-                    for node in stretch:
-                        if node in constant:
-                            if i == 0:
-                                evaluate(node)
-                            continue
-                        run.env[node] = run.run_node(node)
-                        for dead in last_uses.get(node, ()):
-                            run.env.pop(dead, None)
+            for i in range(len(self.runs)):
+                for node in stretch:
+                    if node not in constant:
+                        step(i, node)
+                    elif i == 0:
+                        evaluate(node)
+                hold(i)
 
         stretch: list[torch.fx.Node] = []
-        for node in late_constants(self.gm.graph):
-            if node not in layers:
-                stretch.append(node)
-                continue
-            advance(stretch)
-            with torch.no_grad():
-                for i, run in enumerate(self.runs):
-                    measure(node, i, run.run_node(node))
+        with torch.no_grad():
+            for node in late_constants(self.gm.graph):
+                if node not in layers:
+                    stretch.append(node)
+                    continue
+                advance(stretch)
+                for i in range(len(self.runs)):
+                    measure(node, i, step(i, node, keep=False))
+                    hold(i)
                 for again in correct(node):
                     evaluate(again)
-            stretch = [node]
-        advance(stretch)
+                stretch = [node]
+            advance(stretch)
+
+
+class _Packed:
+    """A value ``Lockstep.sweep`` holds in another form: ``rebuild()`` gives it back."""
+
+    def __init__(self, rebuild: Callable[[], object]):
+        self.rebuild = rebuild
+
+
+# with ``pack``, a batch's stretch that made a value of this many bytes hands the heap's free
+# pages back after it (``_heap``): ResNet-18-style's stem and first stage at batch 8
+TRIM_BYTES = 4 << 20
 
 
 def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:

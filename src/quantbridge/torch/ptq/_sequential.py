@@ -16,11 +16,13 @@ batches, just before their layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
 
-from ...numerics import shrink_bias_shift
+from ...numerics import dequantize, quantize, shrink_bias_shift
+from .._fakequant import QState, Quantizer
 from .._model import float_mode
 from .._progress import progress_bar, stage
 from ._graph import CONV_OPS, Lockstep, attr_node, get_tensor
@@ -170,7 +172,40 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks, shrink=False
     if len(kept) < len(batches):
         what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
     with stage(what, progress):
-        Lockstep(qmodel, kept).sweep(set(float_means), measure, correct)
+        Lockstep(qmodel, kept).sweep(set(float_means), measure, correct, partial(_codes, qmodel))
+
+
+def _codes(qmodel, node: torch.fx.Node, value) -> Callable[[], torch.Tensor] | None:
+    """``value``, the output of ``node``, held as its integer codes when ``node`` is a fixed-grid
+    quantizer (1 byte an element for 8 bits, not 4): how to get it back (``numerics.dequantize``,
+    the last two operations of ``fake_quantize``), or None when it is not such an output or the
+    round trip is not bit-exact (checked here: values and strides)."""
+    if node.op != "call_module" or not isinstance(value, torch.Tensor):
+        return None
+    quantizer = qmodel.get_submodule(node.target)
+    if not (
+        isinstance(quantizer, Quantizer)
+        and quantizer.enabled
+        and quantizer._state is QState.FROZEN
+        and not quantizer._exporting()
+        and value.dtype == torch.float32
+    ):
+        return None
+    scale, zero_point, axis = quantizer.scale, quantizer.zero_point, quantizer.axis
+    qmin, qmax = quantizer.qmin, quantizer.qmax
+    dtype = next(
+        t for t in _CODE_TYPES if torch.iinfo(t).min <= qmin and qmax <= torch.iinfo(t).max
+    )
+    codes = quantize(value, scale, zero_point, qmin, qmax, axis).to(dtype)
+
+    def rebuild() -> torch.Tensor:
+        return dequantize(codes, scale, zero_point, axis)
+
+    back = rebuild()
+    return rebuild if back.stride() == value.stride() and torch.equal(back, value) else None
+
+
+_CODE_TYPES = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
 
 def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:
