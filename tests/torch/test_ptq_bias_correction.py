@@ -17,7 +17,7 @@ from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
 from quantbridge.numerics import PerTensor, QScheme, shrink_bias_shift
-from quantbridge.torch import _fakequant
+from quantbridge.torch import _fakequant, _heap
 from quantbridge.torch.ptq import _bias_correction, _graph, _sequential
 from quantbridge.torch.ptq._bias_correction import _channel_means, mean_output, tap_means
 from quantbridge.torch.ptq._graph import record
@@ -611,3 +611,20 @@ def test_shrink_is_a_sequential_option():
     r = dataclasses.replace(qb.Recipe.preset("default"), bias_correction_shrink=True)
     assert qb.Recipe.from_json(r.to_json()) == r
     assert "bias_correction_shrink" not in qb.Recipe.preset("default").to_dict()
+
+
+def test_sweep_hands_the_heap_back_after_a_stretch_with_large_values(monkeypatch):
+    # glibc keeps freed pages resident around small live blocks (``torch._heap``): after a
+    # batch's stretch (or a corrected layer's measuring) that made a value of TRIM_BYTES or
+    # more, the walk hands the free pages back; never for small values
+    calls: list[int] = []
+    monkeypatch.setattr(_graph, "release_free_memory", lambda: calls.append(1))
+    qmodel, batches = _residual_batches(10)
+    monkeypatch.setattr(_graph, "TRIM_BYTES", 1 << 40)
+    _bias_correction.correct_bias(copy.deepcopy(qmodel), batches, sequential=True, progress=False)
+    assert calls == []
+    monkeypatch.setattr(_graph, "TRIM_BYTES", 1)
+    _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False)
+    # 4 corrected layers: per batch, 5 stretches and 4 measurings
+    assert len(calls) == len(batches) * (5 + 4)
+    _heap.release_free_memory()  # glibc here; a no-op where there is none
