@@ -15,7 +15,7 @@ pages go back to the system after a stretch that freed large values (``torch._he
 corrected layer's output is summed batch by batch and not kept; the layer runs again after its
 bias moved. Weight and bias quantizers run once, their values shared by the batches, just
 before their layer. Measured (bench figure 3, ResNet-18-style, peak over the setup peak): 16
-images 277 -> 226 MiB, 64 images 578 -> 235 (ONNX Runtime: 483, 484); the walk is no longer
+images 277 -> 224-237 MiB, 64 images 578 -> 235 (ONNX Runtime: 483, 484); the walk is no longer
 the peak.
 """
 
