@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import types
-import weakref
 from functools import partial
 
 import numpy as np
@@ -17,8 +16,9 @@ from hypothesis import strategies as st
 from test_ptq_equalize import DepthwiseNet, _data, _recipe
 
 import quantbridge as qb
-from quantbridge.numerics import PerTensor, QScheme
-from quantbridge.torch.ptq import _bias_correction, _graph
+from quantbridge.numerics import PerTensor, QScheme, shrink_bias_shift
+from quantbridge.torch import _fakequant, _heap
+from quantbridge.torch.ptq import _bias_correction, _graph, _sequential
 from quantbridge.torch.ptq._bias_correction import _channel_means, mean_output, tap_means
 from quantbridge.torch.ptq._graph import record
 
@@ -265,7 +265,7 @@ def test_sequential_walk_equals_a_quantized_pass_per_layer(monkeypatch, memory):
     assert [n.target for n in layers].count(aten.linear.default) == 1 and len(layers) == 4
     walked, reference = copy.deepcopy(plain), copy.deepcopy(plain)
     if memory is not None:
-        monkeypatch.setattr(_bias_correction, "SEQUENTIAL_MEMORY", memory)
+        monkeypatch.setattr(_sequential, "SEQUENTIAL_MEMORY", memory)
     assert _bias_correction.correct_bias(walked, batches, sequential=True, progress=False) == 4
     _quadratic_shifts(reference, batches if memory is None else batches[:1])
     want, got = _bias_shifts(plain, reference), _bias_shifts(plain, walked)
@@ -428,42 +428,112 @@ def test_output_check_restores_the_biases_when_the_output_error_rises(monkeypatc
         qb.Recipe(bias_correction_check=True)
 
 
-def test_sequential_rerun_releases_the_uncorrected_outputs(monkeypatch):
-    # memory: when a corrected layer runs again, its uncorrected outputs (one per batch) are
-    # already gone, so the walk holds one output per batch there, not two
-    g = torch.Generator().manual_seed(6)
-    batches = [((torch.randn(4, 3, 10, 10, generator=g),), {}) for _ in range(2)]
+def _residual_batches(seed: int, sizes=(4, 4, 3)):
+    g = torch.Generator().manual_seed(seed)
+    batches = [((torch.randn(n, 3, 10, 10, generator=g),), {}) for n in sizes]
     recipe = dataclasses.replace(qb.Recipe.preset("default"), bias_correction=False)
     qmodel = qb.quantize(_ResidualNet().eval(), [a[0] for a, _ in batches], recipe, progress=False)
+    return qmodel, batches
+
+
+def test_sequential_walk_holds_other_batches_as_codes(monkeypatch):
+    # memory: while one batch runs, every other batch's quantizer outputs are held as integer
+    # codes (``_graph._Packed``), never as float tensors; a corrected layer's uncorrected output
+    # is not kept (the lockstep walk held every batch's float values at every node)
+    qmodel, batches = _residual_batches(6)
+    walks: list = []
+    sweep, run_node = _graph.Lockstep.sweep, torch.fx.Interpreter.run_node
+    float_held: list[int] = []  # per node run: float quantizer outputs held by the other batches
     layers = set(_bias_correction._corrected_layers(qmodel))
-    alive_at_rerun: list[int] = []
-    old_outputs: list = []
-    again: list = []  # the corrected layer being run again, if any
-    run, rerun, run_node = _graph.Lockstep.run, _graph.Lockstep.rerun, torch.fx.Interpreter.run_node
+    layer_values: list[int] = []  # per node run: corrected layers' values held by any batch
 
-    def watching_run(self, after, before=None, **kwargs):
-        def watched(node, values, step):
-            if node in layers:
-                old_outputs[:] = [weakref.ref(v) for v in values]
-            after(node, values, step)
+    def watching_sweep(self, *args, **kwargs):
+        walks.append(self)
+        return sweep(self, *args, **kwargs)
 
-        return run(self, watched, before, **kwargs)
-
-    def watching_rerun(self, nodes):
-        nodes = list(nodes)
-        again[:] = [nodes[-1]] if nodes[-1] in layers and len(nodes) > 1 else []
-        return rerun(self, nodes)
+    def is_quantizer(node):
+        return (
+            node.op == "call_module"
+            and isinstance(qmodel.get_submodule(node.target), _fakequant.Quantizer)
+            and node.all_input_nodes
+            and node.all_input_nodes[0].op != "get_attr"
+        )
 
     def watching_run_node(self, node):
-        if again and node is again[0]:
-            alive_at_rerun.append(sum(ref() is not None for ref in old_outputs))
+        if walks:
+            others = [run for run in walks[0].runs if run is not self]
+            float_held.append(
+                sum(
+                    isinstance(v, torch.Tensor) and is_quantizer(n)
+                    for run in others
+                    for n, v in run.env.items()
+                )
+            )
+            layer_values.append(
+                sum(n in layers for run in walks[0].runs for n in run.env if run is not self)
+            )
         return run_node(self, node)
 
-    monkeypatch.setattr(_graph.Lockstep, "run", watching_run)
-    monkeypatch.setattr(_graph.Lockstep, "rerun", watching_rerun)
+    monkeypatch.setattr(_graph.Lockstep, "sweep", watching_sweep)
     monkeypatch.setattr(torch.fx.Interpreter, "run_node", watching_run_node)
     assert _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False) == 4
-    assert alive_at_rerun == [0] * 8  # 4 layers, 2 batches each
+    assert len(float_held) > 50 and max(float_held) == 0
+    # the corrected layers' outputs held by other batches: each layer's new output until its
+    # reader (a quantizer) ran in that batch, at most one layer's per batch
+    assert max(layer_values) <= len(batches) - 1
+
+
+@pytest.mark.parametrize("shrink", [False, True])
+def test_sequential_walk_matches_the_lockstep_walk_bit_for_bit(shrink):
+    # the batch-at-a-time walk with packed codes gives the same corrected biases, bit for bit,
+    # as the walk that holds every batch's values node by node (the previous implementation,
+    # rebuilt here from ``Lockstep.run``): the same float32 values at every node, float64 sums
+    # in the same order
+    qmodel, batches = _residual_batches(8)
+    reference = copy.deepcopy(qmodel)
+    layers = _bias_correction._corrected_layers(reference)
+    masks = [None] * len(batches)
+    samples = {} if shrink else None
+    float_means, kept = _sequential._float_means(reference, layers, batches, False, masks, samples)
+
+    def after(node, values, step):
+        if node not in float_means:
+            return
+        if shrink:
+            errors, counts = [], []
+            for value, (f_sums, f_counts) in zip(values, samples[node], strict=True):
+                q_sums, _ = _sequential._sample_means(node, value)
+                n = f_counts.clamp(min=1)[:, None]
+                errors.append(f_sums / n - q_sums / n)
+                counts.append(f_counts)
+            shift = torch.from_numpy(shrink_bias_shift(torch.cat(errors), torch.cat(counts)))
+        else:
+            sums, counts = {}, {}
+            for value in values:
+                _channel_means(node, value, sums, counts)
+            shift = float_means[node] - sums[node] / counts[node]
+        _sequential._add_to_bias(reference, node, shift)
+        step.rerun([*_sequential._bias_chain(node), node])
+
+    _graph.Lockstep(reference, kept).run(after, constants_late=True)
+    _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False, shrink=shrink)
+    for name, p in reference.named_parameters():
+        if name.endswith("bias"):
+            assert torch.equal(qmodel.get_parameter(name), p), name
+
+
+def test_codes_round_trip_is_exact_or_refused():
+    # a fixed-grid quantizer's output is held as codes only when they give it back bit for bit;
+    # anything else (a parameter read, a float value off the grid) is kept as it is
+    qmodel, batches = _residual_batches(9, (2,))
+    node = next(n for n in qmodel.graph.nodes if n.op == "call_module" and "input" in n.target)
+    value = qmodel.get_submodule(node.target)(batches[0][0][0])
+    rebuild = _sequential._codes(qmodel, node, value)
+    assert rebuild is not None and torch.equal(rebuild(), value)
+    assert rebuild().stride() == value.stride()
+    assert _sequential._codes(qmodel, node, value + 1e-3) is None  # off the grid
+    weight = next(n for n in qmodel.graph.nodes if n.op == "get_attr")
+    assert _sequential._codes(qmodel, weight, value) is None
 
 
 def test_late_constants_run_each_weight_quantizer_just_before_its_layer():
@@ -523,7 +593,7 @@ def test_shrink_per_sample_errors_recombine_to_the_plain_shift(monkeypatch, mask
     reference, shrunk, unshrunk = (copy.deepcopy(plain) for _ in range(3))
     n = _bias_correction.correct_bias(reference, batches, True, False, mask)
     assert _bias_correction.correct_bias(shrunk, batches, True, False, mask, shrink=True) == n
-    monkeypatch.setattr(_bias_correction, "shrink_bias_shift", _no_shrink)
+    monkeypatch.setattr(_sequential, "shrink_bias_shift", _no_shrink)
     _bias_correction.correct_bias(unshrunk, batches, True, False, mask, shrink=True)
     want, got = _bias_shifts(plain, reference), _bias_shifts(plain, unshrunk)
     moved = _bias_shifts(plain, shrunk)
@@ -541,3 +611,20 @@ def test_shrink_is_a_sequential_option():
     r = dataclasses.replace(qb.Recipe.preset("default"), bias_correction_shrink=True)
     assert qb.Recipe.from_json(r.to_json()) == r
     assert "bias_correction_shrink" not in qb.Recipe.preset("default").to_dict()
+
+
+def test_sweep_hands_the_heap_back_after_a_stretch_with_large_values(monkeypatch):
+    # glibc keeps freed pages resident around small live blocks (``torch._heap``): after a
+    # batch's stretch (or a corrected layer's measuring) that made a value of TRIM_BYTES or
+    # more, the walk hands the free pages back; never for small values
+    calls: list[int] = []
+    monkeypatch.setattr(_graph, "release_free_memory", lambda: calls.append(1))
+    qmodel, batches = _residual_batches(10)
+    monkeypatch.setattr(_graph, "TRIM_BYTES", 1 << 40)
+    _bias_correction.correct_bias(copy.deepcopy(qmodel), batches, sequential=True, progress=False)
+    assert calls == []
+    monkeypatch.setattr(_graph, "TRIM_BYTES", 1)
+    _bias_correction.correct_bias(qmodel, batches, sequential=True, progress=False)
+    # 4 corrected layers: per batch, 5 stretches and 4 measurings
+    assert len(calls) == len(batches) * (5 + 4)
+    _heap.release_free_memory()  # glibc here; a no-op where there is none

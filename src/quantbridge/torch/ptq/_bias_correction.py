@@ -17,15 +17,11 @@ quantizer then rounds the corrected bias; its scale does not depend on the bias)
   layer seeing the corrections before it): the float model's mean output minus the quantized
   model's, ``mean(y^float_c - y^quant_c)``, which also removes the drift that arrives from
   upstream. One float pass (a batch at a time, for the float means), then ONE quantized pass
-  with every calibration batch at once, node by node (``_graph.Lockstep``): at a corrected
-  layer its shift goes into the float bias and the layer runs again (its bias through the int32
-  bias quantizer) before any later node reads it; the same shifts as a quantized pass per layer
-  (test: within float32 rounding of the bias), at about the cost of one quantized pass instead
-  of one per layer. Memory: one value per live edge (a value some later node still reads) per
-  batch; past ``SEQUENTIAL_MEMORY`` bytes (measured on the float pass) only the first batches
-  that fit are used, for the float means too, and the progress line says so. The quantized pass
-  frees a corrected layer's old outputs before its rerun, and runs weight and bias quantizers
-  just before their layer (``Lockstep.run``'s ``constants_late``), not all from the start.
+  over every calibration batch (``_sequential``): at a corrected layer, once every batch has
+  reached it, its shift goes into the float bias and the layer runs again (its bias through the
+  int32 bias quantizer) before any later node reads it; the same shifts as a quantized pass per
+  layer (test: within float32 rounding of the bias), at about the cost of one quantized pass
+  instead of one per layer. Memory: ``_sequential``'s docstring.
 
 Padded positions (``Recipe.bias_correction_mask``, sequential only): a transformer's batch is
 padded to a common length, and a padded token's activations differ from a real token's; the
@@ -69,27 +65,25 @@ from __future__ import annotations
 
 import itertools
 import math
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from ...numerics import shrink_bias_shift
 from .._fakequant import BiasQuantizer, Quantizer, WeightQuantizer
 from .._model import float_mode
-from .._progress import progress_bar, stage
+from .._progress import stage
 from .._threads import one_thread
 from ._graph import (
     CONV_OPS,
     PLAIN_WEIGHTED,
-    Lockstep,
     attr_node,
     conv_geometry,
     get_tensor,
     groups_of,
     record,
 )
+from ._sequential import _add_to_bias, _channel_means, _correct_sequentially, position_masks
 
 aten = torch.ops.aten
 
@@ -109,42 +103,6 @@ def _corrected_layers(qmodel: torch.fx.GraphModule) -> list[torch.fx.Node]:
         if wq.enabled and attr_node(w) is not None and attr_node(b) is not None:
             found.append(node)
     return found
-
-
-def _channel_means(
-    node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dict, keep: torch.Tensor | None = None
-) -> None:
-    """Add ``node``'s output ``y`` to its per-channel sums and counts; with ``keep`` (a bool
-    mask over a linear output's leading dimensions) only the positions it marks."""
-    if keep is not None and node.target not in CONV_OPS and y.shape[:-1] == keep.shape:
-        y = y[keep]
-    axis = 1 if node.target in CONV_OPS else y.ndim - 1
-    # one float64-accumulating reduction over every other dim: no float64 copy, no transpose
-    # (a 1-D output is its own sum: ``sum(dim=())`` would reduce every dim)
-    dims = tuple(d for d in range(y.ndim) if d != axis)
-    total = y.sum(dim=dims, dtype=torch.float64) if dims else y.double()
-    sums[node] = sums.get(node, 0) + total
-    counts[node] = counts.get(node, 0) + y.numel() // y.shape[axis]
-
-
-def _sample_means(
-    node: torch.fx.Node, y: torch.Tensor, keep: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(per-sample channel sums (samples, channels), positions per sample (samples,)), float64,
-    of ``node``'s output ``y``; a sample is an index of dim 0 (1-D: one sample), ``keep`` as in
-    ``_channel_means``."""
-    if y.ndim < 2:
-        return y.double()[None], torch.ones(1, dtype=torch.float64)
-    conv = node.target in CONV_OPS
-    if keep is not None and not conv and y.shape[:-1] == keep.shape:
-        k = keep.reshape(keep.shape[0], -1, 1)
-        rows = y.reshape(y.shape[0], -1, y.shape[-1])
-        return torch.where(k, rows, 0).sum(1, dtype=torch.float64), k.sum((1, 2)).double()
-    axis = 1 if conv else y.ndim - 1
-    dims = tuple(d for d in range(1, y.ndim) if d != axis)
-    sums = y.sum(dim=dims, dtype=torch.float64) if dims else y.double()
-    per = y.numel() // (y.shape[0] * y.shape[axis])
-    return sums, torch.full((y.shape[0],), float(per), dtype=torch.float64)
 
 
 def tap_means(
@@ -236,137 +194,6 @@ def _local_shifts(qmodel, layers, batches) -> dict:
     with float_mode(qmodel):
         record(qmodel, batches, set(layers), lambda n, v: None, on_args)
     return {node: sums[node] / counts[node] for node in sums}
-
-
-# at most this many bytes of live values (one per live edge per batch, measured on the float
-# pass) in the sequential pass: past it, only the first calibration batches are used
-SEQUENTIAL_MEMORY = 2 << 30
-
-
-def position_masks(batches: list, name: str) -> list:
-    """Per ``(args, kwargs)`` batch, its keyword input ``name`` as a bool mask (nonzero: a real
-    position), or None throughout when ``name`` is empty."""
-    if not name:
-        return [None] * len(batches)
-    masks = []
-    for i, (_, kwargs) in enumerate(batches):
-        if name not in kwargs:
-            raise ValueError(
-                f"Recipe.bias_correction_mask={name!r}: calibration batch {i} has no keyword input"
-                f" of that name (its keywords: {sorted(kwargs)}); pass the batches as dicts with"
-                f" the mask under {name!r}, or set bias_correction_mask='' (every position)"
-            )
-        masks.append(torch.as_tensor(kwargs[name]) != 0)
-    return masks
-
-
-def _float_means(qmodel, layers, batches, progress, masks, samples=None) -> tuple[dict, list]:
-    """One float pass, a batch at a time: (per layer its float mean output over the positions
-    ``masks`` keep, the batches kept), the batches kept being the first ones whose live values
-    fit ``SEQUENTIAL_MEMORY`` together (at least one). ``samples`` (a dict): filled with, per
-    layer, a list of ``_sample_means`` per kept batch."""
-    sums: dict = {}
-    counts: dict = {}
-    kept: list = []
-    held = 0
-    watched = set(layers)
-
-    def after(node, values, step, keep, batch_sums, batch_counts, batch_samples):
-        if node in watched:
-            _channel_means(node, values[0], batch_sums, batch_counts, keep)
-            if samples is not None:
-                batch_samples[node] = _sample_means(node, values[0], keep)
-
-    with float_mode(qmodel):
-        for batch, keep in zip(
-            progress_bar(batches, progress, "bias correction: float pass"), masks, strict=False
-        ):
-            batch_sums: dict = {}
-            batch_counts: dict = {}
-            batch_samples: dict = {}
-            sinks = {"batch_sums": batch_sums, "batch_counts": batch_counts}
-            peak = Lockstep(qmodel, [batch]).run(
-                partial(after, keep=keep, batch_samples=batch_samples, **sinks)
-            )
-            if kept and held + peak > SEQUENTIAL_MEMORY:
-                break
-            held += peak
-            kept.append(batch)
-            for node, total in batch_sums.items():  # same float64 sums, same order, as one dict
-                sums[node] = sums.get(node, 0) + total
-                counts[node] = counts.get(node, 0) + batch_counts[node]
-            for node, found in batch_samples.items():
-                samples.setdefault(node, []).append(found)
-    return {node: sums[node] / counts[node] for node in sums}, kept
-
-
-def _bias_chain(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The nodes from the bias parameter to ``node``'s bias argument (its quantizer), in order."""
-    chain = [node.args[2]]
-    while chain[-1] is not attr_node(node.args[2]):
-        chain.append(chain[-1].args[0])
-    return chain[::-1]
-
-
-def _correct_sequentially(qmodel, layers, batches, progress, masks, shrink=False) -> None:
-    """Per layer in graph order, applied to its bias before the graph goes on: mean float output
-    minus mean quantized output with the corrections before it. One float pass, then one quantized
-    pass with every kept batch at once (``Lockstep``): at a corrected layer its shift goes into the
-    float bias, and the layer runs again with the bias through its int32 quantizer. ``masks``: per
-    batch, the positions the means run over (``position_masks``). ``shrink``: the shift is
-    ``numerics.shrink_bias_shift`` of the per-sample errors instead (module docstring)."""
-    samples: dict | None = {} if shrink else None
-    float_means, kept = _float_means(qmodel, layers, batches, progress, masks, samples)
-
-    def after(node, values, step):
-        if node not in float_means:
-            return
-        if samples is not None:
-            shift = _shrunk_shift(node, values, masks, samples[node])
-        else:
-            shift = float_means[node] - _mean_output(node, values, masks)
-        _add_to_bias(qmodel, node, shift)
-        # the uncorrected outputs are read: release them before the layer runs again, so that
-        # the rerun holds one output per batch, not two (ResNet-18-style's first conv: 51 MB
-        # for 16 images)
-        values.clear()
-        step.rerun([*_bias_chain(node), node])
-
-    what = f"bias correction: sequential, {len(layers)} layers on {len(kept)} batches"
-    if len(kept) < len(batches):
-        what += f" of {len(batches)}: the first that fit SEQUENTIAL_MEMORY"
-    with stage(what, progress):
-        # constants late: the quantized weights (a copy per batch) are held one layer at a time,
-        # not all from the start (placement puts their quantizers first)
-        Lockstep(qmodel, kept).run(after, constants_late=True)
-
-
-def _mean_output(node: torch.fx.Node, values: list, masks: list) -> torch.Tensor:
-    """Per channel, the mean of ``node``'s outputs ``values`` (one per batch) over the positions
-    ``masks`` keep, summed batch after batch as the float pass sums."""
-    sums, counts = {}, {}
-    for value, keep in zip(values, masks, strict=False):
-        _channel_means(node, value, sums, counts, keep)
-    return sums[node] / counts[node]
-
-
-def _shrunk_shift(node, values, masks, float_samples: list) -> torch.Tensor:
-    """``shrink_bias_shift`` of the per-sample errors, float sample means (``_float_means``'s
-    ``samples``) minus the quantized ones from ``values`` (one per kept batch)."""
-    errors, counts = [], []
-    for value, keep, (f_sums, f_counts) in zip(values, masks, float_samples, strict=False):
-        q_sums, _ = _sample_means(node, value, keep)  # the float pass's shapes and counts
-        n = f_counts.clamp(min=1)[:, None]
-        errors.append(f_sums / n - q_sums / n)
-        counts.append(f_counts)
-    shift = shrink_bias_shift(torch.cat(errors), torch.cat(counts))
-    return torch.from_numpy(shift)
-
-
-def _add_to_bias(qmodel, node: torch.fx.Node, shift: torch.Tensor) -> None:
-    with torch.no_grad():
-        bias = get_tensor(qmodel, attr_node(node.args[2]))
-        bias += shift.to(bias.dtype)
 
 
 def _outputs(qmodel, batches) -> list[list[torch.Tensor]]:

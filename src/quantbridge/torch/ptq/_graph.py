@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .._heap import release_free_memory
 from .._ops import TRANSPOSED_CONV_OPS, WEIGHTED_OPS
 from .._passes import _owner, _unwrap
 
@@ -166,6 +167,118 @@ class Lockstep:
                     held -= sizes.pop(dead, 0)
         return peak
 
+    def sweep(
+        self,
+        layers: set[torch.fx.Node],
+        measure: Callable[[torch.fx.Node, int, object], None],
+        correct: Callable[[torch.fx.Node], Iterable[torch.fx.Node]],
+        pack: Callable[[torch.fx.Node, object], Callable[[], object] | None] | None = None,
+    ) -> None:
+        """The walk of ``run`` with ``after`` rerunning each of ``layers`` after a correction,
+        holding less: the graph (``late_constants`` order) is cut at ``layers``, and each
+        stretch between two of them runs a batch at a time; the layer then runs on each batch
+        in turn, ``measure(layer, i, value)`` seeing batch ``i``'s output, which is not kept;
+        ``correct(layer)`` (every batch measured) may change parameters and returns the
+        constant nodes to evaluate again (a bias and its quantizer); the layer runs again, on
+        each batch, as the first node of the next stretch. Held: between stretches, one value
+        per live edge per batch; within a stretch, one batch's other values besides (``run``
+        held every batch's values at every node: a stem conv's output and its activation's for
+        all images). A node that reads no input (a parameter, its quantizer) runs once, its
+        value shared by every batch (``run`` ran it per batch: a copy each). ``pack(node,
+        value)``: a value held from one stretch to a later one is kept as what ``pack`` turned
+        it into (a callable that gives the value back, or None: kept as it is), and given back
+        for the batch's stretch that reads it. Every node sees the same values as in ``run``
+        (where ``pack`` gives back the same values)."""
+        constant = constant_nodes(self.gm.graph)
+        last_uses = self.runs[0].user_to_last_uses if self.runs else {}
+        packed: list[dict] = [{} for _ in self.runs]  # per batch: node -> _Packed (or None)
+        largest = [0]  # bytes of the largest value the batch's stretch made
+
+        def evaluate(node):  # once for every batch: the same value
+            value = self.runs[0].run_node(node)
+            for run in self.runs:
+                run.env[node] = value
+                for dead in last_uses.get(node, ()):
+                    run.env.pop(dead, None)
+
+        def step(i, node, keep=True):
+            run = self.runs[i]
+            for arg in node.all_input_nodes:
+                if isinstance(run.env.get(arg), _Packed):
+                    run.env[arg] = run.env[arg].rebuild()
+            value = run.run_node(node)
+            largest[0] = max(largest[0], _nbytes(value))
+            if not keep:
+                return value
+            run.env[node] = value
+            for dead in last_uses.get(node, ()):
+                run.env.pop(dead, None)
+                packed[i].pop(dead, None)
+            return None
+
+        def hold(i):  # the end of batch i's stretch: what it still holds, packed
+            env = self.runs[i].env
+            if pack is not None and largest[0] >= TRIM_BYTES:
+                release_free_memory()  # what the stretch freed (``_heap``)
+            largest[0] = 0
+            for node, value in env.items():
+                if pack is None or node in constant or isinstance(value, _Packed):
+                    continue
+                if node not in packed[i]:
+                    rebuild = pack(node, value)
+                    packed[i][node] = _Packed(rebuild) if rebuild is not None else None
+                if packed[i][node] is not None:
+                    env[node] = packed[i][node]
+
+        def advance(stretch):
+            for i in range(len(self.runs)):
+                for node in stretch:
+                    if node not in constant:
+                        step(i, node)
+                    elif i == 0:
+                        evaluate(node)
+                hold(i)
+
+        stretch: list[torch.fx.Node] = []
+        with torch.no_grad():
+            for node in late_constants(self.gm.graph):
+                if node not in layers:
+                    stretch.append(node)
+                    continue
+                advance(stretch)
+                for i in range(len(self.runs)):
+                    measure(node, i, step(i, node, keep=False))
+                    hold(i)
+                for again in correct(node):
+                    evaluate(again)
+                stretch = [node]
+            advance(stretch)
+
+
+class _Packed:
+    """A value ``Lockstep.sweep`` holds in another form: ``rebuild()`` gives it back."""
+
+    def __init__(self, rebuild: Callable[[], object]):
+        self.rebuild = rebuild
+
+
+# with ``pack``, a batch's stretch that made a value of this many bytes hands the heap's free
+# pages back after it (``_heap``): ResNet-18-style's stem at batch 8 (each call costs ~10 ms:
+# at 4 MiB, stage 1 too, 88 calls at 64 images, 1.1 s)
+TRIM_BYTES = 16 << 20
+
+
+def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The parameter reads (``get_attr``) and the module calls on them alone (a weight's or a
+    bias's quantizer): the nodes whose value does not depend on the batch."""
+    constant: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (
+            node.op == "call_module" and all(a in constant for a in node.all_input_nodes)
+        ):
+            constant.add(node)
+    return constant
+
 
 def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """``graph``'s nodes, with the parameter reads (``get_attr``) and the module calls on them
@@ -173,12 +286,7 @@ def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     is neither, or kept in place when it has none; the rest keep their order. Every node still
     comes after its inputs, and a value's last reader stays its last reader. Operator calls
     stay in place (an in-place operator on a parameter must keep its order)."""
-    constant: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "get_attr" or (
-            node.op == "call_module" and all(a in constant for a in node.all_input_nodes)
-        ):
-            constant.add(node)
+    constant = constant_nodes(graph)
     late: set[torch.fx.Node] = set()  # the constants some other node reads, maybe through others
     for node in reversed(graph.nodes):
         if node in constant and any(u not in constant or u in late for u in node.users):
