@@ -525,3 +525,18 @@ def test_int8_activation_times_uint8_activation_stays_qdq():
     assert _ops(folded)["QLinearMatMul"] == 0 and _ops(folded)["MatMul"] == 1
     x = RNG.standard_normal((4, 8)).astype(np.float32)
     np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))
+
+
+def test_case3_cancelled_requantize_keeps_the_files_tensor_name():
+    """``DQ -> MaxPool -> Q`` with the input's parameters (qb.export writes it): the integer
+    MaxPool writes the Q's tensor name, as the folded integer ops do, so ``compare`` pairs it
+    between the QDQ and the folded file (it was named ``..._int_qb`` and listed "not matched")."""
+    g = QDQGraph((2, 3, 6, 6), scale=0.05, zero_point=128)
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    conv_q = g.q(t, 0.1, 128)
+    t = g.op("MaxPool", [g.dq(conv_q, 0.1, 128)], kernel_shape=[2, 2], strides=[2, 2])
+    pool_q = g.q(t, 0.1, 128)
+    t = g.op("Conv", [g.dq(pool_q, 0.1, 128), g.weight((4, 4, 1, 1))], kernel_shape=[1, 1])
+    folded = _fold_and_check(g.model(t, 0.2), (2, 3, 6, 6), {"QLinearConv": 2, "MaxPool": 1})
+    pool = next(n for n in folded.graph.node if n.op_type == "MaxPool")
+    assert list(pool.input) == [conv_q] and list(pool.output) == [pool_q]
