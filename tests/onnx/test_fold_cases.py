@@ -476,3 +476,67 @@ def test_case4_float_bias_beyond_int32_stays_qdq():
     assert _ops(folded)["QLinearConv"] == 0 and _ops(folded)["Conv"] == 1
     x = RNG.standard_normal((2, 3, 5, 5)).astype(np.float32)
     np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))
+
+
+# -- int8 activations with uint8 weights (ONNX Runtime has no kernel for the mix) ---------------
+def _u8_weight(g, shape, zero_point=130):
+    """A per-tensor uint8 weight (ORT quantize_static with weight_type=QUInt8). Codes within 56
+    of 128, so that shifted to int8 they stay in 7 bits (the saturating int16 pair sums of
+    ``QDQGraph.weight``'s comment)."""
+    w = RNG.integers(72, 185, shape).astype(np.uint8)
+    return g.dq(g.const(w, "w"), 0.004, zero_point, np.uint8)
+
+
+@pytest.mark.parametrize("op", ["Conv", "Gemm", "MatMul", "Linear"])
+def test_int8_activations_with_uint8_weights_fold_to_int8_weights(op):
+    """int8 activations, uint8 weight: ONNX Runtime 1.32 registers QLinearConv / QLinearMatMul /
+    QGemm for (u8, u8|s8) and (s8, s8) only, so the weight's codes and zero point move down by 128
+    (exact). The folded file loads and agrees with ONNX Runtime running the QDQ file (which runs
+    the mix in float: 1 LSB, a rounding tie, as ``FLOAT_IN_ORT`` in the module docstring)."""
+    shape = (2, 3, 6, 6) if op == "Conv" else (4, 16)
+    g = QDQGraph(shape, zero_point=3, dtype=np.int8)
+    if op == "Conv":
+        t = g.op("Conv", [g.x, _u8_weight(g, (4, 3, 3, 3))], kernel_shape=[3, 3])
+        expect = {"QLinearConv": 1}
+    elif op == "Gemm":
+        t = g.op("Gemm", [g.x, _u8_weight(g, (10, 16))], transB=1)
+        expect = {"QGemm": 1}
+    elif op == "MatMul":
+        t, expect = g.op("MatMul", [g.x, _u8_weight(g, (16, 5))]), {"QLinearMatMul": 1}
+    else:
+        t = g.op("MatMul", [g.x, _u8_weight(g, (16, 12))])
+        t = g.op("Add", [t, g.const((RNG.standard_normal(12) * 0.2).astype(np.float32))])
+        expect = {"QGemm": 1, "Add": 0}
+    model = g.model(t, 0.1, zero_point=-5, dtype=np.int8)
+    folded = _fold_and_check(model, shape, expect, float_in_ort=True)
+    weights = {i.name: i.data_type for i in folded.graph.initializer}
+    integer_op = next(n for n in folded.graph.node if n.op_type in expect)
+    assert weights[integer_op.input[3]] == TensorProto.INT8  # the shifted weight codes
+    assert weights[integer_op.input[5]] == TensorProto.INT8  # and zero point (130 - 128)
+
+
+def test_int8_activation_times_uint8_activation_stays_qdq():
+    """QLinearMatMul of an int8 and a uint8 *activation*: no kernel, no constant to shift; the
+    MatMul stays QDQ and the file still loads and computes what it did."""
+    g = QDQGraph((4, 8), zero_point=0, dtype=np.int8)
+    other = g.qdq(g.op("Transpose", [g.x], perm=[1, 0]), 0.05, 128, np.uint8)
+    model = g.model(g.op("MatMul", [g.x, other]), 0.3, zero_point=0, dtype=np.int8)
+    folded = FoldQOperator()(model).model
+    assert _ops(folded)["QLinearMatMul"] == 0 and _ops(folded)["MatMul"] == 1
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))
+
+
+def test_case3_cancelled_requantize_keeps_the_files_tensor_name():
+    """``DQ -> MaxPool -> Q`` with the input's parameters (qb.export writes it): the integer
+    MaxPool writes the Q's tensor name, as the folded integer ops do, so ``compare`` pairs it
+    between the QDQ and the folded file (it was named ``..._int_qb`` and listed "not matched")."""
+    g = QDQGraph((2, 3, 6, 6), scale=0.05, zero_point=128)
+    t = g.op("Conv", [g.x, g.weight((4, 3, 3, 3))], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    conv_q = g.q(t, 0.1, 128)
+    t = g.op("MaxPool", [g.dq(conv_q, 0.1, 128)], kernel_shape=[2, 2], strides=[2, 2])
+    pool_q = g.q(t, 0.1, 128)
+    t = g.op("Conv", [g.dq(pool_q, 0.1, 128), g.weight((4, 4, 1, 1))], kernel_shape=[1, 1])
+    folded = _fold_and_check(g.model(t, 0.2), (2, 3, 6, 6), {"QLinearConv": 2, "MaxPool": 1})
+    pool = next(n for n in folded.graph.node if n.op_type == "MaxPool")
+    assert list(pool.input) == [conv_q] and list(pool.output) == [pool_q]

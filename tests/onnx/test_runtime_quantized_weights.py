@@ -154,3 +154,27 @@ def test_not_applied_to_an_activation_quantizer():
     ops = [n.op_type for n in folded.graph.node]
     assert ops.count("QuantizeLinear") == 5  # x, r1, r2, s, g stay; the 3 weight Qs are codes
     assert fold_constant_quantize(folded) is folded
+
+
+def test_compare_pairs_the_activations_not_the_runtime_weights(tmp_path):
+    """``compare`` with the default engines on a ModelOpt-style file: the five activations are
+    paired in every engine (the integer ones with ONNX Runtime's ``ort-ref`` within 1 LSB, a
+    tie-side flip of the int32 bias rounding as in ``test_inspect_fold_lower_import``), and the
+    three weights quantized at run time are neither sites nor "not matched" (they were reported
+    unmatched in torch-float, torch-quant, ort-qop and integer, which hold them as codes)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(cnn_file(), path)
+    x = np.random.default_rng(1).normal(0, 1, (2, C, H, H)).astype(np.float32)
+    # the default engines less openvino (~3 s of its compile here; it held these weights'
+    # tensors and never listed them, and tests/debug/test_compare.py runs it)
+    engines = ["ort-ref", "torch-float", "torch-quant", "ort", "ort-qop", "integer"]
+    data = qb.compare(str(path), inputs={"x": x}, engines=engines).to_json()
+    assert data["errors"] == {} and data["unmatched"] == {}
+    assert [t["name"] for t in data["tensors"]] == ["xd_q", "r1d_q", "r2d_q", "sd_q", "y_q"]
+    quantized = {"ort", "ort-qop", "integer", "torch-quant"}
+    assert quantized | {"ort-ref", "torch-float"} <= set(data["engines"])
+    for t in data["tensors"]:
+        pairs = {p["b"]: p for p in t["pairs"]}
+        assert quantized | {"torch-float"} <= set(pairs), (t["name"], sorted(pairs))
+        for engine in quantized:
+            assert pairs[engine]["max_lsb"] <= 1.0 + 1e-3, (t["name"], pairs[engine])

@@ -91,8 +91,11 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     sites: dict[str, Site] = {}
     aliases: dict[str, list[str]] = {}
     seen_scales: set[str] = set()
+    weights = _constant_valued(graph, consts)
     for node in graph.node:
         slots = QOPERATOR_OUTPUT_QPARAMS.get(node.op_type)
+        if node.op_type == "QuantizeLinear" and node.input[0] in weights:
+            continue  # a weight quantized at run time (ModelOpt): codes, not an activation
         if slots is not None and node.output[0] not in consts:
             site = _site(node, slots, consts, producer, names, len(sites), seen_scales)
             if site is not None:
@@ -128,6 +131,16 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
                      inputs=ins, unit_gain=gain)
             )  # fmt: skip
     return out
+
+
+def _constant_valued(graph: onnx.GraphProto, consts: dict) -> set[str]:
+    """Tensors computed from constants alone (a float weight, or its Transpose / Cast, that a
+    QuantizeLinear quantizes at run time), in the graph's topological order."""
+    found = set(consts)
+    for n in graph.node:
+        if n.input and all(not t or t in found for t in n.input):
+            found.update(n.output)
+    return found
 
 
 def _upstream(

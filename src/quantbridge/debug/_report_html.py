@@ -21,6 +21,8 @@ import html
 import math
 from typing import Any
 
+from ._result import describe_tensor
+
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 SQNR_CAP = 120.0  # dB drawn for identical tensors (null SQNR) and anything above it
 WORST_HISTOGRAMS = 6
@@ -93,7 +95,8 @@ def _compare_section(c: dict) -> str:
         out.append(f'<p class="bad">{e(engine)} failed: {e(str(reason))}</p>')
     for engine, names in (c.get("unmatched") or {}).items():
         if names:
-            shown = ", ".join(map(str, names[:20])) + (" ..." if len(names) > 20 else "")
+            shown = ", ".join(describe_tensor(str(n), c.get("tensors") or []) for n in names[:20])
+            shown += " ..." if len(names) > 20 else ""
             out.append(f"<p>{e(engine)}: {len(names)} unmatched tensors ({e(shown)})</p>")
     fd = c.get("first_divergence")
     if fd:

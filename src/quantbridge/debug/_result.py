@@ -40,6 +40,17 @@ def _pairing_lines(tensors: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def describe_tensor(name: str, tensors: list[dict[str, Any]]) -> str:
+    """``name`` with the op that computes it and its layer, e.g. ``val_4 (MaxPool
+    node_max_pool2d)``: the file's tensor names (``val_3``) alone do not say what they are."""
+    t = next((t for t in tensors if t["name"] == name), None)
+    if t is None:
+        return name
+    what = t["op"] if t["op"] != "input" else "input"
+    layer = t["layer"] if t["layer"] and t["layer"] != name else ""
+    return f"{name} ({what}{' ' + layer if layer else ''})"
+
+
 class CompareResult:
     """Per-tensor metrics of every engine against the reference engine (``compare``)."""
 
@@ -133,7 +144,8 @@ class CompareResult:
             lines.append(f"engine {engine} failed: {reason}")
         lines.extend(_pairing_lines(self.tensors))
         for engine, names in d["unmatched"].items():
-            shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+            shown = ", ".join(describe_tensor(n, self.tensors) for n in names[:6])
+            shown += " ..." if len(names) > 6 else ""
             lines.append(f"{engine}: {len(names)} tensors not matched ({shown})")
         return lines
 

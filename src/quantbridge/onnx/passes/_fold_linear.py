@@ -24,7 +24,7 @@ import onnx
 
 from ...numerics import bias_scale, dequantize, fit_weight_scale_to_bias, quantize_bias
 from ._graph import MS_DOMAIN, GraphView, QParams, Rewrite, attribute, attributes, node
-from ._match import QInput, QOutput, one_type, operands, q_input, q_output
+from ._match import QInput, QOutput, one_type, operands, q_input, q_output, weight_for
 from ._registry import register_fold
 
 
@@ -80,15 +80,17 @@ def fold_conv(g: GraphView, conv: onnx.NodeProto) -> Rewrite | None:
     if x is None or w is None or out is None or not one_type(x.params, out.params):
         return None
     bias = _bias(g, conv.input[2] if len(conv.input) > 2 else "", x.params, w.params)
-    if bias is None:
+    typed = weight_for(g, x.params, w)
+    if bias is None or typed is None:
         return None
+    w, w_inits = typed
     names, inits = operands(g, x.params, w.params, out.params)
     (xs, xz), (ws, wz), (ys, yz) = names
     inputs = [x.tensor, xs, xz, w.tensor, ws, wz, ys, yz] + ([bias[0]] if bias[0] else [])
     qconv = node(
         "QLinearConv", inputs, [out.tensor], g.fresh(conv.name or "qconv"), **attributes(conv)
     )
-    return Rewrite([conv, *out.nodes], [qconv], inits + bias[1])
+    return Rewrite([conv, *out.nodes], [qconv], inits + bias[1] + w_inits)
 
 
 def _qgemm(g, name, a: QInput, b: QInput, bias, out: QOutput, a_tensor, out_tensor, trans_b):
@@ -122,10 +124,12 @@ def fold_gemm(g: GraphView, gemm: onnx.NodeProto) -> Rewrite | None:
     if a is None or b is None or out is None or not one_type(a.params, out.params):
         return None
     bias = _bias(g, gemm.input[2] if len(gemm.input) > 2 else "", a.params, b.params)
-    if bias is None:
+    typed = weight_for(g, a.params, b)
+    if bias is None or typed is None:
         return None
+    b, b_inits = typed
     qgemm, inits = _qgemm(g, gemm.name, a, b, bias, out, a.tensor, out.tensor, trans_b)
-    return Rewrite([gemm, *out.nodes], [qgemm], inits)
+    return Rewrite([gemm, *out.nodes], [qgemm], inits + b_inits)
 
 
 # Case 6 (and Case 7 through _fold_linear)
@@ -139,13 +143,15 @@ def fold_matmul(g: GraphView, matmul: onnx.NodeProto) -> Rewrite | None:
     if out is None:
         return _fold_linear(g, matmul, a)
     b = q_input(g, matmul.input[1]) or _weight(g, matmul.input[1], -1)
-    if b is None or not one_type(a.params, out.params):
+    typed = weight_for(g, a.params, b) if b is not None else None
+    if typed is None or not one_type(a.params, out.params):
         return None
+    b, b_inits = typed
     names, inits = operands(g, a.params, b.params, out.params)
     (as_, az), (bs, bz), (ys, yz) = names
     inputs = [a.tensor, as_, az, b.tensor, bs, bz, ys, yz]
     qmatmul = node("QLinearMatMul", inputs, [out.tensor], g.fresh(matmul.name or "qmatmul"))
-    return Rewrite([matmul, *out.nodes], [qmatmul], inits)
+    return Rewrite([matmul, *out.nodes], [qmatmul], inits + b_inits)
 
 
 # Case 7
@@ -162,14 +168,18 @@ def _fold_linear(g: GraphView, matmul: onnx.NodeProto, a: QInput) -> Rewrite | N
     bias = _bias(g, bias_input, a.params, b.params) if out is not None else None
     if bias is None or not bias[0] or not one_type(a.params, out.params):
         return None
+    n_out = g.constants[b.tensor].dims[1]
+    typed = weight_for(g, a.params, b)
+    if typed is None:
+        return None
+    b, b_inits = typed
     shape = g.shapes.get(matmul.input[0])
     if shape is None or len(shape) < 2 or any(d is None for d in shape[1:]):
         return None
     name = matmul.name or "qgemm"
     if len(shape) == 2:
         qgemm, inits = _qgemm(g, name, a, b, bias, out, a.tensor, out.tensor, 0)
-        return Rewrite([matmul, add, *out.nodes], [qgemm], inits)
-    n_out = g.constants[b.tensor].dims[1]
+        return Rewrite([matmul, add, *out.nodes], [qgemm], inits + b_inits)
     to_2d = g.constant(name + "_2d", np.array([-1, shape[-1]], np.int64))
     back = g.constant(name + "_nd", np.array([-1, *shape[1:-1], n_out], np.int64))
     flat, result = g.fresh(a.tensor + "_2d"), g.fresh(out.tensor + "_2d")
@@ -177,5 +187,5 @@ def _fold_linear(g: GraphView, matmul: onnx.NodeProto, a: QInput) -> Rewrite | N
     qgemm, inits = _qgemm(g, name, a, b, bias, out, flat, result, 0)
     reshape_out = node("Reshape", [result, back.name], [out.tensor], g.fresh(name + "_reshape"))
     return Rewrite(
-        [matmul, add, *out.nodes], [reshape_in, qgemm, reshape_out], inits + [to_2d, back]
+        [matmul, add, *out.nodes], [reshape_in, qgemm, reshape_out], inits + [to_2d, back] + b_inits
     )

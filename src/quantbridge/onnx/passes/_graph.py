@@ -77,6 +77,16 @@ class GraphView(GraphIndex):
         super().__init__(nodes, initializers, (o.name for o in graph.output))
         self.initializers, self.graph = initializers, graph
         self.shapes, self.opset, self._names = shapes, opset, names
+        self._file_names: set[str] | None = None
+
+    @property
+    def file_names(self) -> set[str]:
+        """Every tensor name of the file the view started from (not those the fold made)."""
+        if self._file_names is None:
+            g = self.graph
+            self._file_names = {t for n in g.node for t in itertools.chain(n.input, n.output)}
+            self._file_names |= {i.name for i in g.initializer} | {i.name for i in g.input}
+        return self._file_names
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> GraphView:
@@ -111,7 +121,9 @@ class GraphView(GraphIndex):
         nodes = [n for n in self.nodes if id(n) not in gone] + list(rewrite.add)
         inits = dict(self.initializers)
         inits.update({t.name: t for t in rewrite.initializers})
-        return GraphView(nodes, inits, self.graph, self.shapes, self.opset, self._names)
+        view = GraphView(nodes, inits, self.graph, self.shapes, self.opset, self._names)
+        view._file_names = self._file_names
+        return view
 
     # -- names and constants ------------------------------------------------------------------
     def fresh(self, base: str) -> str:

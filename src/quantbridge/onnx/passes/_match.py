@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from ...numerics import quantize
 from ._graph import GraphView, QParams, attribute
@@ -93,6 +93,31 @@ def one_type(*params: QParams) -> bool:
     only (a model whose input is int8 and whose post-ReLU tensors are uint8 keeps that layer in QDQ
     form)."""
     return len({p.dtype for p in params}) <= 1
+
+
+def weight_for(g: GraphView, activation: QParams, w: QInput) -> tuple[QInput, list] | None:
+    """``w`` in a type ONNX Runtime pairs with ``activation`` in QLinearConv, QLinearMatMul and
+    QGemm, and the initializers that takes; None when it cannot be had exactly.
+
+    ONNX Runtime 1.32 registers these for (uint8 activation, uint8 or int8 weight) and (int8
+    activation, int8 weight) only: int8 activations with uint8 weights ("Could not find an
+    implementation for QLinearConv(10)"; ONNX Runtime's quantize_static with
+    ``activation_type=QInt8, weight_type=QUInt8`` writes them) get their weight's codes and zero
+    point moved down by 128. That is exact: ``w - z == (w - 128) - (z - 128)`` and both stay in
+    int8. A per-channel uint8 weight would need zero points -128 (QLinearConv takes per-channel
+    zero points 0 only), and a uint8 *activation* as second operand is not a constant to shift:
+    both decline (the op stays QDQ, ``quantbridge fold`` lists it as not folded)."""
+    if not (activation.dtype == TensorProto.INT8 and w.params.dtype == TensorProto.UINT8):
+        return w, []
+    stored = g.array(w.tensor)
+    if stored is None or not w.params.per_tensor:
+        return None
+    p = w.params
+    codes = g.constant(w.tensor + "_int8", (stored.astype(np.int16) - 128).astype(np.int8))
+    zero = (np.asarray(p.zero_point_value).astype(np.int16) - 128).astype(np.int8)
+    zp = g.constant(w.tensor + "_zero_point_int8", zero)
+    params = QParams(p.scale, zp.name, p.scale_value, zero, p.axis, TensorProto.INT8)
+    return QInput(codes.name, params, w.dequantize), [codes, zp]
 
 
 def type_range(dtype: int) -> tuple[int, int]:

@@ -118,21 +118,33 @@ def _raise_quantize(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
 
 # Case 3
 def _cancel_pair(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
-    """Case 3: ``DQ -> Q`` with equal parameters is the identity; readers of Q read DQ's input."""
+    """Case 3: ``DQ -> Q`` with equal parameters is the identity; readers of Q read DQ's input.
+
+    When DQ's input is a tensor the fold made (case 1's integer MaxPool / Reshape output), that
+    tensor takes the Q's name instead: the file's quantized tensor names survive the fold, and
+    ``compare`` pairs the folded file's tensors with the QDQ file's by them."""
     dq = g.produced_by(q.input[0], "DequantizeLinear")
     if dq is None or q.output[0] in g.outputs:
         return None
     dq_params, q_params = g.qparams(dq), g.qparams(q)
     if dq_params is None or q_params is None or not dq_params.same_as(q_params):
         return None
+    old, new = dq.input[0], q.output[0]
+    made = old not in g.file_names and old in g.producer and old not in g.outputs
+    if not made:
+        old, new = new, dq.input[0]  # readers of Q read DQ's input
     remove, add = [q], []
-    for reader in g.consumers.get(q.output[0], []):
-        rewired = onnx.NodeProto.FromString(reader.SerializeToString())
-        for i, t in enumerate(rewired.input):
-            if t == q.output[0]:
-                rewired.input[i] = dq.input[0]
-        remove.append(reader)
-        add.append(rewired)
+    touched = [g.producer[old]] if made else []
+    readers = {id(n): n for n in g.consumers.get(old, []) if n is not q}  # once each
+    touched += list(readers.values())
+    for n in touched:
+        renamed = onnx.NodeProto.FromString(n.SerializeToString())
+        for names in (renamed.input, renamed.output):
+            for i, t in enumerate(names):
+                if t == old:
+                    names[i] = new
+        remove.append(n)
+        add.append(renamed)
     return Rewrite(remove=remove, add=add)
 
 
