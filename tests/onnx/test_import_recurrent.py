@@ -1,0 +1,188 @@
+"""ONNX ``LSTM`` / ``GRU`` / ``RNN`` imported as torch recurrent layers (``importer/_recurrent``).
+
+Regression: ``qb.import_onnx(qb.export(m))`` failed on any model with an LSTM or GRU ("unsupported
+ops LSTM"): placement leaves recurrent layers float and the export writes ONNX LSTM / GRU nodes,
+which the importer had no handler for.
+
+Tolerance against ONNX Runtime (float32): ``atol=1e-6, rtol=1e-5``. Every output is a product of
+sigmoids and tanhs (|h| <= 1, |c| grows by at most 1 a step) of the same float32 products; ORT's
+MLAS sigmoid / tanh are approximations within a few float32 ulps of torch's and its gate sums run
+in another order, so the two drift by a few ulps per step: measured max 1.2e-7 absolute (7 steps,
+2 bidirectional LSTM layers then a GRU), so 1e-6 is ~8x that and still 10^4 below a wrong gate
+order or a missing bias (errors of order 0.1).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+from torch import nn
+
+import quantbridge as qb
+
+TOL = {"atol": 1e-6, "rtol": 1e-5}  # module docstring
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _ort(model, feeds: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _oracle(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    """ORT's outputs; for ``layout=1`` (batch first), which ORT refuses, ORT's outputs of the
+    same node with ``layout=0`` on the transposed inputs, transposed back (ONNX's definition)."""
+    node = model.graph.node[0]
+    layout = next((a for a in node.attribute if a.name == "layout"), None)
+    if layout is None or layout.i == 0:
+        return _ort(model, feeds)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    next(a for a in model.graph.node[0].attribute if a.name == "layout").i = 0
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in ("X", "H0", "C0"):
+            dims[0].dim_value, dims[1].dim_value = dims[1].dim_value, dims[0].dim_value
+    swapped = {n: v.swapaxes(0, 1) if n in ("X", "H0", "C0") else v for n, v in feeds.items()}
+    y, *states = _ort(model, swapped)
+    return [y.transpose(2, 0, 1, 3), *(s.swapaxes(0, 1) for s in states)]
+
+
+def _torch(module, feeds: dict) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = module(*(torch.from_numpy(v) for v in feeds.values()))
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+class _Stack(nn.Module):
+    """What torch.onnx.export writes for a 2-layer bidirectional LSTM (two LSTM nodes) and a GRU
+    (``linear_before_reset=1``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.gru = nn.LSTM(6, 8, num_layers=2, bidirectional=True), nn.GRU(16, 5)
+
+    def forward(self, x):
+        y, (h, c) = self.lstm(x)
+        z, hz = self.gru(y)
+        return y, h, c, z, hz
+
+
+def test_torch_exported_lstm_and_gru_match_ort(tmp_path):
+    torch.manual_seed(0)
+    path = str(tmp_path / "stack.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Stack().eval(), (torch.randn(7, 3, 6),), path, dynamo=False,
+                          opset_version=17, input_names=["x"], dynamic_axes={"x": {1: "B"}})  # fmt: skip
+    ops = [n.op_type for n in onnx.load(path).graph.node if n.op_type in ("LSTM", "GRU")]
+    assert ops == ["LSTM", "LSTM", "GRU"]
+    module = qb.import_onnx(path)
+    feeds = {"x": np.random.default_rng(1).standard_normal((7, 2, 6)).astype(np.float32)}
+    for got, ref in zip(_torch(module, feeds), _ort(path, feeds), strict=True):
+        np.testing.assert_allclose(got, ref, **TOL)
+    assert sum(isinstance(m, nn.LSTM) for m in module.modules()) == 2
+    assert sum(isinstance(m, nn.GRU) for m in module.modules()) == 1
+
+
+def _node_model(op, direction="forward", layout=0, initial=False, lengths=False, inputs=None,
+                **attrs):  # fmt: skip
+    """One ``op`` node, random constant weights, sequence 5, batch 3, input 4, hidden 6."""
+    rng = np.random.default_rng(hash((op, direction, layout, initial)) % 2**32)
+    d, h, i, t, b = (2 if direction == "bidirectional" else 1), 6, 4, 5, 3
+    g = _GATES[op]
+    consts = {
+        "W": rng.standard_normal((d, g * h, i)).astype(np.float32) * 0.5,
+        "R": rng.standard_normal((d, g * h, h)).astype(np.float32) * 0.5,
+        "B": rng.standard_normal((d, 2 * g * h)).astype(np.float32) * 0.5,
+    }
+    names = ["X", "W", "R", "B", "", "", ""]
+    batch_major = (b, d, h) if layout else (d, b, h)
+    graph_inputs = {"X": (b, t, i) if layout else (t, b, i)}
+    if lengths:
+        names[4] = "L"
+        consts["L"] = np.full(b, t, np.int32)
+    if initial:
+        names[5] = "H0"
+        graph_inputs["H0"] = batch_major
+        if op == "LSTM":
+            names[6] = "C0"
+            graph_inputs["C0"] = batch_major
+    for name in inputs or ():  # weights fed at run time instead of stored
+        graph_inputs[name] = consts.pop(name).shape
+    names = names[: 7 if op == "LSTM" else 6]
+    while not names[-1]:
+        names.pop()
+    outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, outputs, name=f"my_{op}", hidden_size=h,
+                            direction=direction, layout=layout, **attrs)  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in graph_inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [onnx.numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    rng = np.random.default_rng(7)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in graph_inputs.items()}
+    return model, feeds
+
+
+@pytest.mark.parametrize(
+    ("op", "direction", "layout", "initial", "extra"),
+    [
+        ("LSTM", "reverse", 0, True, {}),
+        ("LSTM", "bidirectional", 1, True, {}),
+        ("LSTM", "forward", 0, False, {"lengths": True}),
+        ("GRU", "bidirectional", 0, True, {"linear_before_reset": 1}),
+        ("GRU", "reverse", 1, False, {"linear_before_reset": 1}),
+        ("RNN", "bidirectional", 0, True, {}),
+        ("RNN", "forward", 1, False, {"activations": ["Relu"]}),
+        ("LSTM", "bidirectional", 0, True, {"inputs": ("W", "R", "B")}),  # run-time weights
+        ("GRU", "forward", 0, False, {"inputs": ("R",), "linear_before_reset": 1}),
+    ],
+)
+def test_onnx_semantics_match_ort(op, direction, layout, initial, extra):
+    model, feeds = _node_model(op, direction, layout, initial, **extra)
+    module = qb.import_onnx(model)
+    layers = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
+    assert len(layers) == (0 if "inputs" in extra else 1)  # run-time weights: functional
+    for got, ref in zip(_torch(module, feeds), _oracle(model, feeds), strict=True):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, **TOL)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "match"),
+    [
+        ("LSTM", {"clip": 3.0}, "clip=3.0"),
+        ("LSTM", {"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations"),
+        ("LSTM", {"input_forget": 1}, "input_forget"),
+        ("GRU", {}, "linear_before_reset=0"),
+        ("RNN", {"activations": ["Sigmoid"]}, "activations"),
+    ],
+)
+def test_unsupported_attributes_are_refused_naming_the_node(op, attrs, match):
+    model, _ = _node_model(op, **attrs)
+    with pytest.raises(ValueError, match=rf"'my_{op}'.*{match}"):
+        qb.import_onnx(model)
+
+
+def test_short_sequence_lens_are_refused_naming_the_node():
+    model, feeds = _node_model("LSTM", lengths=True)
+    lens = next(i for i in model.graph.initializer if i.name == "L")
+    lens.CopyFrom(onnx.numpy_helper.from_array(np.array([5, 3, 5], np.int32), "L"))
+    module = qb.import_onnx(model)
+    with pytest.raises(ValueError, match=r"'my_LSTM'.*sequence_lens \[5, 3, 5\].*length 5"):
+        _torch(module, feeds)
