@@ -26,6 +26,11 @@ ONNX semantics (opset 7 on; ``layout`` from 14) and how each maps to torch:
 
 With constant ``W``, ``R`` (and ``B``) the layer holds them as ``nn.Parameter`` (``LayerSpec``);
 with run-time weights the same reordering feeds ``torch.lstm`` / ``torch.gru`` / ``torch.rnn_*``.
+
+Agreement with ONNX Runtime (float32, ``tests/onnx/test_import_recurrent.py``): max 1.2e-7 absolute
+on a torch-exported 2-layer bidirectional LSTM and GRU (ORT's sigmoid / tanh approximations).
+``torch.export`` (``qb.quantize`` of the imported model) pins the sequence length of a torch
+recurrent layer to the example's, as it does for the user's own ``nn.LSTM``.
 """
 
 from __future__ import annotations
