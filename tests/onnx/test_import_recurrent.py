@@ -259,3 +259,28 @@ def test_peepholes_zero_are_accepted_others_refused(value):
         return
     for got, ref in zip(_torch(qb.import_onnx(model), feeds), _oracle(model, feeds), strict=True):
         np.testing.assert_allclose(got, ref, **TOL)
+
+
+@pytest.mark.filterwarnings("ignore:The tensor attributes")  # torch.export's note on nn.LSTM
+def test_integer_lstm_weights_are_dequantized_and_warned():
+    """A QDQ file whose LSTM reads ``DequantizeLinear(int8 W)``: exact outputs, and a warning that
+    the layer holds them float (no quantizer keeps them on the file's grid)."""
+    model, feeds = _node_model("LSTM", direction="bidirectional")
+    g = model.graph
+    w = next(i for i in g.initializer if i.name == "W")
+    values = onnx.numpy_helper.to_array(w)
+    scale = np.float32(np.abs(values).max() / 127)
+    codes = np.round(values / scale).astype(np.int8)
+    g.initializer.remove(w)
+    for name, value in {"Wq": codes, "ws": scale, "wz": np.int8(0), "xs": np.float32(0.02),
+                        "xz": np.int8(0)}.items():  # fmt: skip
+        g.initializer.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+    lstm = g.node[0]
+    lstm.input[0] = "Xd"
+    g.node.insert(0, helper.make_node("DequantizeLinear", ["Wq", "ws", "wz"], ["W"]))
+    g.node.insert(1, helper.make_node("QuantizeLinear", ["X", "xs", "xz"], ["Xq"]))
+    g.node.insert(2, helper.make_node("DequantizeLinear", ["Xq", "xs", "xz"], ["Xd"]))
+    with pytest.warns(UserWarning, match=r"'my_LSTM'.*weights \['W'\] are integers in the file"):
+        imported = qb.import_onnx(model)
+    for got, ref in zip(_torch(imported, feeds), _oracle(model, feeds), strict=True):
+        np.testing.assert_allclose(got, ref, **TOL)

@@ -20,6 +20,9 @@ ONNX semantics (opset 7 on; ``layout`` from 14) and how each maps to torch:
 * ``sequence_lens``: accepted when every length is the sequence length (checked at each call on
   real data; a traced or fake run has none to check); shorter sequences are refused, naming
   the node (torch's packed sequences would be needed).
+* Integer weights (a QDQ file's ``DequantizeLinear`` of int8 ``W`` / ``R``): the layer holds their
+  dequantized values as float parameters (outputs exact) and the import warns
+  (``warn_integer_weights``): no quantizer keeps them on the file's grid.
 * Refused, naming the node: activations other than the defaults (LSTM ``Sigmoid, Tanh, Tanh``,
   GRU ``Sigmoid, Tanh``, RNN ``Tanh``; RNN ``Relu`` is ``nn.RNN(nonlinearity="relu")``),
   ``clip``, LSTM ``input_forget=1`` and non-zero peepholes ``P``.
@@ -34,6 +37,9 @@ recurrent layer to the example's, as it does for the user's own ``nn.LSTM``.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Container
 
 import numpy as np
 import torch
@@ -225,6 +231,24 @@ def _functional(node: OnnxNode, x, w, r, b=None, lengths=None, h0=None, c0=None,
         return fn(x, hx, flat, b is not None, 1, 0.0, False, bidirectional, False)
 
     return _recurrent(node, run, x, as_tensor(lengths), h0, c0)
+
+
+def warn_integer_weights(module: nn.Module, nodes: dict, integer: Container[str]) -> None:
+    """Warn for each recurrent layer of ``module`` (an ``OnnxModule``) whose ``W``, ``R`` or
+    ``B`` the file stores as integers (``integer``: their names): they are float parameters."""
+    for attr, name in module.onnx_names.items():
+        node = nodes.get(name)
+        if node is None or not isinstance(getattr(module, attr, None), nn.RNNBase):
+            continue
+        stored = [n for n in node.inputs[1:4] if n and n in integer]
+        if stored:
+            warnings.warn(
+                f"{node.where()}: its weights {stored} are integers in the file; torch's "
+                f"{node.op_type} layer holds their dequantized values as float parameters (the "
+                "outputs are exact), with no quantizer: fine-tuning moves them off the file's "
+                "grid and export writes them in float",
+                stacklevel=3,
+            )
 
 
 _SPEC = LayerSpec(_build, _call)
