@@ -51,7 +51,7 @@ from ._registry import LayerSpec, OnnxNode, as_tensor, ints, register
 _ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
 _DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh")}
 _RNN_ACTIVATIONS = {"tanh": "tanh", "relu": "relu"}  # ONNX RNN activation -> nonlinearity
-_LSTM_P, _SEQUENCE_LENS = 7, 4  # input positions
+_LSTM_P = 7  # input position of the peephole weights
 
 
 def _directions(node: OnnxNode) -> int:
