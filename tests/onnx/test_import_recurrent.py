@@ -147,10 +147,13 @@ def _node_model(op, direction="forward", layout=0, initial=False, lengths=False,
         ("LSTM", "forward", 0, False, {"lengths": True}),
         ("GRU", "bidirectional", 0, True, {"linear_before_reset": 1}),
         ("GRU", "reverse", 1, False, {"linear_before_reset": 1}),
+        ("GRU", "bidirectional", 0, True, {}),  # linear_before_reset=0: GRUResetFirst
+        ("GRU", "reverse", 1, False, {"linear_before_reset": 0}),
         ("RNN", "bidirectional", 0, True, {}),
         ("RNN", "forward", 1, False, {"activations": ["Relu"]}),
         ("LSTM", "bidirectional", 0, True, {"inputs": ("W", "R", "B")}),  # run-time weights
         ("GRU", "forward", 0, False, {"inputs": ("R",), "linear_before_reset": 1}),
+        ("GRU", "bidirectional", 0, False, {"inputs": ("W", "B")}),
     ],
 )
 def test_onnx_semantics_match_ort(op, direction, layout, initial, extra):
@@ -169,7 +172,6 @@ def test_onnx_semantics_match_ort(op, direction, layout, initial, extra):
         ("LSTM", {"clip": 3.0}, "clip=3.0"),
         ("LSTM", {"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations"),
         ("LSTM", {"input_forget": 1}, "input_forget"),
-        ("GRU", {}, "linear_before_reset=0"),
         ("RNN", {"activations": ["Sigmoid"]}, "activations"),
     ],
 )

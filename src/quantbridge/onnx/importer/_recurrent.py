@@ -8,8 +8,9 @@ ONNX semantics (opset 7 on; ``layout`` from 14) and how each maps to torch:
   ``z, r, h`` (torch: ``r, z, n``); ``W [D, G*H, I]``, ``R [D, G*H, H]`` and each half of
   ``B [D, 2*G*H]`` (``Wb`` then ``Rb``) are reordered block by block (``_ORDER``).
 * GRU ``linear_before_reset=1`` is torch's cell (``n = tanh(W_n x + b_in + r * (R_n h + b_hn))``);
-  ``linear_before_reset=0`` (``r`` applied to ``h`` before ``R_n``) has no torch layer and is
-  refused, naming the node.
+  ``linear_before_reset=0`` (ONNX's default: ``n = tanh(W_n x + b_in + R_n (r * h) + b_hn)``) has
+  no torch kernel: ``GRUResetFirst``, an ``nn.GRU`` (same parameters) whose forward steps through
+  time in torch ops (slower than torch's kernel, as trainable).
 * ``direction``: ``forward``; ``bidirectional`` is a bidirectional torch layer (ONNX direction 1
   is torch's ``_reverse`` weights); ``reverse`` runs a forward layer on the time-flipped sequence
   and flips its output back (exact when every sequence has the full length, as required below).
@@ -86,11 +87,6 @@ def _check(node: OnnxNode) -> None:
         refuse(f"clip={node.attr('clip')}", "re-export the model without cell clipping")
     if node.op_type == "LSTM" and node.attr("input_forget", 0):
         refuse("input_forget=1 (coupled input and forget gates)", "re-export without it")
-    if node.op_type == "GRU" and not node.attr("linear_before_reset", 0):
-        refuse(
-            "linear_before_reset=0 (the reset gate applied before R_h)",
-            "torch's GRU computes linear_before_reset=1 (torch.onnx.export writes that form)",
-        )
 
 
 def _input(node: OnnxNode, consts: dict, i: int):
@@ -145,8 +141,49 @@ def _layer(node: OnnxNode, input_size: int, hidden: int, bias: bool) -> nn.RNNBa
     if node.op_type == "RNN":
         return nn.RNN(input_size, hidden, nonlinearity=_nonlinearity(node), bias=bias,
                       bidirectional=bidirectional)  # fmt: skip
-    cls = nn.LSTM if node.op_type == "LSTM" else nn.GRU
+    cls = nn.LSTM if node.op_type == "LSTM" else nn.GRU if _reset_after(node) else GRUResetFirst
     return cls(input_size, hidden, bias=bias, bidirectional=bidirectional)
+
+
+def _reset_after(node: OnnxNode) -> bool:
+    """A GRU whose reset gate scales ``R_n h + b_hn`` (torch's cell, ``linear_before_reset=1``)."""
+    return bool(node.attr("linear_before_reset", 0))
+
+
+def gru_reset_first(x, hx, flat: list, has_bias: bool, bidirectional: bool):
+    """ONNX's GRU with ``linear_before_reset=0`` in torch's conventions: ``x [T, B, I]``, ``hx
+    [D, B, H]`` or None, ``flat`` torch's ``[w_ih, w_hh, b_ih, b_hh]`` per direction (gates
+    ``r, z, n``); returns ``(y [T, B, D*H], h_n [D, B, H])``. Per step, direction ``d``:
+    ``r, z = sigmoid(W_rz x + b_irz + R_rz h + b_hrz)``, ``n = tanh(W_n x + b_in + R_n (r * h) +
+    b_hn)``, ``h = (1 - z) * n + z * h``; direction 1 runs from the last step to the first."""
+    directions, per = (2 if bidirectional else 1), (4 if has_bias else 2)
+    steps = x.shape[0]
+    ys, states = [], []
+    for d in range(directions):
+        w_ih, w_hh, *b = flat[d * per : (d + 1) * per]
+        hidden = w_hh.shape[-1]
+        h = hx[d] if hx is not None else x.new_zeros(x.shape[1], hidden)
+        gates_x = torch.matmul(x, w_ih.t()) + (b[0] if b else 0)  # [T, B, 3H], all steps at once
+        w_rz, w_n = w_hh[: 2 * hidden], w_hh[2 * hidden :]
+        b_rz, b_n = (b[1][: 2 * hidden], b[1][2 * hidden :]) if b else (0, 0)
+        out = [None] * steps
+        for t in range(steps) if d == 0 else reversed(range(steps)):
+            x_rz, x_n = gates_x[t, :, : 2 * hidden], gates_x[t, :, 2 * hidden :]
+            r, z = torch.sigmoid(x_rz + torch.matmul(h, w_rz.t()) + b_rz).chunk(2, -1)
+            n = torch.tanh(x_n + torch.matmul(r * h, w_n.t()) + b_n)
+            h = (1 - z) * n + z * h
+            out[t] = h
+        ys.append(torch.stack(out))
+        states.append(h)
+    return torch.cat(ys, -1), torch.stack(states)
+
+
+class GRUResetFirst(nn.GRU):
+    """``nn.GRU``'s parameters with ONNX's ``linear_before_reset=0`` cell (``gru_reset_first``):
+    the reset gate scales ``h`` before ``R_n``. Time-major input, no packed sequences."""
+
+    def forward(self, x, hx=None):
+        return gru_reset_first(x, hx, self._flat_weights, self.bias, self.bidirectional)
 
 
 def _build(node: OnnxNode, consts: dict):
@@ -227,6 +264,8 @@ def _functional(node: OnnxNode, x, w, r, b=None, lengths=None, h0=None, c0=None,
             shape = (_directions(node), x.shape[1], as_tensor(r).shape[-1])
             hx = x.new_zeros(shape)
             hx = (hx, hx) if node.op_type == "LSTM" else hx
+        if node.op_type == "GRU" and not _reset_after(node):
+            return gru_reset_first(x, hx, flat, b is not None, bidirectional)
         fn = _FUNCTIONS.get(node.op_type) or getattr(torch, f"rnn_{_nonlinearity(node)}")
         return fn(x, hx, flat, b is not None, 1, 0.0, False, bidirectional, False)
 
