@@ -7,14 +7,17 @@ which the importer had no handler for.
 Tolerance against ONNX Runtime (float32): ``atol=1e-6, rtol=1e-5``. Every output is a product of
 sigmoids and tanhs (|h| <= 1, |c| grows by at most 1 a step) of the same float32 products; ORT's
 MLAS sigmoid / tanh are approximations within a few float32 ulps of torch's and its gate sums run
-in another order, so the two drift by a few ulps per step: measured max 1.2e-7 absolute (7 steps,
-2 bidirectional LSTM layers then a GRU), so 1e-6 is ~8x that and still 10^4 below a wrong gate
-order or a missing bias (errors of order 0.1).
+in another order, so the two drift by a few ulps per step. Measured max: 1.2e-7 absolute on the
+torch export (7 steps, 2 bidirectional LSTM layers then a GRU), 7.2e-7 over the single-node cases
+(5 steps, weights of scale 0.5, relu RNN outputs above 1); the largest error is 0.17 of
+``1e-6 + 1e-5 * |y|`` (bidirectional RNN), which is 10^4 below a wrong gate order or a missing
+bias (errors of order 0.1 to 1).
 """
 
 from __future__ import annotations
 
 import warnings
+import zlib
 
 import numpy as np
 import onnx
@@ -97,7 +100,7 @@ def test_torch_exported_lstm_and_gru_match_ort(tmp_path):
 def _node_model(op, direction="forward", layout=0, initial=False, lengths=False, inputs=None,
                 **attrs):  # fmt: skip
     """One ``op`` node, random constant weights, sequence 5, batch 3, input 4, hidden 6."""
-    rng = np.random.default_rng(hash((op, direction, layout, initial)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((op, direction, layout, initial)).encode()))
     d, h, i, t, b = (2 if direction == "bidirectional" else 1), 6, 4, 5, 3
     g = _GATES[op]
     consts = {

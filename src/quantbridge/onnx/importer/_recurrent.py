@@ -95,14 +95,17 @@ def _input(node: OnnxNode, consts: dict, i: int):
     return given, consts.get(node.inputs[i]) if given else None
 
 
+def _concrete(t: torch.Tensor) -> bool:
+    """A tensor holding data (not a fake tensor or a proxy of a trace)."""
+    return torch._guards.detect_fake_mode(t) is None and not isinstance(t, torch.fx.Proxy)
+
+
 def _check_lengths(node: OnnxNode, lengths, steps) -> None:
     """Refuse ``sequence_lens`` shorter than the sequence (no check on fake / traced values)."""
     if lengths is None:
         return
     if isinstance(lengths, torch.Tensor):
-        if torch._guards.detect_fake_mode(lengths) is not None or isinstance(
-            lengths, torch.fx.Proxy
-        ):
+        if not _concrete(lengths):
             return
         values = [int(v) for v in lengths.reshape(-1).tolist()]
     else:
@@ -255,7 +258,8 @@ _FUNCTIONS = {"LSTM": torch.lstm, "GRU": torch.gru}
 
 def _functional(node: OnnxNode, x, w, r, b=None, lengths=None, h0=None, c0=None, p=None):
     """The op with run-time weights: torch's recurrent functions on the reordered weights."""
-    _refuse_peepholes(node, None if p is None else as_tensor(p).detach().numpy())
+    p = as_tensor(p)
+    _refuse_peepholes(node, p.detach().numpy() if p is not None and _concrete(p) else None)
     flat = _flat_weights(node, w, r, b)
     bidirectional = _directions(node) == 2
 
