@@ -218,19 +218,23 @@ def _fc_input_step(path: str) -> float:
     return float(inits[dq.input[1]])
 
 
+@pytest.mark.filterwarnings("ignore:The tensor attributes")  # torch.export's note on nn.LSTM
 def test_int8_crnn_round_trip_matches_ort_and_fine_tunes(tmp_path):
     """The regression: ``import_onnx(export(quantize(m)))`` of a model with an LSTM."""
     torch.manual_seed(0)
     data = [torch.randn(2, 1, 4, 10) for _ in range(3)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the LSTM left float (warned: test_placement_left_float)
-        qmodel = qb.quantize(_CRNN().eval(), data)
+    model = _CRNN().eval()
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*'rnn'.*recurrent"):
+        qmodel = qb.quantize(model, data)
+    # the float LSTM reads the int8 conv's output: the QuantModel's result is the float model's
+    # within the quantized conv and linear's noise (measured 5.7e-5 relative error energy)
+    with torch.no_grad():
+        ref, approx = model(data[0]), qmodel(data[0])
+    assert float(((ref - approx) ** 2).sum() / (ref**2).sum()) < 1e-2
     path = str(tmp_path / "crnn_int8.onnx")
     qb.export(qmodel, path, example_inputs=data[0])
     assert "LSTM" in {n.op_type for n in onnx.load(path).graph.node}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.export's note on nn.LSTM's _flat_weights
-        imported = qb.import_onnx(path)
+    imported = qb.import_onnx(path)
     x = np.random.default_rng(1).standard_normal((3, 1, 4, 10)).astype(np.float32)
     with torch.no_grad():
         got = imported(torch.from_numpy(x)).numpy()
