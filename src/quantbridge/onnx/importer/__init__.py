@@ -2,8 +2,9 @@
 
 Owns the op registry keyed by ONNX op type and opset (``_registry``), one file per op family
 (``_nn`` weighted layers and normalisation, ``_ops`` elementwise and math, ``_pool`` pooling,
-``_tensor`` shape and data movement), the module that runs the graph in topological order
-(``_module``) and the entry point with its graph-level rewrites (``_import``).
+``_recurrent`` LSTM / GRU / RNN as torch recurrent layers, ``_tensor`` shape and data movement),
+the module that runs the graph in topological order (``_module``) and the entry point with its
+graph-level rewrites (``_import``).
 
 Quantized files (QDQ, QOperator, dynamic): ``_quantized`` normalises them to a float graph with
 ``Site`` markers and the file's record (rules in ``_qdq``, ``_qoperator``, ``_dynamic``; scales and

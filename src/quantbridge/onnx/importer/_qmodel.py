@@ -43,6 +43,7 @@ from ...torch._passes import own_parameters
 from ...torch._placement import CONTAINER, QuantPoint
 from ._module import OnnxModule
 from ._quantized import QuantRecord
+from ._recurrent import warn_integer_weights
 from ._site import DYNAMIC_SITE_TARGET, SITE_TARGET
 
 _WEIGHT_INPUT, _BIAS_INPUT = 1, 2  # of Conv, ConvTranspose, Gemm, MatMul
@@ -300,6 +301,7 @@ def quant_model(
     builder.sites()
     builder.weighted()
     builder.constants()
+    warn_integer_weights(module, builder.nodes, record.weights)
     gm.graph.lint()
     gm.recompile()
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
