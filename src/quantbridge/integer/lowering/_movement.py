@@ -82,9 +82,10 @@ def _moved_accumulator(
     """A weighted layer's accumulator moved by a data-movement op (a Linear's output reshaped),
     for a float graph output: one scale moves as it is; per-channel scales follow the channel
     axis (``_channel_map``), or the accumulator is dropped (the output is then refused).
-    MaxPool is excluded: the integer ONNX MaxPool has no int32 form."""
+    MaxPool is excluded: the integer ONNX MaxPool has no int32 form; ReduceMax / ReduceMin too
+    (a reduction over the channel axis would mix channel scales)."""
     acc = v.accumulator
-    if acc is None or op == "maxpool":
+    if acc is None or op in ("maxpool", "reduce_max", "reduce_min"):
         return None
     scale, axis = acc.scale, acc.axis
     if np.unique(scale).size > 1:

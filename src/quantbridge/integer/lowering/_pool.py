@@ -1,5 +1,5 @@
-"""Lowering of MaxPool (on codes, no rescale; after the requantization of a pending kernel,
-with which it commutes), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
+"""Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
+requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
 and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from .._program import QTensor
 from ._core import (
     Builder,
     Const,
+    Elementwise,
     LoweringError,
     Pending,
     Value,
@@ -48,6 +49,28 @@ def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
     return [moved(b, node, ins[0], "maxpool", _window(node))]
+
+
+@register_lowering("ReduceMax", "ReduceMin")
+def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """``max`` / ``min`` of codes: ``r = s(q - z)`` is increasing in ``q`` (s > 0), so they
+    commute with dequantization and with the (monotone) requantization of a pending kernel."""
+    a = attrs_of(node)
+    axes = a.get("axes")
+    if len(ins) > 1 and ins[1] is not None:
+        if not isinstance(ins[1], Const):
+            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
+        axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return [moved(b, node, ins[0], "identity", {})]
+    if isinstance(ins[0], Elementwise):
+        raise LoweringError(
+            f"{describe_node(node)}: reduces a float function of codes (no QuantizeLinear "
+            f"between {ins[0].node!r} and it); quantize that function's output first"
+        )
+    op = "reduce_max" if node.op_type == "ReduceMax" else "reduce_min"
+    axes = tuple(axes) if axes else None
+    return [moved(b, node, ins[0], op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
 
 
 def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
