@@ -65,7 +65,9 @@ def _tensor(b: Builder, node: onnx.NodeProto, v: IndexValue | Const) -> QTensor:
     return b.constant(node_name(node) + "_const", v.array.astype(held(v.array.dtype)), 1.0, 0)
 
 
-def _integer_step(b, node, ins, step_op: str, out_dtype, fold, is_bool: bool, **attrs) -> list[Value]:
+def _integer_step(
+    b, node, ins, step_op: str, out_dtype, fold, is_bool: bool, **attrs
+) -> list[Value]:
     """One integer step, or a constant when every input is one (``fold`` on the arrays)."""
     vs = [_operand(b, node, v) for v in ins]
     if all(isinstance(v, Const) for v in vs):
