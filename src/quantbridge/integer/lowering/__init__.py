@@ -20,7 +20,7 @@ from ...onnx._load import parse_onnx
 from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
-from . import _eltwise, _index, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from . import _einsum, _eltwise, _index, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
     LOWERINGS,
     Builder,
