@@ -259,6 +259,10 @@ MOVEMENTS = {
     "Slice": ("slice", _slice_attrs),
     "Resize": ("resize_nearest", _resize_attrs),
     "GatherND": ("gather_nd", lambda n, i, a: _gather_nd_attrs(n, i, a)),
+    "GatherElements": (
+        "gather_elements",
+        lambda n, i, a: {"indices": _const_indices(n, i[1]), "axis": int(a.get("axis", 0))},
+    ),
     "Expand": ("expand", lambda n, i, a: {"shape": tuple(_ints(n, i[1], "shape"))}),
     "Tile": ("tile", lambda n, i, a: {"repeats": tuple(_ints(n, i[1], "repeats"))}),
     "DepthToSpace": ("depth_to_space", _depth_attrs),
