@@ -34,9 +34,12 @@ def _mask_graph(qdq_graph, fill=float("-inf")):
                            g.const(np.int64(-1)), "ids"])  # fmt: skip
     small = g.node("Cast", [ids], to=TensorProto.INT32)
     positions = g.node("CumSum", ["mask", g.const(np.int64(1))], exclusive=1, reverse=1)
+    # RoBERTa's position ids: cumsum(mask) * mask + padding_idx
+    roberta = g.node("Add", [g.node("Mul", [g.node("CumSum", ["mask", g.const(np.int64(1))]),
+                                            "mask"]), g.const(np.int64(1))])  # fmt: skip
     model = g.model(probs, embedded)
     for name, dtype in ((keep, TensorProto.BOOL), (small, TensorProto.INT32),
-                        (positions, TensorProto.INT64)):  # fmt: skip
+                        (positions, TensorProto.INT64), (roberta, TensorProto.INT64)):  # fmt: skip
         model.graph.output.append(helper.make_tensor_value_info(name, dtype, None))
     return model
 
@@ -64,9 +67,17 @@ def test_mask_and_id_arithmetic_match_ort(qdq_graph, layerwise, three_emitters, 
     model = _mask_graph(qdq_graph, fill)
     feeds = _feeds(full_row)
     prog = qb.lower(model)
-    assert {"softmax", "take", "gather_nd", "logic", "compare", "where", "cast", "cumsum"} <= set(
-        prog.op_counts()
-    )
+    assert {
+        "softmax",
+        "take",
+        "gather_nd",
+        "logic",
+        "compare",
+        "where",
+        "cast",
+        "cumsum",
+        "arith",
+    } <= set(prog.op_counts())
     got = prog.run(feeds)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in model.graph.output]

@@ -79,3 +79,12 @@ def _take(c: _Ctx, k: str, step) -> str:
             {y}[(o * {count} + j) * {inner} + i] = {x}[(o * {n} + r) * {inner} + i];
     }}
 """
+
+
+@_register("arith")
+def _arith(c: _Ctx, k: str, step) -> str:
+    """In the output type; wider than int32 in int64 (C wraps unsigned only: int64 ids stay
+    far from overflow)."""
+    op = {"Add": "+", "Sub": "-", "Mul": "*"}[step.attrs["fn"]]
+    t = c.ctype(step.output)
+    return _loop(c, k, step, lambda x: f"({t}){x[0]} {op} ({t}){x[1]}")

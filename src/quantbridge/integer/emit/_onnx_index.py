@@ -53,3 +53,9 @@ def _cumsum(g: _Graph, step, ins: list[str], out: str) -> None:
 @_register("take")
 def _take(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Gather", [ins[0], g.op("Cast", [ins[1]], to=I64)], out, axis=step.attrs["axis"])
+
+
+@_register("arith")
+def _arith(g: _Graph, step, ins: list[str], out: str) -> None:
+    to = _out_type(g, step)
+    g.op(step.attrs["fn"], [g.op("Cast", [x], to=to) for x in ins], out)

@@ -4,6 +4,7 @@ so every step is exact. Bools are uint8 0 / 1.
 
 ``logic``   Not / And / Or / Xor (``attrs["fn"]``), numpy broadcasting   -> uint8 0 / 1
 ``compare`` Equal / Less / LessOrEqual / Greater / GreaterOrEqual       -> uint8 0 / 1
+``arith``   Add / Sub / Mul (``attrs["fn"]``) in the output dtype (wrapping, as ONNX integers)
 ``where``   ``cond != 0 ? a : b``, cast to the output dtype (``a``, ``b`` of that dtype)
 ``cast``    to ``dtype``; to bool (``logical``): ``x != 0``
 ``cumsum``  along ``axis``, ``exclusive`` / ``reverse`` as ONNX CumSum, in the input dtype
@@ -31,6 +32,15 @@ def logic(attrs, *inputs: np.ndarray) -> np.ndarray:
 @register_kernel("compare")
 def compare(attrs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(COMPARE[attrs["fn"]](a.astype(np.int64), b.astype(np.int64)), np.uint8)
+
+
+ARITH = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
+
+
+@register_kernel("arith")
+def arith(attrs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    dtype = attrs["dtype"]
+    return np.asarray(ARITH[attrs["fn"]](a.astype(dtype), b.astype(dtype)), dtype)
 
 
 @register_kernel("where")

@@ -18,7 +18,7 @@ import onnx
 
 from ...numerics import quantize
 from .._program import QTensor
-from ..kernels._index import COMPARE, LOGIC
+from ..kernels._index import ARITH, COMPARE, LOGIC
 from ._core import (
     Builder,
     Const,
@@ -92,6 +92,19 @@ def _logic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
 def _compare(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fold = COMPARE[node.op_type]
     return _integer_step(b, node, ins, "compare", bool, fold, True, fn=node.op_type)
+
+
+def integer_arithmetic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Add / Sub / Mul of integer tensors (RoBERTa's ``cumsum(mask) * mask + padding_idx``),
+    called by the Add / Sub / Mul lowering when an operand is an integer tensor of the model."""
+    if node.op_type not in ARITH:
+        raise LoweringError(f"{describe_node(node)}: {node.op_type} of integer tensors")
+    vs = [_operand(b, node, v) for v in ins]
+    if any(isinstance(v, IndexValue) and v.logical for v in vs):
+        raise LoweringError(f"{describe_node(node)}: arithmetic on a bool tensor (cast it first)")
+    dtype = np.result_type(*(_dtype(v) for v in vs))
+    return _integer_step(b, node, vs, "arith", dtype, ARITH[node.op_type], False,
+                         fn=node.op_type, dtype=dtype)  # fmt: skip
 
 
 # a fill whose exp underflows to exactly 0 next to any score: -inf, or finfo(float32).min
