@@ -34,8 +34,26 @@ def test_reduce_max_min_match_ort_exactly(qdq_graph, layerwise, three_emitters, 
 
 
 def test_reduce_max_of_a_float_function_names_the_fix(qdq_graph):
-    g = qdq_graph((1, 4, 6))
+    g = qdq_graph((1, 4, 6), zero=128)  # codes down to -6.4: SiLU decreases below -1.28
     silu = g.node("Mul", [g.x, g.node("Sigmoid", [g.x])])  # not monotone: max(f(q)) != f(max q)
     model = g.model(g.quant(g.node("ReduceMax", [silu, _axes(g, [-1])]), 0.05, 128))
-    with pytest.raises(qb.LoweringError, match=r"ReduceMax .*quantize that function's output"):
+    with pytest.raises(qb.LoweringError, match=r"ReduceMax .*not increasing.*quantize that"):
         qb.lower(model)
+
+
+def test_maxpool_of_silu_is_refused_not_wrong(qdq_graph):
+    """Regression: MaxPool moved a SiLU to after the max (7 LSB off against ORT)."""
+    g = qdq_graph((1, 2, 4, 4), scale=0.05, zero=128)
+    silu = g.node("Mul", [g.x, g.node("Sigmoid", [g.x])])
+    pooled = g.node("MaxPool", [silu], kernel_shape=[2, 2], strides=[2, 2])
+    with pytest.raises(qb.LoweringError, match=r"MaxPool .*not increasing"):
+        qb.lower(g.model(g.quant(pooled, 0.02, 10)))
+
+
+def test_maxpool_of_sigmoid_stays_exact(qdq_graph, layerwise):
+    """An increasing function (Sigmoid) still moves through the max: 0 LSB against ORT."""
+    g = qdq_graph((1, 2, 4, 4), scale=0.05, zero=128)
+    pooled = g.node("MaxPool", [g.node("Sigmoid", [g.x])], kernel_shape=[2, 2], strides=[2, 2])
+    model = g.model(g.quant(pooled, 1 / 256, 0))
+    x = np.random.default_rng(6).normal(0, 2, (1, 2, 4, 4)).astype(np.float32)
+    assert all(int(d.max()) == 0 for d in layerwise(model, qb.lower(model), {"x": x}).values())

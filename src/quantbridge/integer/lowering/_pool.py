@@ -44,11 +44,28 @@ def _window(node: onnx.NodeProto) -> dict:
     }
 
 
+def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
+    """``v``, refused when it is a float function of codes that is not non-decreasing (SiLU):
+    ``max`` moves through ``f`` to the codes only when ``f`` keeps their order."""
+    if isinstance(v, Elementwise):
+        t = v.source
+        r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
+        with np.errstate(all="ignore"):
+            f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
+        if not np.all(np.diff(f) >= 0):
+            raise LoweringError(
+                f"{describe_node(node)}: takes the max / min of a float function of codes that "
+                f"is not increasing (no QuantizeLinear between {v.node!r} and it, e.g. SiLU); "
+                "quantize that function's output first"
+            )
+    return v
+
+
 @register_lowering("MaxPool")
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, ins[0], "maxpool", _window(node))]
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(node))]
 
 
 @register_lowering("ReduceMax", "ReduceMin")
@@ -63,14 +80,10 @@ def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -
         axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
     if not axes and a.get("noop_with_empty_axes", 0):
         return [moved(b, node, ins[0], "identity", {})]
-    if isinstance(ins[0], Elementwise):
-        raise LoweringError(
-            f"{describe_node(node)}: reduces a float function of codes (no QuantizeLinear "
-            f"between {ins[0].node!r} and it); quantize that function's output first"
-        )
     op = "reduce_max" if node.op_type == "ReduceMax" else "reduce_min"
     axes = tuple(axes) if axes else None
-    return [moved(b, node, ins[0], op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
+    x = _increasing(node, ins[0])
+    return [moved(b, node, x, op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
 
 
 def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
