@@ -92,7 +92,10 @@ def layerwise_lsb(model: onnx.ModelProto, prog, feeds: dict, optimize: bool = Fa
     graph_inputs = {i.name for i in m.graph.input}
     cut = []
     for n in m.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] not in graph_inputs:
+        # a QuantizeLinear the lowering folded (of a constant: a token-type embedding) has no
+        # program tensor and nothing to compare
+        folded = n.output[0] not in prog.onnx_tensors
+        if n.op_type == "QuantizeLinear" and n.input[0] not in graph_inputs and not folded:
             cut.append(n.output[0])
             n.output[0] += "__ort"
     del m.graph.output[:]
@@ -123,6 +126,7 @@ def layerwise():
 
 
 C_TYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t",
+           "int64": "int64_t",
            "int32": "int32_t"}  # fmt: skip
 
 

@@ -142,7 +142,9 @@ class IntegerProgram:
         env: dict[str, np.ndarray] = {}
         for b in self.inputs:
             x, t = np.asarray(inputs[b.name]), b.tensor
-            if np.issubdtype(x.dtype, np.integer):
+            if x.dtype == bool:  # a bool input (a mask) is held as uint8 0 / 1
+                env[t.name] = x.astype(t.dtype)
+            elif np.issubdtype(x.dtype, np.integer):
                 if x.size and (x.min() < t.qmin or x.max() > t.qmax):
                     raise ValueError(f"input {b.name!r}: integer codes outside {t.dtype} range")
                 env[t.name] = x.astype(t.dtype)

@@ -278,6 +278,27 @@ def _maxpool(c: _Ctx, k: str, step) -> str:
     return _pool_loops(c, step, "if (v > best) best = v;", f"int32_t best = {lo};", y)
 
 
+@_register("reduce_max", "reduce_min")
+def _reduce_extreme(c: _Ctx, k: str, step) -> str:
+    """One output code per row of an index table (the reduced axes moved last, flattened)."""
+    shape = c.shapes[step.inputs[0]]
+    axes = step.attrs["axes"]
+    axes = range(len(shape)) if axes is None else sorted({ax % len(shape) for ax in axes})
+    kept = [ax for ax in range(len(shape)) if ax not in axes]
+    source = np.arange(c.size(step.inputs[0])).reshape(shape).transpose(*kept, *axes)
+    inner = int(np.prod([shape[ax] for ax in axes]))
+    c.const("int32_t", f"{k}_i", source)
+    x, y = c.names[step.inputs[0]], c.names[step.output]
+    better = ">" if step.op == "reduce_max" else "<"
+    return f"""    for (int o = 0; o < {c.size(step.output)}; o++) {{
+        {c.ctype(step.output)} best = {x}[{k}_i[o * {inner}]];
+        for (int i = 1; i < {inner}; i++)
+            if ({x}[{k}_i[o * {inner} + i]] {better} best) best = {x}[{k}_i[o * {inner} + i]];
+        {y}[o] = best;
+    }}
+"""
+
+
 @_register("avgpool")
 def _avgpool(c: _Ctx, k: str, step) -> str:
     a = step.attrs

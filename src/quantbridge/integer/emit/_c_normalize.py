@@ -46,6 +46,8 @@ def _softmax(c: _Ctx, k: str, step) -> str:
     x, y = c.names[step.inputs[0]], c.names[step.output]
     top = 2**SOFTMAX_OUT_BITS - 1
     last = len(step.attrs["table"]) - 1
+    if len(step.inputs) > 1:
+        return _masked_softmax(c, k, step, rows, n, last)
     return f"""    for (int r = 0; r < {rows}; r++) {{
         const {c.ctype(step.inputs[0])} *xr = {x} + r * {n};
         int32_t mx = xr[0];
@@ -54,6 +56,35 @@ def _softmax(c: _Ctx, k: str, step) -> str:
         for (int j = 0; j < {n}; j++) {{
             const int32_t d = mx - xr[j];
             {k}_e[j] = {k}_t[d < {last} ? d : {last}];
+            sum += {k}_e[j];
+        }}
+        for (int j = 0; j < {n}; j++) {{
+            const int64_t p = qb_round_div((int64_t){k}_e[j] << {SOFTMAX_OUT_BITS}, sum);
+            {y}[r * {n} + j] = (int16_t)(p > {top} ? {top} : p);
+        }}
+    }}
+"""
+
+
+def _masked_softmax(c: _Ctx, k: str, step, rows: int, n: int, last: int) -> str:
+    """``kernels._normalize._masked_softmax``: masked scores weigh 0, the maximum runs over the
+    kept ones, a row with none kept is uniform; the mask read through its broadcast map."""
+    shape = c.shapes[step.inputs[0]]
+    mask = step.inputs[1]
+    index = np.broadcast_to(np.arange(c.size(mask)).reshape(c.shapes[mask]), shape)
+    c.const("int32_t", f"{k}_k", index)
+    x, y, keep = c.names[step.inputs[0]], c.names[step.output], c.names[mask]
+    top = 2**SOFTMAX_OUT_BITS - 1
+    return f"""    for (int r = 0; r < {rows}; r++) {{
+        const {c.ctype(step.inputs[0])} *xr = {x} + r * {n};
+        const int32_t *kr = {k}_k + r * {n};
+        int32_t mx = 0, kept = 0;
+        int64_t sum = 0;
+        for (int j = 0; j < {n}; j++)
+            if ({keep}[kr[j]] && (!kept || xr[j] > mx)) {{ mx = xr[j]; kept = 1; }}
+        for (int j = 0; j < {n}; j++) {{
+            const int32_t d = mx - xr[j];
+            {k}_e[j] = !kept ? {k}_t[0] : !{keep}[kr[j]] ? 0 : {k}_t[d < {last} ? d : {last}];
             sum += {k}_e[j];
         }}
         for (int j = 0; j < {n}; j++) {{

@@ -3,8 +3,8 @@
 ``to_onnx(program, input_shapes)`` builds a ModelProto whose inputs and outputs are the
 program's integer codes and whose nodes are ConvInteger / MatMulInteger (int32 sums), int64
 Mul / Add / Sub, Div / Less / BitwiseAnd (the flooring, ties-to-even shift), Clip, Cast, Gather
-(tables, index maps), MaxPool, ReduceSum and data movement. One generator per kernel op
-(``ONNX_STEPS``). The requantization is ``numerics.requantize`` written out in int64:
+(tables, index maps), MaxPool, ReduceSum, ReduceMax / ReduceMin and data movement. One
+generator per kernel op (``ONNX_STEPS``). The requantization is ``numerics.requantize`` written out in int64:
 
     p  = acc * M'                    (M' = M * 2**-n where n <= 0: a left shift folded in)
     fl = floor(p / D)                (D = 2**max(n, 0); floor from truncating Div: q - (p < q D))
@@ -256,6 +256,19 @@ def _maxpool(g: _Graph, step, ins: list[str], out: str) -> None:
     a = step.attrs
     g.op("MaxPool", ins, out, kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
          pads=list(a["pads"]), dilations=list(a["dilations"]))  # fmt: skip
+
+
+@_register("reduce_max", "reduce_min")
+def _reduce_extreme(g: _Graph, step, ins: list[str], out: str) -> None:
+    """ReduceMax / ReduceMin on the codes widened to int32 (ONNX Runtime has no 8-bit kernel
+    in every build), cast back: the same codes."""
+    a = step.attrs
+    axes = [] if a["axes"] is None else [g.const(list(a["axes"]))]
+    op = "ReduceMax" if step.op == "reduce_max" else "ReduceMin"
+    wide = g.op("Cast", [ins[0]], to=TensorProto.INT32)
+    y = g.op(op, [wide, *axes], keepdims=int(a["keepdims"]))
+    to = helper.np_dtype_to_tensor_dtype(np.dtype(g.program.tensors[step.output].dtype))
+    g.op("Cast", [y], out, to=to)
 
 
 @_register("avgpool")

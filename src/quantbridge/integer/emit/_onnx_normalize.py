@@ -32,14 +32,31 @@ def _isqrt(g: _Graph, w: str) -> str:
     return x
 
 
+def _masked_weights(g: _Graph, x: str, mask: str, table: np.ndarray) -> str:
+    """``e`` of ``kernels._normalize._masked_softmax``: the mask broadcast to the scores as
+    ``x * 0 + keep``, rows with none kept (``full``) uniform."""
+    last, zero = g.const([-1]), g.const(0)
+    kept = g.op("Add", [g.op("Mul", [x, zero]), g.i64(mask)])
+    full = g.op("Equal", [g.op("ReduceMax", [kept, last], keepdims=1), zero])
+    keep = g.op("Or", [g.op("Cast", [kept], to=TensorProto.BOOL), full])
+    low = g.const(np.iinfo(np.int64).min)
+    top = g.op("ReduceMax", [g.op("Where", [keep, x, low]), last], keepdims=1)
+    d = g.op("Min", [g.op("Sub", [top, x]), g.const(len(table) - 1)])
+    d = g.op("Where", [g.op("And", [keep, g.op("Not", [full])]), d, zero])
+    return g.op("Where", [keep, g.op("Gather", [g.const(table), d], axis=0), zero])
+
+
 @_register("softmax")
 def _softmax(g: _Graph, step, ins: list[str], out: str) -> None:
     x = g.i64(ins[0])
     last = g.const([-1])
     table = np.asarray(step.attrs["table"], np.int64)
-    d = g.op("Sub", [g.op("ReduceMax", [x, last], keepdims=1), x])
-    d = g.op("Min", [d, g.const(len(table) - 1)])  # a table shorter than the code range
-    e = g.op("Gather", [g.const(table), d], axis=0)
+    if len(ins) > 1:
+        e = _masked_weights(g, x, ins[1], table)
+    else:
+        d = g.op("Sub", [g.op("ReduceMax", [x, last], keepdims=1), x])
+        d = g.op("Min", [d, g.const(len(table) - 1)])  # a table shorter than the code range
+        e = g.op("Gather", [g.const(table), d], axis=0)
     total = g.op("ReduceSum", [e, last], keepdims=1)
     p = _round_div(g, g.op("Mul", [e, g.const(2**SOFTMAX_OUT_BITS)]), total)
     p = g.op("Min", [p, g.const(2**SOFTMAX_OUT_BITS - 1)])

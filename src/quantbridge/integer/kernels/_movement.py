@@ -1,6 +1,7 @@
 """Data movement on integer codes: no arithmetic, the (scale, zero point) pass through.
 
-Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Gather (constant indices),
+Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Slice, Gather, GatherND and
+GatherElements (constant indices),
 nearest-neighbour Resize (a gather with index maps computed at lowering), Expand, Tile,
 DepthToSpace / SpaceToDepth and Identity move codes without changing them, so they commute with
 quantization exactly.
@@ -14,7 +15,14 @@ from ._registry import register_kernel
 
 # kernels that are a pure index map (each output code is one input code): the emitters gather
 # through the map the kernel computes on ``arange`` (besides transpose, slice, gather, resize)
-INDEX_MAPPED = ("expand", "tile", "depth_to_space", "space_to_depth")
+INDEX_MAPPED = (
+    "expand",
+    "tile",
+    "depth_to_space",
+    "space_to_depth",
+    "gather_nd",
+    "gather_elements",
+)
 
 
 @register_kernel("reshape")
@@ -115,6 +123,21 @@ def resize_nearest(attrs, x: np.ndarray) -> np.ndarray:
 def gather(attrs, x: np.ndarray) -> np.ndarray:
     """ONNX Gather with constant indices (negative ones count from the end, as np.take)."""
     return np.take(x, attrs["indices"], axis=attrs["axis"])
+
+
+@register_kernel("gather_nd")
+def gather_nd(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX GatherND with constant indices and batch_dims 0: the last axis of ``indices``
+    addresses the leading axes of ``x`` (negative indices count from the end)."""
+    indices = attrs["indices"]
+    return _contiguous(x[tuple(np.moveaxis(indices, -1, 0))])
+
+
+@register_kernel("gather_elements")
+def gather_elements(attrs, x: np.ndarray) -> np.ndarray:
+    """ONNX GatherElements with constant indices (negative ones count from the end)."""
+    axis = attrs["axis"] % x.ndim
+    return _contiguous(np.take_along_axis(x, attrs["indices"] % x.shape[axis], axis=axis))
 
 
 PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}

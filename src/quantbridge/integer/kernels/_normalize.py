@@ -11,6 +11,8 @@ constant ``c`` the lowering folded in: ``beta = c s`` per code):
     (``numerics.round_divide``: to nearest, ties up; the clamp costs at most 2**-15 when one
     element holds all the mass). The max subtraction is TFLite's; the table of code differences
     is TFLite's int8 softmax with an exact (not polynomial) exp.
+    An optional second input ``keep`` (uint8, broadcast to ``q``; an attention mask): ``e_j = 0``
+    where it is 0 and the maximum runs over the kept codes; a row with nothing kept is uniform.
 
 ``layernorm`` (over the trailing ``N`` elements; input codes, output (s_y, z_y)):
     c_i = q_i - z, S1 = sum c_i, S2 = sum c_i**2           int64 (|S2| <= N 2**16)
@@ -35,12 +37,27 @@ SOFTMAX_OUT_BITS = 15  # probabilities as int16 codes of scale 2**-15
 
 
 @register_kernel("softmax")
-def softmax(attrs, x: np.ndarray) -> np.ndarray:
+def softmax(attrs, x: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
     q = x.astype(np.int64)
     table = attrs["table"]
+    if keep is not None:
+        return _masked_softmax(q, np.broadcast_to(keep != 0, q.shape), table)
     e = table[np.minimum(q.max(axis=-1, keepdims=True) - q, len(table) - 1)]
     total = e.sum(axis=-1, keepdims=True)
     p = round_divide(e << SOFTMAX_OUT_BITS, total)
+    return np.minimum(p, 2**SOFTMAX_OUT_BITS - 1).astype(np.int16)
+
+
+def _masked_softmax(q: np.ndarray, keep: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``e_j = 0`` where ``keep`` is 0 (a score masked by -inf), the maximum over the kept
+    codes; a row with none kept is uniform (``e_j = table[0]``: float32 softmax gives that for
+    a finfo.min fill, NaN for -inf)."""
+    full = ~keep.any(axis=-1, keepdims=True)
+    keep = keep | full
+    top = np.where(keep, q, np.iinfo(np.int64).min).max(axis=-1, keepdims=True)
+    d = np.where(keep & ~full, np.minimum(top - q, len(table) - 1), 0)
+    e = np.where(keep, table[d], 0)
+    p = round_divide(e << SOFTMAX_OUT_BITS, e.sum(axis=-1, keepdims=True))
     return np.minimum(p, 2**SOFTMAX_OUT_BITS - 1).astype(np.int16)
 
 

@@ -2,6 +2,8 @@
 
 MaxPool: ``r = s(q - z)`` is increasing in ``q``, so ``max`` commutes with dequantization:
     q_y = max over the window of q_x (padding holds the type's minimum code); no rescale.
+ReduceMax / ReduceMin: the same argument over ``axes`` (all of them when None): q_y = max
+    (min) of q_x; no rescale, exact.
 Average pool / GlobalAveragePool / ReduceMean:
     acc   = sum over the window of (q_x - z_x)          |acc| <= count * 2**8 (8-bit codes)
     q_y   = clip(z_y + round_half_even(acc * M / 2**n))   M / 2**n ~= s_x / (count * s_y)
@@ -40,6 +42,16 @@ def maxpool(attrs, x: np.ndarray) -> np.ndarray:
         for j in range(win.shape[-1]):
             np.maximum(out, win[..., i, j], out=out)
     return out
+
+
+@register_kernel("reduce_max")
+def reduce_max(attrs, x: np.ndarray) -> np.ndarray:
+    return np.asarray(np.max(x, axis=attrs["axes"], keepdims=attrs["keepdims"]), x.dtype)
+
+
+@register_kernel("reduce_min")
+def reduce_min(attrs, x: np.ndarray) -> np.ndarray:
+    return np.asarray(np.min(x, axis=attrs["axes"], keepdims=attrs["keepdims"]), x.dtype)
 
 
 @register_kernel("avgpool")

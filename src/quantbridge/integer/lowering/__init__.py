@@ -20,12 +20,13 @@ from ...onnx._load import parse_onnx
 from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from .._program import IntegerProgram
-from . import _eltwise, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from . import _einsum, _eltwise, _index, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
     LOWERINGS,
     Builder,
     Const,
     FloatInput,
+    IndexValue,
     IntInput,
     LoweringError,
     QValue,
@@ -128,8 +129,8 @@ def _graph_inputs(graph: onnx.GraphProto) -> dict[str, Value]:
         if vi.name in initializers:
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        env[vi.name] = (IntInput(vi.name, np.dtype(dtype)) if np.issubdtype(dtype, np.integer)
-                        else FloatInput(vi.name))  # fmt: skip
+        integer = np.issubdtype(dtype, np.integer) or np.dtype(dtype) == bool
+        env[vi.name] = IntInput(vi.name, np.dtype(dtype)) if integer else FloatInput(vi.name)
     for init in graph.initializer:
         env[init.name] = Const(numpy_helper.to_array(init))
     return env
@@ -176,7 +177,7 @@ def lower(
         outs = LOWERINGS[node.op_type](b, node, ins)
         env.update(zip(node.output, outs, strict=False))
         for name, v in zip(node.output, outs, strict=False):
-            if isinstance(v, QValue):
+            if isinstance(v, QValue | IndexValue):
                 b.onnx_tensors[name] = v.tensor.name
     outputs = graph_outputs(graph, env, float_outputs, b)
     if b.overflows:

@@ -13,7 +13,10 @@ Lowering interprets the QDQ graph symbolically. Each ONNX tensor becomes one of:
                   Relu / Clip in between narrow its clamp; ops that commute with quantization
                   (data movement, MaxPool) are applied after the requantization;
 * ``Elementwise`` a float function of one 8-bit program tensor (Sigmoid, x * sigmoid(x), ...):
-                  at its QuantizeLinear it becomes an exact 256-entry table.
+                  at its QuantizeLinear it becomes an exact 256-entry table;
+* ``IndexValue``  an integer or bool tensor of the model's own, not codes of a real value (an
+                  attention mask, position ids, token ids): integer steps on it are exact
+                  (``_index``); bools are held as uint8 0 / 1 (``logical``).
 """
 
 from __future__ import annotations
@@ -106,7 +109,25 @@ class Elementwise:
     node: str
 
 
-Value = Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise
+@dataclasses.dataclass(frozen=True)
+class IndexValue:
+    tensor: QTensor  # scale 1, zero point 0: the integers themselves
+    logical: bool = False  # an ONNX bool tensor, held as uint8 0 / 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedScores:
+    """``Where(mask, -inf, scores)`` (or ``Where(keep, scores, -inf)``) waiting for its Softmax:
+    ``keep`` (uint8 0 / 1, broadcast to the scores) says which scores stay; the others have
+    weight exactly 0 (``kernels._normalize.softmax``)."""
+
+    scores: Value
+    keep: QTensor
+    node: str
+
+
+Value = (Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise | IndexValue
+         | MaskedScores)  # fmt: skip
 
 
 def node_name(node: onnx.NodeProto) -> str:
@@ -146,6 +167,7 @@ class Builder:
         self.onnx_tensors: dict[str, str] = {}
         self.readers: dict[str, int] = {}  # ONNX tensor -> nodes reading it (+1: graph output)
         self.opset = 21  # the model's default-domain opset (``lower`` sets it)
+        self.index_inputs: dict[str, Any] = {}  # integer graph input -> its IndexValue
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""
@@ -183,6 +205,20 @@ class Builder:
                 f"(int{self.accumulator_bits})"
             )
         return accumulator_multiplier_bits(bound)
+
+
+def held(dtype: np.dtype) -> np.dtype:
+    """The program dtype of an ONNX integer / bool dtype: bools are uint8 0 / 1."""
+    return np.dtype(np.uint8) if np.dtype(dtype) == bool else np.dtype(dtype)
+
+
+def index_input(b: Builder, v: IntInput) -> IndexValue:
+    """The integer graph input ``v`` as a program input (once, however many ops read it)."""
+    if v.name not in b.index_inputs:
+        t = b.tensor(v.name, held(v.dtype), 1.0, 0)
+        b.inputs.append(Boundary(v.name, t, False))
+        b.index_inputs[v.name] = IndexValue(t, np.dtype(v.dtype) == bool)
+    return b.index_inputs[v.name]
 
 
 Handler = Callable[[Builder, onnx.NodeProto, list[Value | None]], list[Value]]
@@ -250,4 +286,7 @@ def _kind(v: Value | None) -> str:
         QValue: "a quantized tensor",
         Pending: "an unquantized float result (no QuantizeLinear after it)",
         Elementwise: "an unquantized float function (no QuantizeLinear after it)",
+        IndexValue: "an integer / bool tensor computed in the program (a mask, indices)",
+        MaskedScores: "masked float scores (Where(mask, -inf, scores)), lowered only as the "
+        "input of a Softmax",
     }[type(v)]

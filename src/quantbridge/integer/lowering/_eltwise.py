@@ -32,6 +32,8 @@ from ._core import (
     Builder,
     Const,
     Elementwise,
+    IndexValue,
+    IntInput,
     LoweringError,
     Pending,
     QConst,
@@ -43,6 +45,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._index import integer_arithmetic
 from ._linear import add_bias
 from ._qdq import rescale_sum
 
@@ -189,6 +192,8 @@ def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
 
 @register_lowering("Add", "Sub", "Mul", "Div", "Pow")
 def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if any(isinstance(v, IndexValue | IntInput) for v in ins):  # ids, not quantized values
+        return integer_arithmetic(b, node, ins)
     composed = _compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]

@@ -28,6 +28,8 @@ from ._core import (
     Const,
     Elementwise,
     FloatInput,
+    IndexValue,
+    IntInput,
     LoweringError,
     Pending,
     QConst,
@@ -35,6 +37,7 @@ from ._core import (
     Value,
     attrs_of,
     describe_node,
+    index_input,
     node_name,
     register_lowering,
 )
@@ -42,10 +45,12 @@ from ._core import (
 
 def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dict) -> Value:
     name = node_name(node)
-    if isinstance(v, QValue):
+    if isinstance(v, IntInput):  # an integer graph input (a mask): moved as integers
+        v = index_input(b, v)
+    if isinstance(v, QValue | IndexValue):
         out = b.like(node.output[0], v.tensor)
         b.step(op, name, [v.tensor], out, **attrs)
-        return QValue(out, v.integer)
+        return QValue(out, v.integer) if isinstance(v, QValue) else IndexValue(out, v.logical)
     if isinstance(v, QConst):
         return _fold(node, v, op, attrs)
     if isinstance(v, Const):
@@ -82,9 +87,10 @@ def _moved_accumulator(
     """A weighted layer's accumulator moved by a data-movement op (a Linear's output reshaped),
     for a float graph output: one scale moves as it is; per-channel scales follow the channel
     axis (``_channel_map``), or the accumulator is dropped (the output is then refused).
-    MaxPool is excluded: the integer ONNX MaxPool has no int32 form."""
+    MaxPool is excluded: the integer ONNX MaxPool has no int32 form; ReduceMax / ReduceMin too
+    (a reduction over the channel axis would mix channel scales)."""
     acc = v.accumulator
-    if acc is None or op == "maxpool":
+    if acc is None or op in ("maxpool", "reduce_max", "reduce_min"):
         return None
     scale, axis = acc.scale, acc.axis
     if np.unique(scale).size > 1:
@@ -180,6 +186,12 @@ def _const_indices(node, v: Value | None) -> np.ndarray:
     return v.array.astype(np.int64)
 
 
+def _gather_nd_attrs(node, ins, a) -> dict[str, Any]:
+    if a.get("batch_dims", 0):
+        raise LoweringError(f"{describe_node(node)}: batch_dims > 0 is not lowered")
+    return {"indices": _const_indices(node, ins[1])}
+
+
 def _axes(node, ins, a) -> dict[str, Any]:
     axes = _ints(node, ins[1], "axes") if len(ins) > 1 else a.get("axes")
     return {"axes": None if axes is None else tuple(axes)}
@@ -246,13 +258,11 @@ MOVEMENTS = {
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
     "Resize": ("resize_nearest", _resize_attrs),
-    "Gather": (
-        "gather",
-        lambda n, i, a: {
-            "indices": np.asarray(_const_indices(n, i[1])),
-            "axis": int(a.get("axis", 0)),
-        },
-    ),  # fmt: skip
+    "GatherND": ("gather_nd", lambda n, i, a: _gather_nd_attrs(n, i, a)),
+    "GatherElements": (
+        "gather_elements",
+        lambda n, i, a: {"indices": _const_indices(n, i[1]), "axis": int(a.get("axis", 0))},
+    ),
     "Expand": ("expand", lambda n, i, a: {"shape": tuple(_ints(n, i[1], "shape"))}),
     "Tile": ("tile", lambda n, i, a: {"repeats": tuple(_ints(n, i[1], "repeats"))}),
     "DepthToSpace": ("depth_to_space", _depth_attrs),
@@ -320,6 +330,8 @@ def _shape(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     input shapes): a constant that the shape arithmetic after it (Gather, Concat, Expand's
     target ...) folds. ``start`` / ``end`` slice it (opset 15), clamped as Python's slicing."""
     shape = b.shapes.get(node.input[0])
+    if isinstance(ins[0], Const):  # folded shape arithmetic (a Range) shape inference missed
+        shape = ins[0].array.shape
     if shape is None or any(d is None for d in shape):
         raise LoweringError(
             f"{describe_node(node)}: the shape of {node.input[0]!r} is not static "

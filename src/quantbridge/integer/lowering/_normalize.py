@@ -36,6 +36,7 @@ from ._core import (
     Builder,
     Elementwise,
     LoweringError,
+    MaskedScores,
     Pending,
     QConst,
     QValue,
@@ -114,7 +115,9 @@ def _scores_from_accumulator(b: Builder, node: onnx.NodeProto, acc: LinearPendin
 
 @register_lowering("Softmax")
 def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    v = ins[0]
+    v, keep = ins[0], []
+    if isinstance(v, MaskedScores):  # masked scores get weight exactly 0 (as exp(-inf))
+        v, keep = v.scores, [v.keep]
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
@@ -140,7 +143,7 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     d = np.arange(min(source.qmax - source.qmin + 1, reach), dtype=np.float64)
     table = np.rint(np.exp(-beta * d) * 2**SOFTMAX_EXP_BITS).astype(np.int64)
     out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
-    b.step("softmax", name, [source], out, table=table)
+    b.step("softmax", name, [source, *keep], out, table=table)
     # each p_j <= e_j 2**15 / S + 1/2: a row sums to at most 2**15 + K/2
     return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2)]
 

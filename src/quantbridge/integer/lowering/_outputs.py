@@ -33,7 +33,16 @@ import numpy as np
 import onnx
 
 from .._program import Boundary
-from ._core import Builder, Elementwise, LoweringError, Pending, QValue, Value, node_name
+from ._core import (
+    Builder,
+    Elementwise,
+    IndexValue,
+    LoweringError,
+    Pending,
+    QValue,
+    Value,
+    node_name,
+)
 
 FLOAT_OUTPUTS = ("refuse", "dequantize")
 # A bounded float output (a final layer norm) is realized on int16 codes: 2**-15 of its bound
@@ -131,6 +140,8 @@ def graph_outputs(
         weighted = isinstance(v, Pending) and v.accumulator is not None
         if isinstance(v, QValue):
             outputs.append(Boundary(vi.name, v.tensor, not v.integer))
+        elif isinstance(v, IndexValue):  # the integers themselves (bools as uint8 0 / 1)
+            outputs.append(Boundary(vi.name, v.tensor, False))
         elif isinstance(v, Elementwise) and float_outputs == "dequantize":
             outputs.append(Boundary(vi.name, v.source, True, _float_table(v)))
         elif bounded and float_outputs == "dequantize" and builder is not None:

@@ -1,5 +1,5 @@
-"""Lowering of MaxPool (on codes, no rescale; after the requantization of a pending kernel,
-with which it commutes), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
+"""Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
+requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
 and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from .._program import QTensor
 from ._core import (
     Builder,
     Const,
+    Elementwise,
     LoweringError,
     Pending,
     Value,
@@ -43,11 +44,46 @@ def _window(node: onnx.NodeProto) -> dict:
     }
 
 
+def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
+    """``v``, refused when it is a float function of codes that is not non-decreasing (SiLU):
+    ``max`` moves through ``f`` to the codes only when ``f`` keeps their order."""
+    if isinstance(v, Elementwise):
+        t = v.source
+        r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
+        with np.errstate(all="ignore"):
+            f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
+        if not np.all(np.diff(f) >= 0):
+            raise LoweringError(
+                f"{describe_node(node)}: takes the max / min of a float function of codes that "
+                f"is not increasing (no QuantizeLinear between {v.node!r} and it, e.g. SiLU); "
+                "quantize that function's output first"
+            )
+    return v
+
+
 @register_lowering("MaxPool")
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, ins[0], "maxpool", _window(node))]
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(node))]
+
+
+@register_lowering("ReduceMax", "ReduceMin")
+def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """``max`` / ``min`` of codes: ``r = s(q - z)`` is increasing in ``q`` (s > 0), so they
+    commute with dequantization and with the (monotone) requantization of a pending kernel."""
+    a = attrs_of(node)
+    axes = a.get("axes")
+    if len(ins) > 1 and ins[1] is not None:
+        if not isinstance(ins[1], Const):
+            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
+        axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return [moved(b, node, ins[0], "identity", {})]
+    op = "reduce_max" if node.op_type == "ReduceMax" else "reduce_min"
+    axes = tuple(axes) if axes else None
+    x = _increasing(node, ins[0])
+    return [moved(b, node, x, op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
 
 
 def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:

@@ -1,0 +1,245 @@
+"""Lowering of integer and bool arithmetic on the model's own integer tensors: attention masks
+(``mask`` int64 -> Cast bool -> GatherND / Unsqueeze / Expand -> And / Not), position and token
+ids (CumSum, Equal, Where), and a Gather by run-time indices (an embedding lookup).
+
+These tensors are not codes of real values: they are ``IndexValue``s (scale 1, zero point 0),
+and every step on them (``kernels._index``) is exact. An integer graph input that such an op
+reads becomes an integer program input; an op whose inputs are all constants is folded (Range,
+Max / Min of shape arithmetic). ``Gather(table, ids)`` with run-time ids looks the table up in
+the program: a float table followed by its QuantizeLinear is quantized on that grid at lowering
+(exact: quantizing then gathering is gathering then quantizing), an integer one (QConst, a
+dequantized int8 table) keeps its codes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ...numerics import quantize
+from .._program import QTensor
+from ..kernels._index import ARITH, COMPARE, LOGIC
+from ._core import (
+    Builder,
+    Const,
+    IndexValue,
+    IntInput,
+    LoweringError,
+    MaskedScores,
+    Pending,
+    QConst,
+    QValue,
+    Value,
+    _kind,
+    attrs_of,
+    describe_node,
+    held,
+    index_input,
+    node_name,
+    register_lowering,
+)
+from ._movement import _const_indices, moved
+
+ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
+              onnx.TensorProto.UINT8: np.dtype(np.uint8), onnx.TensorProto.INT16: np.dtype(np.int16),
+              onnx.TensorProto.INT32: np.dtype(np.int32), onnx.TensorProto.INT64: np.dtype(np.int64)}  # fmt: skip
+
+
+def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> IndexValue | Const:
+    if isinstance(v, IntInput):
+        return index_input(b, v)
+    if isinstance(v, IndexValue):
+        return v
+    if isinstance(v, Const) and (v.array.dtype == bool or np.issubdtype(v.array.dtype, np.integer)):
+        return v
+    raise LoweringError(
+        f"{describe_node(node)}: reads {_kind(v)}; only integer / bool tensors (masks, ids) are "
+        "lowered for this op. On quantized float values it has no integer lowering"
+    )
+
+
+def _tensor(b: Builder, node: onnx.NodeProto, v: IndexValue | Const) -> QTensor:
+    """A program tensor of ``v`` (a constant operand becomes a program constant)."""
+    if isinstance(v, IndexValue):
+        return v.tensor
+    return b.constant(node_name(node) + "_const", v.array.astype(held(v.array.dtype)), 1.0, 0)
+
+
+def _integer_step(
+    b, node, ins, step_op: str, out_dtype, fold, is_bool: bool, **attrs
+) -> list[Value]:
+    """One integer step, or a constant when every input is one (``fold`` on the arrays)."""
+    vs = [_operand(b, node, v) for v in ins]
+    if all(isinstance(v, Const) for v in vs):
+        return [Const(np.asarray(fold(*(v.array for v in vs))))]
+    out = b.tensor(node.output[0], held(out_dtype), 1.0, 0)
+    b.step(step_op, node_name(node), [_tensor(b, node, v) for v in vs], out, **attrs)
+    return [IndexValue(out, is_bool)]
+
+
+def _dtype(v: IndexValue | Const) -> np.dtype:
+    if isinstance(v, Const):
+        return v.array.dtype
+    return np.dtype(bool) if v.logical else v.tensor.dtype
+
+
+@register_lowering(*LOGIC)
+def _logic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    return _integer_step(b, node, ins, "logic", bool, LOGIC[node.op_type], True, fn=node.op_type)
+
+
+@register_lowering(*COMPARE)
+def _compare(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    fold = COMPARE[node.op_type]
+    return _integer_step(b, node, ins, "compare", bool, fold, True, fn=node.op_type)
+
+
+def integer_arithmetic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Add / Sub / Mul of integer tensors (RoBERTa's ``cumsum(mask) * mask + padding_idx``),
+    called by the Add / Sub / Mul lowering when an operand is an integer tensor of the model."""
+    if node.op_type not in ARITH:
+        raise LoweringError(f"{describe_node(node)}: {node.op_type} of integer tensors")
+    vs = [_operand(b, node, v) for v in ins]
+    if any(isinstance(v, IndexValue) and v.logical for v in vs):
+        raise LoweringError(f"{describe_node(node)}: arithmetic on a bool tensor (cast it first)")
+    dtype = np.result_type(*(_dtype(v) for v in vs))
+    return _integer_step(b, node, vs, "arith", dtype, ARITH[node.op_type], False,
+                         fn=node.op_type, dtype=dtype)  # fmt: skip
+
+
+# a fill whose exp underflows to exactly 0 next to any score: -inf, or finfo(float32).min
+# (transformers' masks), far below the -104 that float32 exp needs under the row maximum
+MASK_FILL = -1e30
+
+
+def _fill(v: Value | None) -> bool:
+    return (isinstance(v, Const) and v.array.dtype.kind == "f" and v.array.size == 1
+            and float(v.array.reshape(())) <= MASK_FILL)  # fmt: skip
+
+
+@register_lowering("Where")
+def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """On integer / bool tensors: a ``where`` step. ``Where(mask, -inf, scores)`` and
+    ``Where(keep, scores, -inf)`` on quantized scores: ``MaskedScores`` for the Softmax after it
+    (a ``Not`` step makes ``keep`` from ``mask``)."""
+    cond, x, y = ins
+    if _fill(x) or _fill(y):
+        keep = _operand(b, node, cond)
+        if isinstance(keep, Const):
+            raise LoweringError(f"{describe_node(node)}: a constant mask is not lowered")
+        if _fill(x):  # Where(mask, -inf, scores): keep where the mask is false
+            keep = _integer_step(b, node, [keep], "logic", bool, None, True, fn="Not")[0]
+        return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node))]
+    if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
+        isinstance(v, Const) and v.array.dtype.kind == "f" for v in ins[1:]
+    ):
+        raise LoweringError(
+            f"{describe_node(node)}: selects float values; lowered are a Where on integer / bool "
+            f"tensors and a mask in front of a Softmax, Where(mask, fill, scores) with a fill "
+            f"<= {MASK_FILL:g} (-inf, finfo(float32).min): replace other fills by -inf"
+        )
+    vs = [_operand(b, node, v) for v in ins]
+    dtype = np.result_type(_dtype(vs[1]), _dtype(vs[2]))
+    return _integer_step(b, node, vs, "where", dtype, lambda c, x, y: np.where(c, x, y),
+                         dtype.kind == "b", dtype=held(dtype))  # fmt: skip
+
+
+@register_lowering("Cast")
+def _cast(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    to = int(attrs_of(node)["to"])
+    v = ins[0]
+    if isinstance(v, Const):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(to)
+        return [Const(v.array.astype(dtype))]
+    if to not in ONNX_TYPES:
+        raise LoweringError(
+            f"{describe_node(node)}: casts {_kind(v)} to "
+            f"{onnx.TensorProto.DataType.Name(to)}; only casts between integer / bool types are "
+            "lowered (a mask made float in the graph has no integer lowering)"
+        )
+    dtype = ONNX_TYPES[to]
+    return _integer_step(b, node, [v], "cast", dtype, lambda x: x.astype(dtype),
+                         dtype.kind == "b", dtype=held(dtype), logical=dtype.kind == "b")  # fmt: skip
+
+
+@register_lowering("CumSum")
+def _cumsum(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if not isinstance(ins[1], Const):
+        raise LoweringError(f"{describe_node(node)}: the axis must be a constant")
+    a = attrs_of(node)
+    attrs = {"axis": int(np.asarray(ins[1].array).reshape(-1)[0]),
+             "exclusive": bool(a.get("exclusive", 0)), "reverse": bool(a.get("reverse", 0))}  # fmt: skip
+    x = _operand(b, node, ins[0])
+    if isinstance(x, IndexValue) and x.logical:
+        raise LoweringError(f"{describe_node(node)}: CumSum of a bool tensor (cast it first)")
+    from ..kernels._index import cumsum
+
+    return _integer_step(b, node, [x], "cumsum", _dtype(x), lambda y: cumsum(attrs, y),
+                         False, **attrs)  # fmt: skip
+
+
+@register_lowering("Range")
+def _range(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if not all(isinstance(v, Const) for v in ins):
+        raise LoweringError(
+            f"{describe_node(node)}: its limits are not constants; lower with "
+            "input_shapes={name: shape} (`--input-shape` on the CLI) so the shape arithmetic "
+            "in front of it folds"
+        )
+    start, limit, delta = (np.asarray(v.array).reshape(()) for v in ins)
+    return [Const(np.arange(start, limit, delta, dtype=start.dtype))]
+
+
+@register_lowering("Max", "Min")
+def _extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if not all(isinstance(v, Const) for v in ins):
+        raise LoweringError(
+            f"{describe_node(node)}: an elementwise {node.op_type} of tensors computed at run time "
+            "is not lowered (only of constants: shape arithmetic, folded)"
+        )
+    fn = np.maximum if node.op_type == "Max" else np.minimum
+    out = ins[0].array
+    for v in ins[1:]:
+        out = fn(out, v.array)
+    return [Const(np.asarray(out))]
+
+
+@register_lowering("Gather")
+def _gather(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Constant indices: data movement (``_movement``). Run-time indices: a ``take`` step."""
+    data, indices = ins[0], ins[1]
+    axis = int(attrs_of(node).get("axis", 0))
+    if isinstance(indices, Const):
+        attrs = {"indices": np.asarray(_const_indices(node, indices)), "axis": axis}
+        return [moved(b, node, data, "gather", attrs)]
+    idx = _operand(b, node, indices)
+    name = node_name(node)
+    if isinstance(data, QValue | IndexValue):
+        out = b.like(node.output[0], data.tensor)
+        b.step("take", name, [data.tensor, idx.tensor], out, axis=axis)
+        return [QValue(out, data.integer) if isinstance(data, QValue)
+                else IndexValue(out, data.logical)]  # fmt: skip
+    if isinstance(data, QConst) and (
+        data.axis is None or data.axis % data.q.ndim != axis % data.q.ndim
+    ):
+        if np.asarray(data.scale).size > 1:
+            raise LoweringError(f"{describe_node(node)}: a per-channel table is not lowered")
+        table = b.constant(name + "_table", data.q, float(data.scale), int(data.zero_point))
+        out = b.like(node.output[0], table)
+        b.step("take", name, [table, idx.tensor], out, axis=axis)
+        return [QValue(out)]
+    if isinstance(data, Const) and data.array.dtype.kind == "f":
+        table_values = data.array
+
+        def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+            codes = quantize(table_values, np.float32(out.scale), out.zero_point, qmin, qmax)
+            table = builder.constant(name + "_table", np.asarray(codes).astype(out.dtype),
+                                     out.scale, out.zero_point)  # fmt: skip
+            builder.step("take", name, [table, idx.tensor], out, axis=axis)
+
+        return [Pending(name, realize)]
+    if isinstance(data, Const):
+        return _integer_step(b, node, [data, idx], "take", data.array.dtype,
+                             lambda d, i: np.take(d, i, axis=axis), data.array.dtype.kind == "b",
+                             axis=axis)  # fmt: skip
+    raise LoweringError(f"{describe_node(node)}: gathers from {_kind(data)}")

@@ -1,0 +1,101 @@
+"""Integer / bool mask and id arithmetic (``lowering._index``): the attention-mask path of
+transformers' text models (int64 mask -> Cast bool -> GatherND / Unsqueeze -> And / Not ->
+Where(mask, fill, scores) -> Softmax), id comparisons, CumSum, and the embedding lookup by
+run-time token ids. Integer results are exact against ONNX Runtime; the three emitters agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import quantbridge as qb
+
+SHAPE = (2, 1, 6, 6)  # scores (batch, heads, queries, keys)
+
+
+def _mask_graph(qdq_graph, fill=float("-inf")):
+    g = qdq_graph(SHAPE, scale=0.1, zero=128)
+    for name in ("ids", "mask"):
+        g.inputs.append(helper.make_tensor_value_info(name, TensorProto.INT64, [2, 6]))
+    mask = g.node("Cast", ["mask"], to=TensorProto.BOOL)
+    # transformers' sdpa mask: GatherND of the bool mask at (batch, key), And with the causal
+    # (here: all-true) constant, Not, Where(not_mask, fill, scores)
+    index = np.stack(np.meshgrid(np.arange(2), np.arange(6), indexing="ij"), -1)
+    picked = g.node("GatherND", [mask, g.const(index.reshape(2, 1, 1, 6, 2))])
+    keep = g.node("And", [g.const(np.ones((1, 1, 6, 1), bool)), picked])
+    scores = g.node("Where", [g.node("Not", [keep]), g.const(np.float32(fill)), g.x])
+    probs = g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0)
+    table = g.rng.normal(0, 1, (50, 4)).astype(np.float32)
+    embedded = g.quant(g.node("Gather", [g.const(table), "ids"], axis=0), 0.02, 0, np.int8)
+    ids = g.node("Where", [g.node("Or", [g.node("Equal", ["ids", g.const(np.int64(0))]),
+                                         g.node("Less", ["ids", g.const(np.int64(10))])]),
+                           g.const(np.int64(-1)), "ids"])  # fmt: skip
+    small = g.node("Cast", [ids], to=TensorProto.INT32)
+    positions = g.node("CumSum", ["mask", g.const(np.int64(1))], exclusive=1, reverse=1)
+    # RoBERTa's position ids: cumsum(mask) * mask + padding_idx
+    roberta = g.node("Add", [g.node("Mul", [g.node("CumSum", ["mask", g.const(np.int64(1))]),
+                                            "mask"]), g.const(np.int64(1))])  # fmt: skip
+    model = g.model(probs, embedded)
+    for name, dtype in ((keep, TensorProto.BOOL), (small, TensorProto.INT32),
+                        (positions, TensorProto.INT64), (roberta, TensorProto.INT64)):  # fmt: skip
+        model.graph.output.append(helper.make_tensor_value_info(name, dtype, None))
+    return model
+
+
+def _feeds(full_row: bool):
+    rng = np.random.default_rng(4)
+    mask = np.ones((2, 6), np.int64)
+    mask[1, 4:] = 0
+    if full_row:
+        mask[1] = 0  # a batch row with every key masked
+    return {
+        "x": rng.normal(0, 3, SHAPE).astype(np.float32),
+        "ids": rng.integers(0, 50, (2, 6)).astype(np.int64),  # token ids (0 and < 10: compared)
+        "mask": mask,
+    }
+
+
+@pytest.mark.parametrize(("fill", "full_row"), [(float("-inf"), False),
+                                                (float(np.finfo(np.float32).min), True)])  # fmt: skip
+def test_mask_and_id_arithmetic_match_ort(qdq_graph, layerwise, three_emitters, tmp_path, fill,
+                                          full_row):  # fmt: skip
+    """Integer outputs and the embedding codes exact; the masked softmax within 1 LSB (its
+    int16 probabilities round once more than ORT's float ones). A fully masked row is uniform,
+    as float32 gives for transformers' finfo.min fill (-inf gives NaN there: not tested)."""
+    model = _mask_graph(qdq_graph, fill)
+    feeds = _feeds(full_row)
+    prog = qb.lower(model)
+    assert {
+        "softmax",
+        "take",
+        "gather_nd",
+        "logic",
+        "compare",
+        "where",
+        "cast",
+        "cumsum",
+        "arith",
+    } <= set(prog.op_counts())
+    got = prog.run(feeds)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    ref = dict(zip(names, sess.run(None, feeds), strict=True))
+    for name in names[2:]:  # bools come out as uint8 0 / 1
+        np.testing.assert_array_equal(got[name], ref[name].astype(got[name].dtype), err_msg=name)
+    diffs = layerwise(model, prog, feeds)
+    producer = {n.output[0]: n for n in model.graph.node}
+    embedded_codes = producer[names[1]].input[0]  # the embedding's QuantizeLinear output
+    assert len(diffs) == 2 and int(diffs[embedded_codes].max()) == 0
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_other_fills_name_the_fix(qdq_graph):
+    g = qdq_graph(SHAPE)
+    g.inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 1, 1, 6]))
+    scores = g.node("Where", ["mask", g.const(np.float32(-5.0)), g.x])
+    model = g.model(g.quant(g.node("Softmax", [scores]), 1 / 256, 0))
+    with pytest.raises(qb.LoweringError, match=r"Where .*selects float values.*-inf"):
+        qb.lower(model)
