@@ -20,6 +20,8 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
    the kept values by ``1 / (1 - p)``, and the input's grid would clip them.
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
+5. FAN-OUT: a float value (a SiLU's output) read by a quantized op and by others is quantized
+   once, for every reader (``_fanout``): squeeze-excite's pool reads the codes its multiply reads.
 
 ``recipe.activation_scope="weighted_inputs"`` changes the roles (``_scope.scoped_role``): only
 weighted ops' inputs and matmul operands are quantized, no output, everything else float.
@@ -374,9 +376,8 @@ class _Planner:
     def fan_out(self, node: torch.fx.Node) -> None:
         """``node``'s float output read by a quantized op and by others: one quantizer before the
         fan-out (``_fanout``), with the recipe of the first reader that quantizes it."""
-        if (not self.outputs or node.op != "call_function" or node in self.constant
-                or node in self.plan.grid or not is_float_tensor(node)
-                or keeps_float_output(node)):  # fmt: skip
+        skip = not self.outputs or node.op != "call_function" or node in self.constant
+        if skip or node in self.plan.grid or not is_float_tensor(node) or keeps_float_output(node):
             return
         readers = [u for u in fan_out_readers(node, self.recipe.activation_scope)
                    if not self.recipe.for_module(*module_of(u))[0]]  # fmt: skip
