@@ -5,13 +5,19 @@ A float op's output read by a quantized op and by another op - EfficientNet's an
 squeeze-excite, ``x * sigmoid(fc2(relu(fc1(avgpool(x)))))`` with ``x = silu(conv(...))`` - used
 to be quantized where the quantized op (the ``mul``) reads it while the pool read the float value:
 no integer program could be lowered from such a model (the pool's input had no QuantizeLinear).
-Quantizing the value for all readers puts the pool on the same codes as the multiply.
+Quantizing the value for all readers puts the pool on the same codes as the multiply. Readers
+that read float on purpose still do: a layer a recipe rule skips, a divisor, and the graph output
+with ``quantize_outputs=False``. A value whose readers all quantize it is left as it was (they
+already share one quantizer), so transformers' layer norms, read by linears and residual adds,
+keep their placement.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..recipe import Recipe
+from ._nodes import module_of
 from ._ops import WEIGHTED_OPS, Role, reads_as_divisor, tensor_args
 from ._scope import scoped_role
 
@@ -28,10 +34,25 @@ def quantizing_reader(user: torch.fx.Node, value: torch.fx.Node, scope: str) -> 
     return False
 
 
-def fan_out_readers(value: torch.fx.Node, scope: str) -> list[torch.fx.Node]:
-    """The readers of ``value`` that quantize it, when ``value`` fans out to several readers and
-    none reads it as a divisor (a divisor stays float, see ``_ops.DIVISOR_INPUTS``); else []."""
+def keeps_float(user: torch.fx.Node, recipe: Recipe) -> bool:
+    """``user`` reads a value float whatever the fan-out: a layer a recipe rule skips, or the
+    graph output with ``quantize_outputs=False`` (as ``_ops.read_only_as_graph_output``)."""
+    if user.op == "output":
+        return not recipe.quantize_outputs
+    return user.op == "call_function" and recipe.for_module(*module_of(user))[0]
+
+
+def fan_out_readers(value: torch.fx.Node, recipe: Recipe) -> tuple[list, torch.fx.Node | None]:
+    """(the readers of ``value`` to read it quantized, the first that quantizes it) when ``value``
+    fans out to a reader that quantizes it and to one that would read it float (not ``keeps_float``);
+    ([], None) otherwise: one reader, a divisor among them (it stays float, see
+    ``_ops.DIVISOR_INPUTS``), or every reader quantizing it (they share one quantizer already, as
+    the readers of a transformer's layer norm do: nothing changes there)."""
     users = list(value.users)
     if len(users) < 2 or any(reads_as_divisor(u, value) for u in users):
-        return []
-    return [u for u in users if quantizing_reader(u, value, scope)]
+        return [], None
+    kept = [u for u in users if not keeps_float(u, recipe)]
+    quantizing = [u for u in kept if quantizing_reader(u, value, recipe.activation_scope)]
+    if not quantizing or len(quantizing) == len(users):
+        return [], None
+    return kept, quantizing[0]

@@ -374,17 +374,19 @@ class _Planner:
                     self._read(user, value, spec)
 
     def fan_out(self, node: torch.fx.Node) -> None:
-        """``node``'s float output read by a quantized op and by others: one quantizer before the
-        fan-out (``_fanout``), with the recipe of the first reader that quantizes it."""
+        """One quantizer before ``node``'s fan-out to quantized and float readers (``_fanout``)."""
         skip = not self.outputs or node.op != "call_function" or node in self.constant
         if skip or node in self.plan.grid or not is_float_tensor(node) or keeps_float_output(node):
             return
-        readers = [u for u in fan_out_readers(node, self.recipe.activation_scope)
-                   if not self.recipe.for_module(*module_of(u))[0]]  # fmt: skip
-        if readers:
-            ar = self.recipe.for_module(*module_of(readers[0]))[2]
-            self.input_spec[node] = self._activation(node, ar, module_of(node)[0], node)
-            self._everywhere(node, self.input_spec[node])
+        kept, first = fan_out_readers(node, self.recipe)
+        if kept:
+            ar = self.recipe.for_module(*module_of(first))[2]
+            spec = self.input_spec[node] = self._activation(node, ar, module_of(node)[0], node)
+            if len(kept) == len(node.users):
+                self._everywhere(node, spec)
+            else:  # the others (a skipped layer, the graph output) read it float
+                for user in kept:
+                    self._read(user, node, spec)
 
     # -- driver ---------------------------------------------------------------------------------
     def step(self, node: torch.fx.Node, left_float: list) -> None:
