@@ -9,7 +9,8 @@ Quantizing the value for all readers puts the pool on the same codes as the mult
 that read float on purpose still do: a layer a recipe rule skips, a divisor, and the graph output
 with ``quantize_outputs=False``. A value whose readers all quantize it is left as it was (they
 already share one quantizer), so transformers' layer norms, read by linears and residual adds,
-keep their placement.
+keep their placement. A zero pad before a quantized op (a float op's output -> pad -> conv) counts
+as a reader that reads float: the value is quantized before the pad, which keeps its grid.
 """
 
 from __future__ import annotations
@@ -18,20 +19,29 @@ import torch
 
 from ..recipe import Recipe
 from ._nodes import module_of
-from ._ops import WEIGHTED_OPS, Role, reads_as_divisor, tensor_args
+from ._ops import PAD_OPS, PAD_OWN_GRID, WEIGHTED_OPS, Role, reads_as_divisor, tensor_args
 from ._scope import scoped_role
 
 
-def quantizing_reader(user: torch.fx.Node, value: torch.fx.Node, scope: str) -> bool:
-    """``user`` quantizes ``value`` where it reads it: a weighted op's activation input, or a
-    (non-divisor) input of an arithmetic op. Recipe skips are the caller's to check."""
+def quantizer_of(user: torch.fx.Node, value: torch.fx.Node, scope: str) -> torch.fx.Node | None:
+    """The op that quantizes ``value`` as ``user`` reads it: ``user`` when it is a weighted op's
+    activation input or a (non-divisor) input of an arithmetic op; through a zero pad (it keeps the
+    grid, ``_ops.PAD_OPS``), a reader of the pad's output (HF EfficientNet's ``ZeroPad2d`` before
+    its stride-2 depthwise convs); None when nothing quantizes it there. Skips: the caller's."""
     role = scoped_role(user, scope)
     if role is Role.WEIGHTED:
-        return user.args[WEIGHTED_OPS[user.target][0]] is value
+        return user if user.args[WEIGHTED_OPS[user.target][0]] is value else None
     if role is Role.ARITHMETIC:
         inputs = [v for _, v in tensor_args(user)]
-        return value in inputs and not reads_as_divisor(user, value)
-    return False
+        return user if value in inputs and not reads_as_divisor(user, value) else None
+    if _zero_pad(user) and user.args[0] is value:
+        return next((q for u in user.users if (q := quantizer_of(u, user, scope))), None)
+    return None
+
+
+def _zero_pad(node: torch.fx.Node) -> bool:
+    pad = PAD_OPS.get(node.target) if node.op == "call_function" else None
+    return pad is not None and pad(node) and not node.meta.get(PAD_OWN_GRID)
 
 
 def keeps_float(user: torch.fx.Node, recipe: Recipe) -> bool:
@@ -43,16 +53,18 @@ def keeps_float(user: torch.fx.Node, recipe: Recipe) -> bool:
 
 
 def fan_out_readers(value: torch.fx.Node, recipe: Recipe) -> tuple[list, torch.fx.Node | None]:
-    """(the readers of ``value`` to read it quantized, the first that quantizes it) when ``value``
-    fans out to a reader that quantizes it and to one that would read it float (not ``keeps_float``);
-    ([], None) otherwise: one reader, a divisor among them (it stays float, see
-    ``_ops.DIVISOR_INPUTS``), or every reader quantizing it (they share one quantizer already, as
-    the readers of a transformer's layer norm do: nothing changes there)."""
+    """(the readers of ``value`` to read it quantized, the first op that quantizes it) when a
+    reader quantizes ``value`` and another (or a zero pad before a quantized op) would read it
+    float (readers that ``keeps_float`` set aside); ([], None) otherwise: a divisor among the readers
+    (it stays float, see ``_ops.DIVISOR_INPUTS``), or every reader quantizing it itself (they share
+    one quantizer already, as the readers of a transformer's layer norm do: nothing changes)."""
     users = list(value.users)
-    if len(users) < 2 or any(reads_as_divisor(u, value) for u in users):
+    if any(reads_as_divisor(u, value) for u in users):
         return [], None
     kept = [u for u in users if not keeps_float(u, recipe)]
-    quantizing = [u for u in kept if quantizing_reader(u, value, recipe.activation_scope)]
-    if not quantizing or len(quantizing) == len(users):
+    quantizers = [quantizer_of(u, value, recipe.activation_scope) for u in kept]
+    reads_float = [u for u, q in zip(kept, quantizers, strict=True) if q is not u]
+    first = next((q for q in quantizers if q is not None), None)
+    if first is None or not reads_float:
         return [], None
-    return kept, quantizing[0]
+    return kept, first
