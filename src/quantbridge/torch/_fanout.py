@@ -19,8 +19,22 @@ import torch
 
 from ..recipe import Recipe
 from ._nodes import module_of
-from ._ops import PAD_OPS, PAD_OWN_GRID, WEIGHTED_OPS, Role, reads_as_divisor, tensor_args
+from ._ops import (
+    PAD_OPS,
+    PAD_OWN_GRID,
+    WEIGHTED_OPS,
+    Role,
+    op_role,
+    reads_as_divisor,
+    tensor_args,
+)
 from ._scope import scoped_role
+
+aten = torch.ops.aten
+# Averages the integer program computes on codes: a float value a pool reads, whose output is
+# quantized, is quantized before the pool (HF EfficientNet's final ``silu -> AvgPool2d -> linear``)
+_POOLS = frozenset({aten.mean.dim, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default})
+_PASS = (Role.DATA_MOVEMENT, Role.IDENTITY_IN_EVAL)
 
 
 def quantizer_of(user: torch.fx.Node, value: torch.fx.Node, scope: str) -> torch.fx.Node | None:
@@ -36,6 +50,20 @@ def quantizer_of(user: torch.fx.Node, value: torch.fx.Node, scope: str) -> torch
         return user if value in inputs and not reads_as_divisor(user, value) else None
     if _zero_pad(user) and user.args[0] is value:
         return next((q for u in user.users if (q := quantizer_of(u, user, scope))), None)
+    if user.op == "call_function" and user.target in _POOLS and user.args[0] is value:
+        return _quantized_after(user, scope)
+    return None
+
+
+def _quantized_after(pool: torch.fx.Node, scope: str) -> torch.fx.Node | None:
+    """The op quantizing ``pool``'s output, through data movement and dropout (to a linear)."""
+    for user in pool.users:
+        if op_role(user) in _PASS and user.args and user.args[0] is pool:
+            q = _quantized_after(user, scope)
+        else:
+            q = quantizer_of(user, pool, scope)
+        if q is not None:
+            return q
     return None
 
 
@@ -55,7 +83,8 @@ def keeps_float(user: torch.fx.Node, recipe: Recipe) -> bool:
 def fan_out_readers(value: torch.fx.Node, recipe: Recipe) -> tuple[list, torch.fx.Node | None]:
     """(the readers of ``value`` to read it quantized, the first op that quantizes it) when a
     reader quantizes ``value`` and another (or a zero pad before a quantized op) would read it
-    float (readers that ``keeps_float`` set aside); ([], None) otherwise: a divisor among the readers
+    float (readers that ``keeps_float`` set aside; a zero pad or an average pool whose output is
+    quantized counts as a float reader); ([], None) otherwise: a divisor among the readers
     (it stays float, see ``_ops.DIVISOR_INPUTS``), or every reader quantizing it itself (they share
     one quantizer already, as the readers of a transformer's layer norm do: nothing changes)."""
     users = list(value.users)
