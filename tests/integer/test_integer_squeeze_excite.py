@@ -142,3 +142,29 @@ def test_graph_output_keeps_reading_float_unless_quantize_outputs():
         returned = nodes[-1].args[0][1]
         assert mean.args[0] is not silu and mean.args[0].op == "call_module"
         assert (returned is silu) is not quantize_outputs
+
+
+class PadThenPool(nn.Module):
+    """HF EfficientNet's other float readers of a SiLU: a zero pad before a stride-2 conv, and the
+    final average pool -> flatten -> dropout -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, stride=2)
+        self.drop, self.fc = nn.Dropout(0.2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = nn.functional.pad(nn.functional.silu(self.conv1(x)), (0, 1, 0, 1))
+        z = nn.functional.silu(self.conv2(y))
+        return self.fc(self.drop(nn.functional.avg_pool2d(z, 4).flatten(1)))
+
+
+def test_pad_and_pool_read_the_quantized_activation():
+    torch.manual_seed(0)
+    qmodel = qb.quantize(PadThenPool().eval(), [torch.randn(2, 3, 8, 8)], progress=False)
+    nodes = list(qmodel.graph.nodes)
+    readers = [n for n in nodes if n.target in (torch.ops.aten.pad.default,
+               torch.ops.aten.constant_pad_nd.default, torch.ops.aten.avg_pool2d.default)]  # fmt: skip
+    assert len(readers) == 2
+    for reader in readers:  # the pad and the pool read the SiLU's codes, not the float SiLU
+        assert reader.args[0].op == "call_module" and "_quantbridge" in reader.args[0].target
