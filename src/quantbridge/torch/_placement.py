@@ -20,6 +20,8 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
    the kept values by ``1 / (1 - p)``, and the input's grid would clip them.
 4. FOLDABLE_ACTIVATION (relu, relu6, clamp): an output quantizer moves past them, so the clamp is
    absorbed by the quantization range (one quantizer after ``conv -> relu``, none between).
+5. FAN-OUT: a float value (a SiLU's output) read by a quantized op and by others is quantized
+   once, for every reader (``_fanout``): squeeze-excite's pool reads the codes its multiply reads.
 
 ``recipe.activation_scope="weighted_inputs"`` changes the roles (``_scope.scoped_role``): only
 weighted ops' inputs and matmul operands are quantized, no output, everything else float.
@@ -51,13 +53,11 @@ debug tools use the record, not name guessing.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
-from ._capture import user_stacklevel
+from ._fanout import fan_out_readers
 from ._nodes import constant_values, is_float_tensor, module_of
 from ._ops import (
     ARITHMETIC_OPS,
@@ -73,6 +73,7 @@ from ._ops import (
     tensor_args,
     unquantized_weighted_reason,
 )
+from ._placement_warnings import warn_placement
 from ._record import (
     CONTAINER,
     Edit,
@@ -372,51 +373,51 @@ class _Planner:
                         and not self.recipe.for_module(*module_of(user))[0]):  # fmt: skip
                     self._read(user, value, spec)
 
+    def fan_out(self, node: torch.fx.Node) -> None:
+        """One quantizer before ``node``'s fan-out to quantized and float readers (``_fanout``)."""
+        skip = not self.outputs or node.op != "call_function" or node in self.constant
+        if skip or node in self.plan.grid or not is_float_tensor(node) or keeps_float_output(node):
+            return
+        kept, first = fan_out_readers(node, self.recipe)
+        if kept:
+            ar = self.recipe.for_module(*module_of(first))[2]
+            spec = self.input_spec[node] = self._activation(node, ar, module_of(node)[0], node)
+            if len(kept) == len(node.users):
+                self._everywhere(node, spec)
+            else:  # the others (a skipped layer, the graph output) read it float
+                for user in kept:
+                    self._read(user, node, spec)
+
     # -- driver ---------------------------------------------------------------------------------
+    def step(self, node: torch.fx.Node, left_float: list) -> None:
+        role = scoped_role(node, self.recipe.activation_scope)
+        reason = unquantized_weighted_reason(node)
+        module, module_type = module_of(node)
+        if reason and not self.recipe.for_module(module, module_type)[0]:
+            left_float.append((module or node.name, reason))
+        if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
+            return
+        self.seen_modules.add((module, module_type))
+        skip, wr, ar = self.recipe.for_module(module, module_type)
+        if skip:
+            return
+        if role is Role.WEIGHTED:
+            self.weighted(node, wr, ar)
+        elif role is Role.ARITHMETIC:
+            self.arithmetic(node, ar)
+        elif role is Role.DATA_MOVEMENT:
+            self.data_movement(node)
+        elif role is Role.IDENTITY_IN_EVAL:
+            self.identity_in_eval(node)
+
     def run(self) -> PlacementPlan:
         left_float = []  # (layer, reason): weighted ops no rule skips that stay float
         for node in list(self.graph.nodes):
-            role = scoped_role(node, self.recipe.activation_scope)
-            reason = unquantized_weighted_reason(node)
-            if reason:
-                module, module_type = module_of(node)
-                if not self.recipe.for_module(module, module_type)[0]:
-                    left_float.append((module or node.name, reason))
-            if role in (Role.FLOAT, Role.FOLDABLE_ACTIVATION):
-                continue
-            module, module_type = module_of(node)
-            self.seen_modules.add((module, module_type))
-            skip, wr, ar = self.recipe.for_module(module, module_type)
-            if skip:
-                continue
-            if role is Role.WEIGHTED:
-                self.weighted(node, wr, ar)
-            elif role is Role.ARITHMETIC:
-                self.arithmetic(node, ar)
-            elif role is Role.DATA_MOVEMENT:
-                self.data_movement(node)
-            elif role is Role.IDENTITY_IN_EVAL:
-                self.identity_in_eval(node)
+            self.step(node, left_float)
+            self.fan_out(node)
         if self.outputs:
             self.float_reads_of_inputs()
-        if left_float:
-            shown = "; ".join(f"{name!r}: {why}" for name, why in left_float[:6])
-            more = f" and {len(left_float) - 6} more" if len(left_float) > 6 else ""
-            warnings.warn(
-                f"{len(left_float)} layer(s) with weights stay float (no int8 form): {shown}"
-                f"{more}. Rewrite them as a supported layer, or skip them with "
-                "Rule(pattern=..., skip=True) to keep them float knowingly",
-                stacklevel=user_stacklevel(),
-            )
-        names = sorted(m for m, _ in self.seen_modules if m)
-        types = sorted({t for _, t in self.seen_modules})
-        for rule in self.recipe.unmatched_rules(sorted(self.seen_modules)):
-            warnings.warn(
-                f"recipe rule {rule.describe()} matches no layer of the model"
-                f"{rule.closest(names, types)}; known "
-                f"layers include {names[:8]}, types {types[:8]}",
-                stacklevel=user_stacklevel(),
-            )
+        warn_placement(self.recipe, left_float, self.seen_modules)
         self.plan.order = list(self.points.values())
         return self.plan
 
