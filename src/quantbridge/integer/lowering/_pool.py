@@ -68,16 +68,21 @@ def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(node))]
 
 
+def _reduce_axes(node: onnx.NodeProto, ins: list[Value | None], a: dict) -> list[int] | None:
+    """A Reduce* node's axes: its ``axes`` input (opset 18; a constant) or attribute."""
+    if len(ins) > 1 and ins[1] is not None:
+        if not isinstance(ins[1], Const):
+            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
+        return [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    return a.get("axes")
+
+
 @register_lowering("ReduceMax", "ReduceMin")
 def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     """``max`` / ``min`` of codes: ``r = s(q - z)`` is increasing in ``q`` (s > 0), so they
     commute with dequantization and with the (monotone) requantization of a pending kernel."""
     a = attrs_of(node)
-    axes = a.get("axes")
-    if len(ins) > 1 and ins[1] is not None:
-        if not isinstance(ins[1], Const):
-            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
-        axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    axes = _reduce_axes(node, ins, a)
     if not axes and a.get("noop_with_empty_axes", 0):
         return [moved(b, node, ins[0], "identity", {})]
     op = "reduce_max" if node.op_type == "ReduceMax" else "reduce_min"
@@ -144,11 +149,7 @@ def _global_average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | Non
 def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = as_activation(node, ins[0])
     a = attrs_of(node)
-    axes = a.get("axes")
-    if len(ins) > 1 and ins[1] is not None:
-        if not isinstance(ins[1], Const):
-            raise LoweringError(f"{describe_node(node)}: axes must be a constant")
-        axes = [int(v) for v in np.asarray(ins[1].array).reshape(-1)]
+    axes = _reduce_axes(node, ins, a)
     if not axes:
         raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
     rank = len(b.shapes.get(node.input[0]) or ())
