@@ -16,6 +16,7 @@ bias (errors of order 0.1 to 1).
 
 from __future__ import annotations
 
+import re
 import warnings
 import zlib
 
@@ -224,8 +225,15 @@ def test_int8_crnn_round_trip_matches_ort_and_fine_tunes(tmp_path):
     torch.manual_seed(0)
     data = [torch.randn(2, 1, 4, 10) for _ in range(3)]
     model = _CRNN().eval()
-    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*'rnn'.*recurrent"):
+    with pytest.warns(UserWarning) as caught:
         qmodel = qb.quantize(model, data)
+    texts = [str(w.message) for w in caught]
+    assert any(
+        re.search(r"1 layer\(s\) with weights stay float.*'rnn'.*recurrent", t, re.S) for t in texts
+    )
+    # torch's own advice about nn.LSTM's _flat_weights (assigned by torch on every call) is not
+    # shown: the user cannot act on it
+    assert not [t for t in texts if "_flat_weights" in t], texts
     # the float LSTM reads the int8 conv's output: the QuantModel's result is the float model's
     # within the quantized conv and linear's noise (measured 5.7e-5 relative error energy)
     with torch.no_grad():

@@ -63,6 +63,9 @@ _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript")
 _FAILURE_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
 # torch's own deprecations met inside torch (deepcopy of a captured module builds a LeafSpec)
 _FOREIGN_WARNINGS = (r".*LeafSpec.*",)
+# and its advice about nn.LSTM / nn.GRU's internal weight list, which torch itself assigns on every
+# call ("The tensor attributes self.rnn._flat_weights[0], ... were assigned during export")
+_FOREIGN_USER_WARNINGS = (r"The tensor attributes .*_flat_weights.* were assigned during export",)
 
 
 @contextlib.contextmanager
@@ -77,6 +80,8 @@ def quiet_torch() -> Iterator[None]:
         with warnings.catch_warnings():
             for pattern in _FOREIGN_WARNINGS:
                 warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
+            for pattern in _FOREIGN_USER_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
             yield
     finally:
         for lg, level in zip(loggers, saved, strict=True):
