@@ -86,9 +86,13 @@ def fan_out_readers(value: torch.fx.Node, recipe: Recipe) -> tuple[list, torch.f
     float (readers that ``keeps_float`` set aside; a zero pad or an average pool whose output is
     quantized counts as a float reader); ([], None) otherwise: a divisor among the readers
     (it stays float, see ``_ops.DIVISOR_INPUTS``), or every reader quantizing it itself (they share
-    one quantizer already, as the readers of a transformer's layer norm do: nothing changes)."""
+    one quantizer already, as the readers of a transformer's layer norm do: nothing changes), or a
+    recipe with smoothquant."""
     users = list(value.users)
-    if any(reads_as_divisor(u, value) for u in users):
+    if recipe.smoothquant or any(reads_as_divisor(u, value) for u in users):
+        # smoothquant: a value read by a linear and a float op is divided per channel for the
+        # linear (its Case 3); quantizing it before the fan-out would put its outlier channels on
+        # the linear's grid again (tests/torch/test_ptq_smoothquant.py: OutlierLayer, Block)
         return [], None
     kept = [u for u in users if not keeps_float(u, recipe)]
     quantizers = [quantizer_of(u, value, recipe.activation_scope) for u in kept]
