@@ -515,6 +515,37 @@ def test_int8_activations_with_uint8_weights_fold_to_int8_weights(op):
     assert weights[integer_op.input[5]] == TensorProto.INT8  # and zero point (130 - 128)
 
 
+@pytest.mark.parametrize(
+    "zero_point, folds, act", [(128, True, np.int8), (130, False, np.int8), (128, True, np.uint8)]
+)
+def test_per_channel_uint8_weights(zero_point, folds, act):
+    """Per channel, QLinearConv takes zero points 0 only: a symmetric uint8 weight (every zero
+    point 128) moves to int8 with zero points 0 (exact, as per tensor); other zero points stay QDQ.
+    Either way the file loads and agrees with ORT on the QDQ file (1 LSB: a float tie there).
+    With uint8 activations the symmetric weight moves to int8 too ((u8, s8) is registered)."""
+    shape = (2, 3, 6, 6)
+    g = QDQGraph(shape, zero_point=3 if act == np.int8 else 131, dtype=act)
+    w = RNG.integers(72, 185, (4, 3, 3, 3)).astype(np.uint8)
+    scales = np.array([0.004, 0.003, 0.005, 0.002], np.float32)
+    zps = np.full(4, zero_point, np.uint8)
+    t = g.op(
+        "Conv", [g.x, g.dq(g.const(w, "w"), scales, zps, np.uint8, axis=0)], kernel_shape=[3, 3]
+    )
+    model = g.model(t, 0.1, zero_point=-5 if act == np.int8 else 123, dtype=act)
+    if not folds:
+        folded = FoldQOperator()(model).model
+        assert _ops(folded)["QLinearConv"] == 0 and _ops(folded)["Conv"] == 1
+        x = RNG.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))
+        return
+    folded = _fold_and_check(model, shape, {"QLinearConv": 1}, float_in_ort=True)
+    integer_op = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
+    inits = {i.name: i for i in folded.graph.initializer}
+    assert inits[integer_op.input[3]].data_type == TensorProto.INT8  # the shifted codes
+    zero = numpy_helper.to_array(inits[integer_op.input[5]])
+    assert zero.dtype == np.int8 and not zero.any()  # 128 - 128, per channel
+
+
 def test_int8_activation_times_uint8_activation_stays_qdq():
     """QLinearMatMul of an int8 and a uint8 *activation*: no kernel, no constant to shift; the
     MatMul stays QDQ and the file still loads and computes what it did."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from ...numerics import bias_scale, dequantize, fit_weight_scale_to_bias, quantize_bias
 from ._graph import MS_DOMAIN, GraphView, QParams, Rewrite, attribute, attributes, node
@@ -30,7 +31,8 @@ from ._registry import register_fold
 
 def _weight(g: GraphView, tensor: str, channel_axis: int) -> QInput | None:
     """A stored integer weight behind a DQ: per tensor, or per channel along ``channel_axis``
-    with zero points 0 (what QLinearConv / QGemm / QLinearMatMul accept)."""
+    with zero points 0 (what QLinearConv / QGemm / QLinearMatMul accept) or, uint8, all 128
+    (``weight_for`` moves those to int8 with zero points 0)."""
     w = q_input(g, tensor, per_tensor=False)
     if w is None or w.tensor not in g.constants:
         return None
@@ -38,7 +40,10 @@ def _weight(g: GraphView, tensor: str, channel_axis: int) -> QInput | None:
     if p.per_tensor:
         return w
     rank = len(g.constants[w.tensor].dims)
-    if p.axis % rank != channel_axis % rank or np.any(p.zero_point_value != 0):
+    symmetric_u8 = p.dtype == TensorProto.UINT8 and np.all(p.zero_point_value == 128)
+    if p.axis % rank != channel_axis % rank or (
+        np.any(p.zero_point_value != 0) and not symmetric_u8
+    ):
         return None
     return w
 

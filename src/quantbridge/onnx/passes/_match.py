@@ -105,12 +105,17 @@ def weight_for(g: GraphView, activation: QParams, w: QInput) -> tuple[QInput, li
     ``activation_type=QInt8, weight_type=QUInt8`` writes them) get their weight's codes and zero
     point moved down by 128. That is exact: ``w - z == (w - 128) - (z - 128)`` and both stay in
     int8. A per-channel uint8 weight would need zero points -128 (QLinearConv takes per-channel
-    zero points 0 only), and a uint8 *activation* as second operand is not a constant to shift:
-    both decline (the op stays QDQ, ``quantbridge fold`` lists it as not folded)."""
-    if not (activation.dtype == TensorProto.INT8 and w.params.dtype == TensorProto.UINT8):
+    zero points 0 only) unless every zero point is 128 (symmetric uint8: they become 0, for
+    uint8 activations too), and a
+    uint8 *activation* as second operand is not a constant to shift: both decline (the op stays
+    QDQ, ``quantbridge fold`` lists it as not folded)."""
+    if w.params.dtype != TensorProto.UINT8:
         return w, []
+    if w.params.per_tensor and activation.dtype != TensorProto.INT8:
+        return w, []  # (uint8, uint8): registered
     stored = g.array(w.tensor)
-    if stored is None or not w.params.per_tensor:
+    symmetric = np.all(np.asarray(w.params.zero_point_value) == 128)
+    if stored is None or not (w.params.per_tensor or symmetric):
         return None
     p = w.params
     codes = g.constant(w.tensor + "_int8", (stored.astype(np.int16) - 128).astype(np.int8))
