@@ -385,8 +385,10 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(Config("pytorch_fx", "x86", True, runner="torch", exclude=lines))
     if not quick:
         out.append(Config("pytorch_fx", "minmax", runner="torch", exclude=lines))
-    seen: set[tuple[str, str]] = set()  # an extra row named again by --ours-recipes: once
-    return [c for c in out if (c.tool, c.name) not in seen and not seen.add((c.tool, c.name))]
+    unique: dict[tuple[str, str], Config] = {}  # an extra row named again by --ours-recipes: once
+    for c in out:
+        unique.setdefault((c.tool, c.name), c)
+    return list(unique.values())
 
 
 # -- quantizing ---------------------------------------------------------------------------------
