@@ -289,6 +289,13 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
             f"{describe_node(node)}: only non-negative constant pads in mode constant, reflect, "
             f"edge or wrap are lowered (got pads={pads}, mode={mode!r})"
         )
+    if isinstance(v, Pending | FloatInput):
+        if mode == "constant" and constant is not None and not _is_zero(constant):
+            raise LoweringError(
+                f"{describe_node(node)}: pads a float result with a constant other than 0 "
+                "before its QuantizeLinear: only the code of 0 (the zero point) is lowered"
+            )
+        return [_pad_before_quantize(node, v, tuple(int(p) for p in pads), mode)]
     if not isinstance(v, QValue):
         raise LoweringError(f"{describe_node(node)}: the padded tensor must be integer codes")
     value = v.tensor.zero_point
@@ -301,6 +308,35 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
             )
     attrs = {"pads": tuple(int(p) for p in pads), "mode": mode, "value": int(value)}
     return [moved(b, node, v, "pad", attrs)]
+
+
+def _is_zero(v: Value) -> bool:
+    return isinstance(v, Const) and bool(np.all(np.asarray(v.array) == 0))
+
+
+def _pad_before_quantize(
+    node: onnx.NodeProto, v: Pending | FloatInput, pads: tuple[int, ...], mode: str
+) -> Pending:
+    """``Pad -> QuantizeLinear`` of a float result or a float graph input (a ZeroPad2d before
+    the first quantizer, HF EfficientNet's stem; a LayerNorm output padded to whole windows,
+    Swin): quantize, then pad the codes. Exact, because quantization is elementwise and
+    ``quantize(0) = z``: a padded 0 goes through a Relu / Clip between the Pad and the
+    QuantizeLinear to the code ``clamp(z, qmin, qmax)``, which the pad writes."""
+    name = node_name(node)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        if isinstance(v, FloatInput):
+            before = builder.like(v.name, out)
+            builder.inputs.append(Boundary(v.name, before, True))
+        else:
+            before = builder.like(out.name + "_before_pad", out)
+            v.realize(builder, before, qmin, qmax)
+        value = min(max(out.zero_point, qmin), qmax)
+        builder.step("pad", name, [before], out, pads=pads, mode=mode, value=int(value))
+
+    if isinstance(v, FloatInput):
+        return Pending(name, realize)
+    return Pending(v.node, realize, v.lo, v.hi, v.bound)
 
 
 @register_lowering("Split")
