@@ -147,10 +147,10 @@ class Lockstep:
         start (the same values: each node still runs after its inputs)."""
         if not self.runs:
             return 0
-        last_uses = self.runs[0].user_to_last_uses
+        order = late_constants(self.gm.graph) if constants_late else list(self.gm.graph.nodes)
+        last_uses = last_readers(order)
         sizes: dict = {}
         held = peak = 0
-        order = late_constants(self.gm.graph) if constants_late else self.gm.graph.nodes
         with torch.no_grad():
             for node in order:
                 if before is not None:
@@ -190,7 +190,8 @@ class Lockstep:
         for the batch's stretch that reads it. Every node sees the same values as in ``run``
         (where ``pack`` gives back the same values)."""
         constant = constant_nodes(self.gm.graph)
-        last_uses = self.runs[0].user_to_last_uses if self.runs else {}
+        order = late_constants(self.gm.graph)
+        last_uses = last_readers(order)
         packed: list[dict] = [{} for _ in self.runs]  # per batch: node -> _Packed (or None)
         largest = [0]  # bytes of the largest value the batch's stretch made
 
@@ -241,7 +242,7 @@ class Lockstep:
 
         stretch: list[torch.fx.Node] = []
         with torch.no_grad():
-            for node in late_constants(self.gm.graph):
+            for node in order:
                 if node not in layers:
                     stretch.append(node)
                     continue
@@ -284,7 +285,9 @@ def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """``graph``'s nodes, with the parameter reads (``get_attr``) and the module calls on them
     alone (a weight's or a bias's quantizer) each moved to just before its first reader that
     is neither, or kept in place when it has none; the rest keep their order. Every node still
-    comes after its inputs, and a value's last reader stays its last reader. Operator calls
+    comes after its inputs, but a value's last reader may change: a parameter read by two
+    quantizers (a layer called twice, ALBERT's shared layers) whose graph order is the reverse
+    of their readers' (``last_readers`` of this order says when to free it). Operator calls
     stay in place (an in-place operator on a parameter must keep its order)."""
     constant = constant_nodes(graph)
     late: set[torch.fx.Node] = set()  # the constants some other node reads, maybe through others
@@ -305,6 +308,19 @@ def late_constants(graph: torch.fx.Graph) -> list[torch.fx.Node]:
         if node not in late and node not in placed:
             place(node)
     return order
+
+
+def last_readers(order: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Per node, the values it is the last reader of when the nodes run in ``order`` (what
+    ``torch.fx.Interpreter.user_to_last_uses`` gives for the graph's own order)."""
+    last: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in order:
+        for value in node.all_input_nodes:
+            last[value] = node
+    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for value, node in last.items():
+        readers.setdefault(node, []).append(value)
+    return readers
 
 
 def _nbytes(value) -> int:
