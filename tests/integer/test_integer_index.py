@@ -99,3 +99,27 @@ def test_other_fills_name_the_fix(qdq_graph):
     model = g.model(g.quant(g.node("Softmax", [scores]), 1 / 256, 0))
     with pytest.raises(qb.LoweringError, match=r"Where .*selects float values.*-inf"):
         qb.lower(model)
+
+
+@pytest.mark.parametrize("mask_first", [False, True])
+def test_eager_additive_mask_matches_ort(qdq_graph, layerwise, three_emitters, tmp_path,
+                                         mask_first):  # fmt: skip
+    """transformers' eager attention: ``scores + Where(keep, 0, finfo.min)`` -> Softmax. Before,
+    "Add: operands must be quantized tensors" (HF BERT with attn_implementation="eager",
+    2026-12-02). float32 absorbs every finite score into finfo.min, so a masked key has weight
+    exactly 0, as in the Where form: within 1 LSB of ORT (int16 probabilities round once more),
+    a fully masked row uniform in both."""
+    g = qdq_graph(SHAPE, scale=0.1, zero=128)
+    g.inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 6]))
+    keep = g.node("Unsqueeze", [g.node("Cast", ["mask"], to=TensorProto.BOOL),
+                                g.const(np.array([1, 2], np.int64))])  # fmt: skip
+    fill = g.const(np.float32(np.finfo(np.float32).min))
+    additive = g.node("Where", [keep, g.const(np.float32(0)), fill])
+    scores = g.node("Add", [additive, g.x] if mask_first else [g.x, additive])
+    model = g.model(g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0))
+    feeds = {k: v for k, v in _feeds(full_row=True).items() if k != "ids"}
+    prog = qb.lower(model)
+    assert {"softmax", "cast"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

@@ -45,7 +45,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._index import integer_arithmetic
+from ._index import additive_mask, integer_arithmetic
 from ._linear import add_bias
 from ._qdq import rescale_sum
 
@@ -194,6 +194,9 @@ def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
 def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if any(isinstance(v, IndexValue | IntInput) for v in ins):  # ids, not quantized values
         return integer_arithmetic(b, node, ins)
+    masked = additive_mask(node, ins)  # scores + (0 / finfo.min mask): eager attention
+    if masked is not None:
+        return [masked]
     composed = _compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]

@@ -144,6 +144,22 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
                          dtype.kind == "b", dtype=held(dtype))  # fmt: skip
 
 
+def additive_mask(node: onnx.NodeProto, ins: list[Value | None]) -> MaskedScores | None:
+    """``Add(scores, Where(keep, 0, fill))`` (either order; ``Where(mask, fill, 0)`` too):
+    transformers' eager attention adds a float mask, 0 where a key is kept and finfo.min where
+    not, to the scores. The ``Where`` lowered to ``MaskedScores`` of a zero constant; the sum is
+    the scores masked the same way (``fill + score`` is ``fill`` in float32 for every finite
+    8-bit score, so its exp is exactly 0 next to any kept one). None for any other Add."""
+    if node.op_type != "Add" or len(ins) != 2:
+        return None
+    for mask, scores in (ins, ins[::-1]):
+        if (isinstance(mask, MaskedScores) and isinstance(mask.scores, Const)
+                and not np.any(mask.scores.array)
+                and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
+            return MaskedScores(scores, mask.keep, node_name(node))
+    return None
+
+
 @register_lowering("Cast")
 def _cast(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     to = int(attrs_of(node)["to"])
