@@ -72,3 +72,30 @@ def test_float_bias_lowers_and_matches_ort(tmp_path):
             steps.append(np.abs(ours - sess.run(None, {"x": x})[0]).reshape(-1) / 0.05)
         steps = np.concatenate(steps)
         assert steps.max() <= 1.001 and (steps < 0.5).mean() >= 0.99, op
+
+
+def test_learned_query_with_a_packed_float_bias(qdq_graph, layerwise, three_emitters, tmp_path):
+    """SigLIP's attention-pooling head (``nn.MultiheadAttention`` on a learned ``probe``): the
+    probe, repeated over the batch, is a constant quantized like an activation and then the
+    first operand of the query projection, whose bias is a float slice of the packed
+    ``in_proj_bias``. Before: "MatMul: its input is an integer constant", then "Add: operands
+    must be quantized tensors" (HF SigLIP vision, 2026-12-02). The probe's codes become a program
+    constant (the same codes ORT's QuantizeLinear computes) and the bias goes on the accumulator
+    grid (half a unit of ``s_x s_w``, far below an output step): within 1 LSB of ORT at each
+    quantized tensor."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    probe = g.rng.normal(0, 1, (1, 1, 8)).astype(np.float32)
+    query = g.quant(g.node("Tile", [g.const(probe), g.const(np.array([2, 1, 1], np.int64))]),
+                    0.03, 120)  # fmt: skip
+    projected = g.node("MatMul", [query, g.weight((8, 8), axis=1)])
+    bias = g.rng.normal(0, 0.2, 8).astype(np.float32)
+    q = g.quant(g.node("Add", [projected, g.const(bias)]), 0.04, 128)
+    keys = g.node("Transpose", [g.x], perm=[0, 2, 1])
+    scores = g.quant(g.node("MatMul", [q, keys]), 0.3, 128)
+    model = g.model(scores)
+    feeds = {"x": np.random.default_rng(2).normal(0, 2, (2, 4, 8)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert prog.op_counts()["matmul"] == 2
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 2 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

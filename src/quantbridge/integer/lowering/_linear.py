@@ -123,13 +123,17 @@ class LinearPending(Pending):
 def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
     """``MatMul -> Add(bias)`` with an integer bias along the last axis (``DequantizeLinear``
     of int32 codes): the bias joins the accumulator (rescaled offline, as ``_bias_codes``, when
-    its scale is not the accumulator's). None when ``ins`` is not that pattern."""
+    its scale is not the accumulator's), or a float bias the file keeps float
+    (``nn.MultiheadAttention``'s packed ``in_proj_bias``, split: ``_bias_operand``). None when
+    ``ins`` is not that pattern."""
     if node.op_type != "Add" or len(ins) != 2:
         return None
     for acc, bias in (ins, ins[::-1]):
+        if isinstance(bias, Const) and bias.array.dtype.kind == "f" and bias.array.ndim <= 1:
+            bias = _bias_operand(node, bias, "bias")
         if (isinstance(acc, LinearPending) and isinstance(bias, QConst) and bias.q.ndim <= 1
                 and acc.lo == -np.inf and acc.hi == np.inf
-                and np.issubdtype(bias.q.dtype, np.integer)
+                and bias.q.dtype.kind in "iuf"
                 and np.asarray(bias.q).size in (1, acc.acc_scale.size)):  # fmt: skip
             codes = _bias_codes(node, bias, acc.acc_scale)
             return acc.with_bias(node, codes)
@@ -257,8 +261,20 @@ def scaled_activation(node: onnx.NodeProto, v: Value | None) -> tuple[QTensor, f
     return as_activation(node, v), 1.0
 
 
+def _constant_operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> Value | None:
+    """A per-tensor quantized constant as the first operand (a learned query: SigLIP's
+    attention-pooling probe, ``probe.repeat(batch)`` quantized, times the query projection)
+    becomes a program constant holding its codes; anything else is returned as it is."""
+    if isinstance(v, QConst) and np.size(v.scale) == 1 and np.size(v.zero_point) == 1:
+        t = b.constant(node.input[0], np.asarray(v.q), float(np.reshape(v.scale, ())),
+                       int(np.reshape(v.zero_point, ())))  # fmt: skip
+        return QValue(t)
+    return v
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    ins = [_constant_operand(b, node, ins[0]), *ins[1:]]
     a, ca = scaled_activation(node, ins[0])
     if isinstance(ins[1], QValue | Elementwise):
         (t, cb), row_sum = scaled_activation(node, ins[1]), getattr(ins[0], "row_sum", None)
