@@ -121,3 +121,26 @@ def test_softmax_on_wide_codes_matches_float64(seed, k, beta):
     e = np.exp(r - r.max(axis=-1, keepdims=True))
     exact = 2**15 * e / e.sum(axis=-1, keepdims=True)
     assert np.abs(got - np.minimum(exact, 2**15 - 1)).max() <= 1 + (k + 1) / 4
+
+
+@pytest.mark.parametrize("bias", ["constant", "tensor"])
+def test_scores_plus_a_position_bias(qdq_graph, layerwise, three_emitters, tmp_path, bias):
+    """Swin / BEiT: ``softmax(DQ(scores) + relative_position_bias)``, here with a shifted-window
+    mask of -100 folded into the constant (HF Swin, 2026-12-02: "Softmax: its input must be a
+    dequantized 8-bit tensor"). The sum is requantized to int16 codes of max(2**-10, bound /
+    32767) real units, here 0.0034 (bound: 0.08 x 128 + max |bias| = 112): half a step of
+    error per score, a relative 0.17% on each exp, far below the 1/256 output step; then the
+    exp table of code differences: within 1 LSB of ORT's float softmax (measured: all exact).
+    A bias computed at run time and quantized (DeBERTa / T5-style) takes the same path."""
+    g = qdq_graph((2, 2, 4, 4), scale=0.08, zero=128)
+    table = g.rng.normal(0, 2, (1, 2, 4, 4)).astype(np.float32)
+    table[..., 3] -= 100.0  # the shifted window's mask
+    added = g.const(table) if bias == "constant" else g.quant(g.node("Relu", [g.x]), 0.05, 0)
+    scores = g.node("Add", [g.x, added])
+    model = g.model(g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0))
+    feeds = {"x": np.random.default_rng(3).normal(0, 3, (2, 2, 4, 4)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"rescale_sum", "softmax"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

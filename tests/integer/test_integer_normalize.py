@@ -101,9 +101,12 @@ def test_refusals_name_the_node_and_the_fix(qdq_graph):
     with pytest.raises(qb.LoweringError, match="non-linear or decreasing"):
         qb.lower(g.model(g.quant(curved, 1 / 256, 0)))
     g = qdq_graph((2, 8))
-    mask = g.quant(g.node("Relu", [g.x]), 0.05, 0)  # another tensor: the sum is float
-    masked = g.node("Softmax", [g.node("Add", [g.x, mask])])
-    with pytest.raises(qb.LoweringError, match="float mask"):
+    # an unquantized function of x plus another tensor (a quantized sum of two tensors lowers:
+    # test_integer_mha_scores.test_scores_plus_a_position_bias)
+    mask = g.quant(g.node("Relu", [g.x]), 0.05, 0)
+    half = g.node("Mul", [g.x, g.const(np.float32(0.5))])
+    masked = g.node("Softmax", [g.node("Add", [half, mask])])
+    with pytest.raises(qb.LoweringError, match="Add .*operands must be quantized tensors"):
         qb.lower(g.model(g.quant(masked, 1 / 256, 0)))
 
 

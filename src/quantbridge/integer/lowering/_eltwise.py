@@ -208,6 +208,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
         )
+    bound = sum(_real_bound(v) for v in ins)
     a, c = _operand(b, node, ins[0]), _operand(b, node, ins[1])
     name = node_name(node)
     if node.op_type == "Mul":
@@ -217,7 +218,26 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
 
-    return [Pending(name, realize)]
+    return [SumPending(name, realize, sum_bound=bound)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SumPending(Pending):
+    """An Add / Sub of two tensors before its QuantizeLinear; ``sum_bound`` bounds ``|real|``
+    (a Softmax reading it directly, Swin's scores plus a relative position bias, picks its
+    int16 grid from it: ``_normalize``)."""
+
+    sum_bound: float | None = None
+
+
+def _real_bound(v: Value | None) -> float:
+    """``max |real value|`` of a quantized constant (its codes), or over a tensor's code range."""
+    if isinstance(v, QConst):
+        real = (np.asarray(v.q, np.float64) - np.asarray(v.zero_point)) * np.asarray(v.scale)
+        return float(np.abs(real).max()) if real.size else 0.0
+    if isinstance(v, QValue):
+        return v.tensor.scale * code_range(v.tensor, v.tensor.zero_point)
+    return math.inf
 
 
 def _float_constants_on_fine_grid(node: onnx.NodeProto, ins: list[Value | None]) -> list:

@@ -49,6 +49,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._eltwise import SumPending
 from ._linear import LinearPending
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
@@ -113,6 +114,19 @@ def _scores_from_accumulator(b: Builder, node: onnx.NodeProto, acc: LinearPendin
     return out, step
 
 
+def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: SumPending) -> tuple[QTensor, float]:
+    """``(int16 score codes, beta)`` for a Softmax reading an Add of quantized scores and a
+    float constant (Swin / BEiT: ``scores + relative_position_bias``, the shifted windows' -100
+    mask folded in; the constant is on a grid 256 times finer than the scores'): the sum is
+    requantized once to ``SCORE_STEP`` real units per code, coarser only where
+    ``sum_bound`` would not fit int16 codes (error at most half a step per score)."""
+    top = 2**15 - 1
+    step = max(SCORE_STEP, float(v.sum_bound) / top)
+    out = b.tensor(node_name(node) + "_scores", np.int16, step, 0)
+    v.realize(b, out, -top, top)
+    return out, step
+
+
 @register_lowering("Softmax")
 def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     v, keep = ins[0], []
@@ -121,6 +135,8 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
+    elif isinstance(v, SumPending) and v.sum_bound is not None and math.isfinite(v.sum_bound):
+        source, beta = _scores_from_sum(b, node, v)
     else:
         source, beta = _softmax_source(node, v)
     rank = len(b.shapes.get(node.input[0], ())) or None
