@@ -123,3 +123,30 @@ def test_eager_additive_mask_matches_ort(qdq_graph, layerwise, three_emitters, t
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_mask_made_float_and_quantized(qdq_graph, layerwise, three_emitters, tmp_path):
+    """DeBERTa's embeddings: ``embeddings * mask.unsqueeze(2).to(float)``, the float mask
+    quantized like any activation, and a reshape whose shape is a product of constants
+    (``size * constant``). Before: "Cast ... to FLOAT: only casts between integer / bool types",
+    then "Mul: operands must be quantized tensors" (HF DeBERTa-v2, 2026-12-02). The mask's
+    integers are requantized to its grid (``rescale_sum``: 1 / (1/255) = 255 in fixed point,
+    exact for 0 / 1), the Mul is the integer ``mul``: within 1 LSB of ORT (one rounding each)."""
+    g = qdq_graph((2, 6, 4), scale=0.05, zero=128)
+    g.inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 6]))
+    mask = g.node("Cast", [g.node("Unsqueeze", ["mask", g.const(np.array([2], np.int64))])],
+                  to=TensorProto.FLOAT)  # fmt: skip
+    product = g.quant(g.node("Mul", [g.x, g.quant(mask, 1 / 255, 0)]), 0.05, 128)
+    shape = g.node(
+        "Mul", [g.const(np.array([2, 12], np.int64)), g.const(np.array([1, 2], np.int64))]
+    )
+    model = g.model(g.node("Reshape", [product, shape]))
+    feeds = {k: v for k, v in _feeds(full_row=False).items() if k == "mask"}
+    feeds["x"] = np.random.default_rng(5).normal(0, 2, (2, 6, 4)).astype(np.float32)
+    prog = qb.lower(model)
+    assert {"mul", "rescale_sum", "unsqueeze"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 2 and max(int(d.max()) for d in diffs.values()) <= 1
+    (got,) = prog.run(feeds).values()
+    assert got.shape == (2, 24) and np.all(got.reshape(2, 6, 4)[1, 4:] == 0)  # masked: 0
+    three_emitters(prog, feeds, tmp_path)

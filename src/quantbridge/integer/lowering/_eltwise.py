@@ -94,6 +94,14 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
+def _fold_constants(op: str, a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """ONNX's result in the operands' dtype (an integer Div truncates toward zero)."""
+    a, c = np.asarray(a), np.asarray(c)
+    if op == "Div" and a.dtype.kind in "iu":
+        return np.asarray(np.trunc(a / c)).astype(a.dtype)
+    return np.asarray(BINARY[op](a, c)).astype(a.dtype)
+
+
 def _as_function(v: Value | None) -> tuple[QTensor | None, Fn] | None:
     """``(source, f)`` when ``v`` is ``f(source)`` (source None: a scalar constant)."""
     if isinstance(v, QValue) and not v.integer:
@@ -194,6 +202,8 @@ def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
 def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if any(isinstance(v, IndexValue | IntInput) for v in ins):  # ids, not quantized values
         return integer_arithmetic(b, node, ins)
+    if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
+        return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
     masked = additive_mask(node, ins)  # scores + (0 / finfo.min mask): eager attention
     if masked is not None:
         return [masked]

@@ -45,6 +45,9 @@ ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.d
               onnx.TensorProto.INT32: np.dtype(np.int32), onnx.TensorProto.INT64: np.dtype(np.int64)}  # fmt: skip
 
 
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16}
+
+
 def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> IndexValue | Const:
     if isinstance(v, IntInput):
         return index_input(b, v)
@@ -167,6 +170,11 @@ def _cast(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Val
     if isinstance(v, Const):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(to)
         return [Const(v.array.astype(dtype))]
+    if to in FLOAT_TYPES and isinstance(v, IndexValue | IntInput):
+        # the same integers as float values (exact below 2**24): a mask made float and then
+        # quantized (DeBERTa's embeddings * mask) is requantized at its QuantizeLinear (_qdq)
+        x = _operand(b, node, v)
+        return [IndexValue(x.tensor, logical=False)]
     if to not in ONNX_TYPES:
         raise LoweringError(
             f"{describe_node(node)}: casts {_kind(v)} to "

@@ -20,6 +20,7 @@ from ._core import (
     Const,
     Elementwise,
     FloatInput,
+    IndexValue,
     IntInput,
     LoweringError,
     Pending,
@@ -126,7 +127,7 @@ def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) 
     out = b.tensor(name, z.dtype, scale, zero)
     if isinstance(x, FloatInput):
         b.inputs.append(Boundary(x.name, out, True))
-    elif isinstance(x, QValue):
+    elif isinstance(x, QValue | IndexValue):  # IndexValue: integers made float (a mask)
         rescale_sum(b, node_name(node), [x.tensor], out, out.qmin, out.qmax)
     elif isinstance(x, Pending):
         lo = out.qmin if x.lo == -np.inf else max(out.qmin, quantize_real(x.lo, out))
