@@ -150,3 +150,30 @@ def test_mask_made_float_and_quantized(qdq_graph, layerwise, three_emitters, tmp
     (got,) = prog.run(feeds).values()
     assert got.shape == (2, 24) and np.all(got.reshape(2, 6, 4)[1, 4:] == 0)  # masked: 0
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_hand_written_additive_mask(qdq_graph, layerwise, three_emitters, tmp_path):
+    """``scores / sqrt(d) + (1 - mask.float()) * finfo.min`` written by hand (older transformers,
+    custom attention): the default recipe quantizes the float mask and its product with
+    finfo.min (a grid of step 1.3e36 whose zero point is its top code). Before: refused at the
+    Cast, then at the Add (2026-12-02). Every code but the zero point is a fill of at most
+    -1.3e36, so ``keep = (q == z)`` and the masked softmax applies: within 1 LSB of ORT."""
+    g = qdq_graph(SHAPE, scale=0.1, zero=128)
+    g.inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 6]))
+    axes = g.const(np.array([1, 2], np.int64))
+    mask = g.node("Cast", [g.node("Unsqueeze", ["mask", axes])], to=TensorProto.FLOAT)
+    inverted = g.quant(g.node("Sub", [g.const(np.float32(1)), mask]), 1 / 255, 0)
+    scale = np.float32(np.finfo(np.float32).max / 255)
+    fill = g.node("DequantizeLinear", [g.const(np.uint8(0)), g.const(scale),
+                                       g.const(np.uint8(255))])  # fmt: skip
+    additive = g.quant(g.node("Mul", [inverted, fill]), scale, 255)
+    scores = g.node("Add", [g.node("Mul", [g.x, g.const(np.float32(0.5))]), additive])
+    model = g.model(g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0))
+    feeds = {k: v for k, v in _feeds(full_row=False).items() if k != "ids"}
+    prog = qb.lower(model)
+    assert {"softmax", "compare", "arith"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    (got,) = prog.run(feeds).values()
+    assert np.all(got[1, ..., 4:] == 0)  # masked keys: weight 0
+    three_emitters(prog, feeds, tmp_path)

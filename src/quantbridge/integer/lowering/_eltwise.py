@@ -204,7 +204,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
-    masked = additive_mask(node, ins)  # scores + (0 / finfo.min mask): eager attention
+    masked = additive_mask(b, node, ins)  # scores + (0 / finfo.min mask): eager attention
     if masked is not None:
         return [masked]
     composed = _compose(node, ins, BINARY[node.op_type])

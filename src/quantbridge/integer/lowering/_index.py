@@ -22,6 +22,7 @@ from ..kernels._index import ARITH, COMPARE, LOGIC
 from ._core import (
     Builder,
     Const,
+    Elementwise,
     IndexValue,
     IntInput,
     LoweringError,
@@ -55,6 +56,9 @@ def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> IndexValue | 
         return v
     if isinstance(v, Const) and (v.array.dtype == bool or np.issubdtype(v.array.dtype, np.integer)):
         return v
+    if (isinstance(v, Const) and v.array.dtype.kind == "f" and np.isfinite(v.array).all()
+            and np.all(v.array == np.trunc(v.array))):  # fmt: skip
+        return Const(v.array.astype(np.int64))  # 1.0 - mask: integers written as floats
     raise LoweringError(
         f"{describe_node(node)}: reads {_kind(v)}; only integer / bool tensors (masks, ids) are "
         "lowered for this op. On quantized float values it has no integer lowering"
@@ -147,15 +151,26 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
                          dtype.kind == "b", dtype=held(dtype))  # fmt: skip
 
 
-def additive_mask(node: onnx.NodeProto, ins: list[Value | None]) -> MaskedScores | None:
+def additive_mask(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> MaskedScores | None:
     """``Add(scores, Where(keep, 0, fill))`` (either order; ``Where(mask, fill, 0)`` too):
     transformers' eager attention adds a float mask, 0 where a key is kept and finfo.min where
     not, to the scores. The ``Where`` lowered to ``MaskedScores`` of a zero constant; the sum is
     the scores masked the same way (``fill + score`` is ``fill`` in float32 for every finite
-    8-bit score, so its exp is exactly 0 next to any kept one). None for any other Add."""
+    8-bit score, so its exp is exactly 0 next to any kept one). The same for a hand-written
+    ``(1 - mask) * finfo.min`` that the recipe quantized: a tensor whose grid has no positive
+    value (zero point = qmax) and a step >= 1e30, so every code but the zero point is a fill:
+    ``keep = (q == z)``. None for any other Add."""
     if node.op_type != "Add" or len(ins) != 2:
         return None
     for mask, scores in (ins, ins[::-1]):
+        if (isinstance(mask, QValue) and not mask.integer and mask.tensor.scale >= -MASK_FILL
+                and mask.tensor.zero_point == mask.tensor.qmax
+                and isinstance(scores, QValue | Elementwise)):  # fmt: skip
+            t = mask.tensor
+            zero = Const(np.asarray(t.zero_point, t.dtype))
+            keep = _integer_step(b, node, [IndexValue(t), zero], "compare", bool,
+                                 COMPARE["Equal"], True, fn="Equal")[0]  # fmt: skip
+            return MaskedScores(scores, keep.tensor, node_name(node))
         if (isinstance(mask, MaskedScores) and isinstance(mask.scores, Const)
                 and not np.any(mask.scores.array)
                 and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
