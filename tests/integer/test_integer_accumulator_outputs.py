@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
@@ -330,3 +331,24 @@ def test_per_tensor_linear_reshaped(qdq_graph, tmp_path, run_c):
     feeds = prog.run_integer({"x": x})
     (from_onnx,) = sess.run(None, {b.tensor.name: feeds[b.tensor.name] for b in prog.inputs})
     np.testing.assert_array_equal(from_onnx, codes)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "ReduceMean"])
+def test_pooled_float_output(qdq_graph, op):
+    """A backbone's pooled features as a float graph output (HF RegNet's ``pooler_output``, a
+    mean after the last QuantizeLinear; 2026-12-02: "graph output 'mean_2' ... is not
+    quantized", with the default and the int8 recipe alike). The mean stays within its input's
+    real range ``s max|q - z|`` = 0.05 x 252 = 12.6, so it is realized on an int16 grid of step
+    12.6 / 32767 = 3.8e-4 and dequantized outside the program: within one such step of ORT's
+    float mean (half a step of rounding, plus the fixed-point 1 / N)."""
+    g = qdq_graph((2, 4, 5, 5), scale=0.05, zero=3)
+    axes = [g.const(np.array([2, 3], np.int64))] if op == "ReduceMean" else []
+    model = g.model(g.node(op, [g.x, *axes]))
+    x = np.random.default_rng(0).normal(2, 3, (2, 4, 5, 5)).astype(np.float32)
+    prog = qb.lower(model)
+    (got,) = prog.run({"x": x}).values()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (ref,) = sess.run(None, {"x": x})
+    step = 0.05 * 252 / 32767
+    assert got.shape == ref.shape == (2, 4, 1, 1)
+    assert np.abs(got.astype(np.float64) - ref).max() <= step

@@ -12,7 +12,7 @@
   (``Boundary.to_float``; the ONNX and C emitters output the codes). A float output of an
   integer kernel whose real range is bounded by its own constants (a final LayerNormalization:
   ``|y_i| <= |gamma_i| sqrt(N) + |beta_i|``, ``Pending.bound``; nn.TransformerEncoder ends with
-  one) is realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
+  one) or by its input's range (an average pool / mean: a backbone's pooled features) is realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
   dequantized outside it; ``OUTPUT_BITS`` says why 16 bits. A float output written by a weighted
   layer (Conv, ConvTranspose, Gemm, MatMul with no QuantizeLinear after it: classification
   logits of ``Recipe(quantize_outputs=False)``) ends the program at the layer's int32

@@ -102,7 +102,9 @@ def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pen
                      shift=shift, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
                      dtype=out.dtype, **attrs)  # fmt: skip
 
-    return Pending(name, realize)
+    # a mean of values on x's grid stays within its real range: a float graph output (a
+    # backbone's pooled features, HF RegNet's pooler_output) goes on an int16 grid (_outputs)
+    return Pending(name, realize, bound=x.scale * code_range(x, x.zero_point))
 
 
 def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -> np.ndarray:
