@@ -108,6 +108,11 @@ def test_refusals_name_the_node_and_the_fix(qdq_graph):
     masked = g.node("Softmax", [g.node("Add", [half, mask])])
     with pytest.raises(qb.LoweringError, match="Add .*operands must be quantized tensors"):
         qb.lower(g.model(g.quant(masked, 1 / 256, 0)))
+    g = qdq_graph((2, 4, 8))  # a float sum read by an op that needs codes (was a KeyError)
+    total = g.node("Add", [g.x, g.quant(g.node("Relu", [g.x]), 0.05, 0)])
+    pooled = g.node("ReduceMean", [total, g.const(np.array([-1], np.int64))])
+    with pytest.raises(qb.LoweringError, match="ReduceMean .*unquantized float result"):
+        qb.lower(g.model(g.quant(pooled, 0.05, 128)))
 
 
 def test_long_attention_keeps_an_int32_accumulator(qdq_graph, layerwise, run_c, tmp_path):
@@ -157,3 +162,39 @@ def test_sdpa_style_patterns(qdq_graph, run_c, tmp_path):
     codes = prog.run_integer({"x": x})[prog.inputs[0].tensor.name]
     np.testing.assert_array_equal(sess.run(None, {prog.inputs[0].tensor.name: codes})[0],
                                   got[out.name])  # fmt: skip
+
+
+def test_layer_norm_of_a_float_residual_sum(qdq_graph, layerwise, three_emitters, tmp_path):
+    """Pre-LN transformers (CLIP, SegFormer) and ConvNeXt normalize ``x + f(x)`` that no
+    QuantizeLinear follows; before: "LayerNormalization: its input is an unquantized float
+    result" (2026-12-02). The sum is realized on an int16 grid of its bound / 32767 (here
+    (0.05 + 0.08) x 128 / 32767 = 5e-4, half of it per element, against a spread of ~2), then
+    the integer layer norm: within 1 LSB of ORT."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    residual = g.quant(g.node("MatMul", [g.x, g.weight((8, 8), axis=1)]), 0.08, 128)
+    total = g.node("Add", [g.x, residual])
+    gamma = g.const(g.rng.uniform(0.5, 1.5, 8).astype(np.float32))
+    beta = g.const(g.rng.normal(0, 0.2, 8).astype(np.float32))
+    model = g.model(g.quant(g.node("LayerNormalization", [total, gamma, beta]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(4).normal(0, 2, (2, 4, 8)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"rescale_sum", "layernorm"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 2 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_layer_scale_is_an_integer_mul(qdq_graph, layerwise, three_emitters, tmp_path):
+    """ConvNeXt's layer scale ``gamma * x`` (a float per-channel constant the default recipe
+    leaves float); before: "Mul: operands must be quantized tensors" (HF ConvNeXt, 2026-12-02).
+    gamma goes on a symmetric int16 grid of max |gamma| / 32767: the product is off by at most
+    max |x| max |gamma| / 65534, 0.004 of an output step spanning that range: within 1 LSB."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    gamma = g.const(g.rng.uniform(-1.0, 1.0, 8).astype(np.float32))
+    model = g.model(g.quant(g.node("Mul", [g.x, gamma]), 0.05, 128))
+    feeds = {"x": np.random.default_rng(4).normal(0, 2, (2, 4, 8)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert set(prog.op_counts()) == {"mul"}
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

@@ -277,7 +277,8 @@ def as_const(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarray:
 
 
 def _kind(v: Value | None) -> str:
-    return {
+    """What ``v`` is, in words (a subclass, ``LinearPending`` or ``SumPending``, as its base)."""
+    kinds = {
         type(None): "missing",
         Const: "a constant",
         FloatInput: "an unquantized graph input",
@@ -289,4 +290,5 @@ def _kind(v: Value | None) -> str:
         IndexValue: "an integer / bool tensor computed in the program (a mask, indices)",
         MaskedScores: "masked float scores (Where(mask, -inf, scores)), lowered only as the "
         "input of a Softmax",
-    }[type(v)]
+    }
+    return next(kinds[c] for c in type(v).__mro__ if c in kinds)

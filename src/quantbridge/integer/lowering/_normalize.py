@@ -199,9 +199,26 @@ def _real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarr
     return np.asarray(as_const(node, v, what))
 
 
+def _layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+    """The codes a LayerNormalization reads. A float result with a known bound on its real
+    value (pre-LN transformers and ConvNeXt normalize the float residual sum ``x + f(x)``, or a
+    pooled mean, that no QuantizeLinear follows) is realized first on a symmetric int16 grid
+    of step ``bound / 32767``: half a step of error per element, about ``bound / 65534``, far
+    below the output step for any row whose spread is above ``bound / 1000``."""
+    bound = v.sum_bound if isinstance(v, SumPending) else getattr(v, "bound", None)
+    if not isinstance(v, Pending) or bound is None or not math.isfinite(bound) or bound <= 0:
+        return as_activation(node, v)
+    top = 2**15 - 1
+    out = b.tensor(node_name(node) + "_input", np.int16, bound / top, 0)
+    lo = -top if v.lo == -math.inf else max(-top, int(np.rint(v.lo / out.scale)))
+    hi = top if v.hi == math.inf else min(top, int(np.rint(v.hi / out.scale)))
+    v.realize(b, out, lo, max(lo, hi))
+    return out
+
+
 @register_lowering("LayerNormalization")
 def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
+    x = _layer_norm_input(b, node, ins[0])
     a = attrs_of(node)
     n, dims = _normalized_length(b, node, int(a.get("axis", -1)))
     gamma = np.broadcast_to(_real_constant(node, ins[1], "scale").astype(np.float64), dims)
