@@ -352,3 +352,25 @@ def test_pooled_float_output(qdq_graph, op):
     step = 0.05 * 252 / 32767
     assert got.shape == ref.shape == (2, 4, 1, 1)
     assert np.abs(got.astype(np.float64) - ref).max() <= step
+
+
+def test_residual_sum_float_output(qdq_graph):
+    """A float graph output that is a residual sum ``x + f(x)`` with no QuantizeLinear after it
+    (HF SigLIP's pooler: the attention-pooling head ends with ``residual + mlp(x)``, then a
+    Gather; 2026-12-02: "graph output ... is not quantized"). The sum is bounded by its
+    operands' ranges, (0.05 + 0.07) x 128 = 15.4, so it is realized on an int16 grid of step
+    15.4 / 32767 = 4.7e-4 and dequantized outside the program: within one step of ORT's float
+    sum (half a step of rounding, plus the fixed-point rescale). The Relu's grid 0.07 makes no
+    requantization tie from the 0.05 grid (10k = 14m + 7 has no solution), where the program
+    and ORT may round a code apart (with 0.08: one element 1 LSB off, 0.08)."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    residual = g.quant(g.node("Relu", [g.x]), 0.07, 128)
+    total = g.node("Add", [g.x, residual])
+    model = g.model(g.node("Gather", [total, g.const(np.int64(0))], axis=1))
+    x = np.random.default_rng(0).normal(0, 2, (2, 4, 8)).astype(np.float32)
+    prog = qb.lower(model)
+    (got,) = prog.run({"x": x}).values()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (ref,) = sess.run(None, {"x": x})
+    assert got.shape == ref.shape == (2, 8)
+    assert np.abs(got.astype(np.float64) - ref).max() <= (0.05 + 0.07) * 128 / 32767

@@ -229,16 +229,14 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
 
-    return [SumPending(name, realize, sum_bound=bound)]
+    return [SumPending(name, realize, bound=bound if math.isfinite(bound) else None)]
 
 
 @dataclasses.dataclass(frozen=True)
 class SumPending(Pending):
-    """An Add / Sub of two tensors before its QuantizeLinear; ``sum_bound`` bounds ``|real|``
-    (a Softmax reading it directly, Swin's scores plus a relative position bias, picks its
-    int16 grid from it: ``_normalize``)."""
-
-    sum_bound: float | None = None
+    """An Add / Sub of two tensors before its QuantizeLinear; ``bound`` bounds ``|real|`` (a
+    Softmax reading it directly, Swin's scores plus a relative position bias, picks its int16
+    grid from it: ``_normalize``; so do a LayerNormalization and a float graph output)."""
 
 
 def _real_bound(v: Value | None) -> float:

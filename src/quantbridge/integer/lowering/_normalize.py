@@ -119,9 +119,9 @@ def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: SumPending) -> tuple[Q
     float constant (Swin / BEiT: ``scores + relative_position_bias``, the shifted windows' -100
     mask folded in; the constant is on a grid 256 times finer than the scores'): the sum is
     requantized once to ``SCORE_STEP`` real units per code, coarser only where
-    ``sum_bound`` would not fit int16 codes (error at most half a step per score)."""
+    ``bound`` would not fit int16 codes (error at most half a step per score)."""
     top = 2**15 - 1
-    step = max(SCORE_STEP, float(v.sum_bound) / top)
+    step = max(SCORE_STEP, float(v.bound) / top)
     out = b.tensor(node_name(node) + "_scores", np.int16, step, 0)
     v.realize(b, out, -top, top)
     return out, step
@@ -135,7 +135,7 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
-    elif isinstance(v, SumPending) and v.sum_bound is not None and math.isfinite(v.sum_bound):
+    elif isinstance(v, SumPending) and v.bound is not None:
         source, beta = _scores_from_sum(b, node, v)
     else:
         source, beta = _softmax_source(node, v)
@@ -205,8 +205,8 @@ def _layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTen
     pooled mean, that no QuantizeLinear follows) is realized first on a symmetric int16 grid
     of step ``bound / 32767``: half a step of error per element, about ``bound / 65534``, far
     below the output step for any row whose spread is above ``bound / 1000``."""
-    bound = v.sum_bound if isinstance(v, SumPending) else getattr(v, "bound", None)
-    if not isinstance(v, Pending) or bound is None or not math.isfinite(bound) or bound <= 0:
+    bound = v.bound if isinstance(v, Pending) else None
+    if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)
     top = 2**15 - 1
     out = b.tensor(node_name(node) + "_input", np.int16, bound / top, 0)
