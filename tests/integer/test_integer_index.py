@@ -177,3 +177,22 @@ def test_hand_written_additive_mask(qdq_graph, layerwise, three_emitters, tmp_pa
     (got,) = prog.run(feeds).values()
     assert np.all(got[1, ..., 4:] == 0)  # masked keys: weight 0
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_constant_causal_mask(qdq_graph, layerwise, three_emitters, tmp_path):
+    """A decoder run without an attention_mask (HF Llama with static shapes): the causal mask
+    folds to a constant, ``Where(future, finfo.min, scores)``. Before: "a constant mask is not
+    lowered" (2026-12-02). The keep mask is a program constant: within 1 LSB of ORT."""
+    g = qdq_graph(SHAPE, scale=0.1, zero=128)
+    future = np.triu(np.ones((6, 6), bool), 1)[None, None]
+    fill = g.const(np.float32(np.finfo(np.float32).min))
+    scores = g.node("Where", [g.const(future), fill, g.x])
+    model = g.model(g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0))
+    feeds = {"x": _feeds(full_row=False)["x"]}
+    prog = qb.lower(model)
+    assert set(prog.op_counts()) == {"softmax", "rescale_sum"}  # probabilities to uint8
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    (got,) = prog.run(feeds).values()
+    assert np.all(got[..., future[0, 0]] == 0)  # no weight on a future key
+    three_emitters(prog, feeds, tmp_path)

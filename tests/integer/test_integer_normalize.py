@@ -198,3 +198,25 @@ def test_layer_scale_is_an_integer_mul(qdq_graph, layerwise, three_emitters, tmp
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_rms_norm_lowers(qdq_graph, layerwise, three_emitters, tmp_path):
+    """Llama / T5's RMSNorm as exported: ``Pow(x, 2) -> ReduceMean(-1) -> Add(eps) -> Sqrt ->
+    Reciprocal -> Q``, then ``x * r`` and ``* weight`` (float per channel). Before: "no integer
+    lowering: Reciprocal" (HF Llama, T5, 2026-12-02). The row's code of ``rsqrt`` is read off
+    integer thresholds of ``S2 = sum (q - z)**2`` (exact against float64); ORT's float32 chain
+    can round across a step: within 1 LSB at every quantized tensor."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    mean = g.node("ReduceMean", [g.node("Pow", [g.x, g.const(np.float32(2))]),
+                                 g.const(np.array([-1], np.int64))], keepdims=1)  # fmt: skip
+    root = g.node("Sqrt", [g.node("Add", [mean, g.const(np.float32(1e-6))])])
+    inverse = g.quant(g.node("Reciprocal", [root]), 0.02, 0)
+    normalized = g.quant(g.node("Mul", [g.x, inverse]), 0.02, 128)
+    weight = g.const(g.rng.uniform(0.5, 1.5, 8).astype(np.float32))
+    model = g.model(g.quant(g.node("Mul", [weight, normalized]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(6).normal(0, 1.5, (2, 4, 8)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"row_squares", "mul"} == set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 3 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

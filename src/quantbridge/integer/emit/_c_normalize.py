@@ -123,3 +123,25 @@ def _layernorm(c: _Ctx, k: str, step) -> str:
         }}
     }}
 """
+
+
+@_register("row_squares")
+def _row_squares(c: _Ctx, k: str, step) -> str:
+    """``base + sign * #{thresholds <= S2}`` per row (``lowering._rms``)."""
+    a = step.attrs
+    n = c.shapes[step.inputs[0]][-1]
+    rows = c.size(step.inputs[0]) // n
+    thresholds = np.asarray(a["thresholds"], np.int64)
+    c.const("int64_t", f"{k}_t", thresholds if thresholds.size else np.zeros(1, np.int64))
+    x, y = c.names[step.inputs[0]], c.names[step.output]
+    return f"""    for (int r = 0; r < {rows}; r++) {{
+        int64_t s2 = 0;
+        for (int i = 0; i < {n}; i++) {{
+            const int64_t v = (int64_t){x}[r * {n} + i] - {a["x_zero"]};
+            s2 += v * v;
+        }}
+        int count = 0;
+        for (int j = 0; j < {thresholds.size}; j++) count += {k}_t[j] <= s2;
+        {y}[r] = ({c.ctype(step.output)})({a["base"]} + {a["sign"]} * count);
+    }}
+"""

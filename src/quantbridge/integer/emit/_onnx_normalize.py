@@ -7,7 +7,7 @@ with ``4**j``, then ``ISQRT_STEPS`` times ``Min(x, (x + w / x) / 2)``)."""
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from ...numerics._intmath import ISQRT_STEPS
 from ..kernels._normalize import SOFTMAX_OUT_BITS
@@ -79,3 +79,19 @@ def _layernorm(g: _Graph, step, ins: list[str], out: str) -> None:
     acc = g.op("Add", [g.op("Mul", [t, g.const(a["multipliers"])]), g.const(a["offsets"])])
     y = g.requantize(acc, step, 1, a["shift"], (), g.name("layernorm"))
     g.op("Reshape", [y, g.const(list(g.shapes[step.output]))], out)
+
+
+@_register("row_squares")
+def _row_squares(g: _Graph, step, ins: list[str], out: str) -> None:
+    a = step.attrs
+    c = g.centered(ins[0], a["x_zero"])
+    s2 = g.op("ReduceSum", [g.op("Mul", [c, c]), g.const([-1])], keepdims=1)
+    thresholds = np.asarray(a["thresholds"], np.int64)
+    if thresholds.size:
+        reached = g.op("Cast", [g.op("LessOrEqual", [g.const(thresholds), s2])],
+                       to=TensorProto.INT64)  # fmt: skip
+        count = g.op("ReduceSum", [reached, g.const([-1])], keepdims=1)
+    else:
+        count = g.op("Mul", [s2, g.const(0)])
+    code = g.op("Add", [g.op("Mul", [count, g.const(a["sign"])]), g.const(a["base"])])
+    g.op("Cast", [code], out, to=helper.np_dtype_to_tensor_dtype(np.dtype(a["dtype"])))

@@ -79,3 +79,13 @@ def layernorm(attrs, x: np.ndarray) -> np.ndarray:
     acc = t * np.asarray(attrs["multipliers"], np.int64) + np.asarray(attrs["offsets"], np.int64)
     y = requantize(acc, 1, attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"])
     return y.reshape(x.shape).astype(attrs["dtype"])
+
+
+@register_kernel("row_squares")
+def row_squares(attrs, x: np.ndarray) -> np.ndarray:
+    """``code = base + sign * #{thresholds <= S2}`` with ``S2 = sum (q - z)**2`` over the last
+    axis (kept, size 1): a monotone function of a row's mean square (``lowering._rms``)."""
+    c = x.astype(np.int64) - np.int64(attrs["x_zero"])
+    s2 = (c * c).sum(axis=-1, keepdims=True)
+    k = np.searchsorted(np.asarray(attrs["thresholds"], np.int64), s2, side="right")
+    return (attrs["base"] + attrs["sign"] * k).astype(attrs["dtype"])

@@ -291,4 +291,4 @@ def _kind(v: Value | None) -> str:
         MaskedScores: "masked float scores (Where(mask, -inf, scores)), lowered only as the "
         "input of a Softmax",
     }
-    return next(kinds[c] for c in type(v).__mro__ if c in kinds)
+    return next((kinds[c] for c in type(v).__mro__ if c in kinds), f"a {type(v).__name__}")

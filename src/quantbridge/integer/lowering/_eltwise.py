@@ -48,6 +48,8 @@ from ._core import (
 from ._index import additive_mask, integer_arithmetic
 from ._linear import add_bias
 from ._qdq import rescale_sum
+from ._rms import RowSquares
+from ._rms import compose as compose_row
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
@@ -79,6 +81,7 @@ UNARY: dict[str, Callable[[dict], Fn]] = {
     "Neg": lambda a: np.negative,
     "Abs": lambda a: np.abs,
     "Sqrt": lambda a: np.sqrt,
+    "Reciprocal": lambda a: np.reciprocal,
     "Softplus": lambda a: lambda r: np.logaddexp(0.0, r),
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": lambda a: lambda r: r * np.clip(r / 6.0 + 0.5, 0.0, 1.0),
@@ -176,6 +179,8 @@ def _clamp_codes(b: Builder, node: onnx.NodeProto, t: QTensor, lo: float, hi: fl
 @register_lowering(*[op for op in UNARY if op != "Relu"])
 def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fn = UNARY[node.op_type](attrs_of(node))
+    if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
+        return [compose_row(ins[0], fn)]
     composed = _compose(node, ins[:1], fn)
     if composed is None:
         raise LoweringError(
@@ -204,6 +209,13 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    rows = [v for v in ins if isinstance(v, RowSquares)]
+    scalars = [v for v in ins if isinstance(v, Const) and np.size(v.array) == 1]
+    if len(rows) == 1 and len(scalars) == 1 and len(ins) == 2:  # RMSNorm: + eps, 1 / ...
+        c = np.float64(np.asarray(scalars[0].array).reshape(()))
+        op = BINARY[node.op_type]
+        first = isinstance(ins[0], RowSquares)
+        return [compose_row(rows[0], (lambda m: op(m, c)) if first else (lambda m: op(c, m)))]
     masked = additive_mask(b, node, ins)  # scores + (0 / finfo.min mask): eager attention
     if masked is not None:
         return [masked]
@@ -300,7 +312,9 @@ def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
                      multiplier=multiplier, shift=shift, out_zero=out.zero_point, qmin=qmin,
                      qmax=qmax, dtype=out.dtype)  # fmt: skip
 
-    return Pending(name, realize)
+    # |a c| <= range(a) range(c): a float graph output (Llama's final norm weight) on int16
+    real = a.scale * code_range(a, a.zero_point) * c.scale * code_range(c, c.zero_point)
+    return Pending(name, realize, bound=real)
 
 
 @register_lowering("Concat")

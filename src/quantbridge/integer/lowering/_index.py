@@ -132,8 +132,11 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     cond, x, y = ins
     if _fill(x) or _fill(y):
         keep = _operand(b, node, cond)
-        if isinstance(keep, Const):
-            raise LoweringError(f"{describe_node(node)}: a constant mask is not lowered")
+        if isinstance(keep, Const):  # a causal mask of static shape: a program constant
+            kept = np.asarray(keep.array).astype(bool)
+            kept = ~kept if _fill(x) else kept
+            t = b.constant(node_name(node) + "_keep", kept.astype(np.uint8), 1.0, 0)
+            return [MaskedScores(y if _fill(x) else x, t, node_name(node))]
         if _fill(x):  # Where(mask, -inf, scores): keep where the mask is false
             keep = _integer_step(b, node, [keep], "logic", bool, None, True, fn="Not")[0]
         return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node))]

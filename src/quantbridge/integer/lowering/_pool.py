@@ -24,6 +24,7 @@ from ._core import (
     register_lowering,
 )
 from ._movement import moved
+from ._rms import mean_of_squares
 
 
 def _window(node: onnx.NodeProto) -> dict:
@@ -149,11 +150,14 @@ def _global_average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | Non
 
 @register_lowering("ReduceMean")
 def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
     a = attrs_of(node)
     axes = _reduce_axes(node, ins, a)
     if not axes:
         raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
     rank = len(b.shapes.get(node.input[0]) or ())
     axes = [ax % rank if rank else ax for ax in axes]
+    squares = mean_of_squares(b, node, ins[0], axes, bool(a.get("keepdims", 1)))
+    if squares is not None:  # RMSNorm's mean(x**2)
+        return [squares]
+    x = as_activation(node, ins[0])
     return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]

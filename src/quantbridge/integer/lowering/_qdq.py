@@ -34,6 +34,8 @@ from ._core import (
     quantize_real,
     register_lowering,
 )
+from ._rms import RowSquares
+from ._rms import realize as realize_row_squares
 
 
 def qparams(node: onnx.NodeProto, scale: Value | None, zero: Value | None) -> tuple:
@@ -135,6 +137,8 @@ def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) 
         x.realize(b, out, lo, min(max(lo, hi), out.qmax))
     elif isinstance(x, Elementwise):
         table_step(b, x.node, x.source, x.fn, out, out.qmin, out.qmax)
+    elif isinstance(x, RowSquares):
+        realize_row_squares(b, node, x, out)
     else:
         raise LoweringError(f"{describe_node(node)}: cannot quantize {type(x).__name__}")
     return [QValue(out, integer=True)]

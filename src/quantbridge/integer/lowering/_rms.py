@@ -1,0 +1,84 @@
+"""Lowering of a function of a row's mean square: RMSNorm's ``rsqrt(mean(x**2) + eps)``
+(Llama, Mistral, Qwen2, T5: ``Pow(x, 2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Reciprocal ->
+QuantizeLinear``; the recipe quantizes the reciprocal because a Mul reads it, and ``x * r``,
+``* weight`` are then integer multiplies).
+
+``RowSquares`` holds ``f(m)`` with ``m = s**2 S2 / N`` the real mean square of the row's N codes
+(``S2 = sum (q - z)**2``, exact in int64). Unary ops and scalar arithmetic compose into ``f``.
+At the QuantizeLinear, ``code(S2) = quantize(f(s**2 S2 / N))`` (float64) is monotone in ``S2``
+when ``f`` is (checked at every breakpoint), so the program stores the integer values of ``S2``
+where the code steps (at most 2**bits - 1 thresholds, found by bisection) and counts the
+thresholds at or below ``S2`` (``kernels._normalize.row_squares``): exact against float64,
+within 1 LSB of ONNX Runtime's float32 chain (a code apart only where float32 rounds across a
+step)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from ...numerics import quantize
+from .._program import QTensor
+from ._core import Builder, Elementwise, LoweringError, code_range, describe_node, node_name
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSquares:
+    source: QTensor
+    n: int
+    fn: Callable[[np.ndarray], np.ndarray]  # of the real mean square m
+    node: str
+
+
+def mean_of_squares(b: Builder, node: onnx.NodeProto, v, axes, keepdims: bool):
+    """``ReduceMean(x**2)`` over the last axis (keepdims) of an 8-bit tensor, or None."""
+    if not isinstance(v, Elementwise) or not keepdims:
+        return None
+    rank = len(b.shapes.get(node.input[0]) or ())
+    n = b.dim(node.input[0], -1)
+    if not rank or n is None or list(axes) != [rank - 1]:
+        return None
+    t = v.source
+    r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
+    with np.errstate(all="ignore"):
+        f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
+    if not np.allclose(f, r * r, rtol=1e-6, atol=1e-12 * max(1.0, float((r * r).max()))):
+        return None
+    return RowSquares(t, int(n), lambda m: m, node_name(node))
+
+
+def compose(v: RowSquares, fn: Callable[[np.ndarray], np.ndarray]) -> RowSquares:
+    inner = v.fn
+    return RowSquares(v.source, v.n, lambda m: fn(inner(m)), v.node)
+
+
+def realize(b: Builder, node: onnx.NodeProto, v: RowSquares, out: QTensor) -> None:
+    t = v.source
+    width = code_range(t, t.zero_point)
+    top = v.n * width * width  # S2 in [0, top]
+    step = np.float64(t.scale) ** 2 / v.n
+
+    def code(s2: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            real = np.asarray(v.fn(s2.astype(np.float64) * step), np.float64)
+        return np.asarray(quantize(real, np.float64(out.scale), np.float64(out.zero_point),
+                                   out.qmin, out.qmax), np.int64)  # fmt: skip
+
+    first, last = (int(c) for c in code(np.array([0, top])))
+    sign = 1 if last >= first else -1
+    targets = np.arange(first + sign, last + sign, sign, dtype=np.int64)
+    lo, hi = np.zeros(targets.size, np.int64), np.full(targets.size, top + 1, np.int64)
+    while np.any(lo < hi):  # the least S2 whose code has reached each target
+        mid = (lo + hi) // 2
+        reached = sign * (code(mid) - targets) >= 0
+        hi, lo = np.where(reached, mid, hi), np.where(reached, lo, mid + 1)
+    probe = np.unique(np.concatenate([lo, lo - 1, [0, top]]).clip(0, top))
+    steps = first + sign * np.searchsorted(lo, probe, side="right")
+    if not np.array_equal(steps, code(probe)):
+        raise LoweringError(f"{describe_node(node)}: {v.node!r}'s function of the row's mean "
+                            "square is not monotone; only monotone ones are lowered")  # fmt: skip
+    b.step("row_squares", v.node, [t], out, x_zero=t.zero_point, thresholds=lo, base=first,
+           sign=sign, dtype=out.dtype)  # fmt: skip
