@@ -196,3 +196,26 @@ def test_constant_causal_mask(qdq_graph, layerwise, three_emitters, tmp_path):
     (got,) = prog.run(feeds).values()
     assert np.all(got[..., future[0, 0]] == 0)  # no weight on a future key
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_position_bias_under_a_mask(qdq_graph, layerwise, three_emitters, tmp_path):
+    """T5: ``scores + Where(keep, position_bias, finfo.min)`` -> Softmax (the mask and the
+    relative position bias combined first). Before: "Add: operands must be quantized tensors"
+    (HF T5 encoder, 2026-12-02). The kept scores get the bias on the int16 score grid
+    (``test_scores_plus_a_position_bias``), the masked ones weight 0: within 1 LSB of ORT."""
+    g = qdq_graph(SHAPE, scale=0.1, zero=128)
+    g.inputs.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 6]))
+    keep = g.node("Unsqueeze", [g.node("Cast", ["mask"], to=TensorProto.BOOL),
+                                g.const(np.array([1, 2], np.int64))])  # fmt: skip
+    bias = g.const(g.rng.normal(0, 1, (1, 1, 6, 6)).astype(np.float32))
+    fill = g.const(np.float32(np.finfo(np.float32).min))
+    scores = g.node("Add", [g.x, g.node("Where", [keep, bias, fill])])
+    model = g.model(g.quant(g.node("Softmax", [scores], axis=-1), 1 / 256, 0))
+    feeds = {k: v for k, v in _feeds(full_row=False).items() if k != "ids"}
+    prog = qb.lower(model)
+    assert {"softmax", "rescale_sum", "cast"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    (got,) = prog.run(feeds).values()
+    assert np.all(got[1, ..., 4:] == 0)  # masked keys: weight 0
+    three_emitters(prog, feeds, tmp_path)

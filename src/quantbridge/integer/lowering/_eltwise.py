@@ -35,6 +35,7 @@ from ._core import (
     IndexValue,
     IntInput,
     LoweringError,
+    MaskedScores,
     Pending,
     QConst,
     QValue,
@@ -219,6 +220,11 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     masked = additive_mask(b, node, ins)  # scores + (0 / finfo.min mask): eager attention
     if masked is not None:
         return [masked]
+    for i, v in enumerate(ins):  # T5: scores + Where(keep, position_bias, finfo.min)
+        if (node.op_type == "Add" and len(ins) == 2 and isinstance(v, MaskedScores)
+                and isinstance(v.scores, Const) and isinstance(ins[1 - i], QValue)):  # fmt: skip
+            biased = _binary(b, node, [ins[1 - i], v.scores])[0]
+            return [MaskedScores(biased, v.keep, node_name(node))]
     composed = _compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]
