@@ -80,18 +80,20 @@ _WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
 def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
     if opset is None:
         opset = qmodel.qb_recipe.opset
-    need = 13
+    need, why = 13, ""
     for q in qmodel.quantizers().values():
         scheme = getattr(q, "scheme", None)
         if scheme is not None and scheme.bits > 8:
-            need = 21
+            need, why = 21, "16-bit quantization"
+        if getattr(q, "block_size", None) is not None:  # DequantizeLinear(block_size): opset 21
+            need, why = 21, f"group-wise (blocked) quantization of weight {q.name!r}"
     if opset is None:  # 4-bit weights: opset 21 stores them as INT4, half the int8 file
         return max(DEFAULT_OPSET, need, PACKED_4BIT_OPSET if _has_4bit_weights(qmodel) else 0)
     if opset < 13:  # checked first: below 13 the 16-bit message below would be the wrong reason
         raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
     if opset < need:
         raise ValueError(
-            f"opset {opset} cannot hold this recipe: 16-bit quantization needs opset >= {need}; "
+            f"opset {opset} cannot hold this model: {why} needs opset >= {need}; "
             f"pass opset={need} or more"
         )
     return opset
