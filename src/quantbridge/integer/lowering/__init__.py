@@ -102,6 +102,7 @@ def _check(model: onnx.ModelProto) -> None:
             "quantize FLOAT.onnx --calib CALIB.npz -o Q.onnx`, qb.quantize with calibration data, "
             "or onnxruntime's quantize_static) and lower that file"
         )
+    _refuse_blocked(nodes)
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
@@ -120,6 +121,29 @@ def _check(model: onnx.ModelProto) -> None:
             f"cannot lower {sum(map(len, missing.values()))} nodes with no integer lowering: "
             f"{listed}. Lowered op types: {', '.join(sorted(LOWERINGS))}"
         )  # fmt: skip
+
+
+def _refuse_blocked(nodes) -> None:
+    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits) have no
+    integer-only lowering: LoweringError naming them and the fix."""
+    blocked = [
+        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0))
+        for n in nodes
+        if n.op_type in ("DequantizeLinear", "MatMulNBits")
+    ]
+    blocked = [(n, size) for n, size in blocked if size]
+    if not blocked:
+        return
+    node, size = blocked[0]
+    raise LoweringError(
+        f"{node.op_type} {node_name(node)!r} holds group-wise weights (block_size {size}"
+        f"{f'; {len(blocked)} such nodes' if len(blocked) > 1 else ''}): an integer-only "
+        "program rescales each output channel's int32 sum with one fixed-point multiplier, "
+        "and the blocks of one channel have different scales, so there is no such multiplier. "
+        "Lower a per-channel model instead: quantize the float model with int8 activations and "
+        "per-channel weights (qb.quantize, or `quantbridge quantize FLOAT.onnx --calib "
+        "CALIB.npz`) and lower that file"
+    )
 
 
 def _graph_inputs(graph: onnx.GraphProto) -> dict[str, Value]:
