@@ -87,7 +87,10 @@ def has_blocked_weights(model: onnx.ModelProto) -> bool:
     then compares its outputs (float, in absolute units)."""
     return any(
         n.op_type == "MatMulNBits"
-        or (n.op_type == "DequantizeLinear" and any(a.name == "block_size" and a.i for a in n.attribute))
+        or (
+            n.op_type == "DequantizeLinear"
+            and any(a.name == "block_size" and a.i for a in n.attribute)
+        )
         for n in model.graph.node
     )
 

@@ -55,7 +55,6 @@ def onnx_form(model: onnx.ModelProto) -> str:
     return "qdq" if "QuantizeLinear" in ops or has_blocked_weights(model) else "float"
 
 
-
 def _load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{os.fspath(path)}: no such file")

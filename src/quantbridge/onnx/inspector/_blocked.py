@@ -33,7 +33,9 @@ def matmul_nbits_weight(g: Graph, node: onnx.NodeProto, index: int) -> WeightInf
     k, n, bits, block = (int(attrs.get(a, 0)) for a in ("K", "N", "bits", "block_size"))
     codes = unpack_low_first(packed.reshape(n, -1), bits, packed.size // max(n, 1) * 8 // bits)
     codes = codes[:, :k]
-    zero = "zero points" if len(node.input) > 3 and node.input[3] else f"zero point {2 ** (bits - 1)}"
+    zero = (
+        "zero points" if len(node.input) > 3 and node.input[3] else f"zero point {2 ** (bits - 1)}"
+    )
     return WeightInfo(
         node=node.name or f"#{index}",
         op_type=node.op_type,
