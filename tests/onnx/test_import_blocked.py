@@ -182,3 +182,15 @@ def test_refusals_name_the_node_and_the_fix():
     nbits.graph.initializer.append(numpy_helper.from_array(np.arange(K, dtype=np.int32), "g_idx"))
     with pytest.raises(ValueError, match="MatMulNBits.*g_idx .* not supported"):
         qb.import_onnx(nbits)
+
+
+def test_matmulnbits_file_at_opset_18_exports_at_21():
+    # regression: the QuantModel kept the file's opset (18, as ONNX Runtime leaves a MatMulNBits
+    # file) and export refused ("needs opset >= 21") unless the user passed opset=21
+    model = ort_quantized("nbits", True)
+    for o in model.opset_import:
+        if o.domain == "":
+            o.version = 18
+    qm = qb.import_onnx(model)
+    exported = qb.onnx.to_onnx(qm, torch.zeros(2, 3, K))
+    assert next(o.version for o in exported.opset_import if o.domain == "") == 21

@@ -289,6 +289,7 @@ def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
             continue
         scheme = QScheme.from_dict(p.scheme)
         if isinstance(scheme.granularity, PerBlock):  # recipes hold no blocks: that axis
+            opset = max(opset, 21)  # a MatMulNBits file's opset (18): blocked DQ needs 21
             scheme = _scheme_on_axis(scheme, None)
             scheme = QScheme(**{**scheme.__dict__, "granularity": PerChannel(0)})
         if p.kind == "weight" or isinstance(scheme.granularity, PerTensor):
