@@ -95,3 +95,40 @@ def test_mixed_file_imports_activation_grid_and_blocked_weight():
     xq = np.clip(np.round(x / np.float32(0.03)) + 128, 0, 255) - 128
     bound = 2 * K * 2.0**-24 / (1 - K * 2.0**-24) * (np.abs(xq * 0.03) @ np.abs(w))
     assert np.all(np.abs(y - ref) <= bound + 2.0**-24 * np.abs(ref))
+
+
+def _transposed_weight_graph(second_reader: bool):
+    rng = np.random.default_rng(9)
+    codes = rng.integers(-8, 8, (6, 10))  # [N, K], blocks of 4 along K (axis 1)
+    scale = rng.uniform(0.1, 1.0, (6, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s"], ["w"], axis=1, block_size=4),
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])]
+    if second_reader:
+        nodes.append(helper.make_node("Identity", ["w"], ["w_out"]))
+        outputs.append(helper.make_tensor_value_info("w_out", TensorProto.FLOAT, [6, 10]))
+    graph = helper.make_graph(
+        nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 10])], outputs,
+        [helper.make_tensor("q", TensorProto.INT8, codes.shape, codes.reshape(-1).tolist()),
+         numpy_helper.from_array(scale, "s")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_blocked_layout_pass_case_1_and_not_applied():
+    from onnx.reference import ReferenceEvaluator
+
+    from quantbridge.onnx.exporter._blocked_layout import untranspose_blocked_weights
+
+    x = np.random.default_rng(10).standard_normal((2, 10)).astype(np.float32)
+    model = _transposed_weight_graph(second_reader=False)
+    (before,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert untranspose_blocked_weights(model) == 1  # Case 1
+    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
+    (after,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(after, before)  # a permutation of exact products
+    kept = _transposed_weight_graph(second_reader=True)
+    assert untranspose_blocked_weights(kept) == 0  # the DQ has another reader: not applied

@@ -76,15 +76,16 @@ def test_onnxruntime_block_quantizer_files_import_train_and_export(fmt, symmetri
     exported = qb.export(qm, tmp_path / "rt.onnx", torch.from_numpy(x))
     dq = next(n for n in exported.graph.node if n.op_type == "DequantizeLinear")
     attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
-    assert attrs == {"axis": 1, "block_size": 32}
+    assert attrs == {"axis": 0, "block_size": 32}  # the file's [K, N] layout (ORT fuses it)
     assert next(o.version for o in exported.opset_import if o.domain == "") == 21
     inits = {i.name: i for i in exported.graph.initializer}
     assert inits[dq.input[0]].data_type in (TensorProto.INT4, TensorProto.UINT4)
-    np.testing.assert_array_equal(numpy_helper.to_array(inits[dq.input[0]]).astype(int), codes.T)
-    np.testing.assert_array_equal(numpy_helper.to_array(inits[dq.input[1]]), scale.T)
+    np.testing.assert_array_equal(numpy_helper.to_array(inits[dq.input[0]]).astype(int), codes)
+    np.testing.assert_array_equal(numpy_helper.to_array(inits[dq.input[1]]), scale)
     if zero is not None:
         got_zero = numpy_helper.to_array(inits[dq.input[2]]).astype(int)
-        np.testing.assert_array_equal(got_zero, zero.T)
+        np.testing.assert_array_equal(got_zero, zero)
+    assert not any(n.op_type == "Transpose" for n in exported.graph.node)
     again = run_ort(exported, x)
     assert np.all(np.abs(again - ref) <= _bound(x, values, ref))
 
@@ -123,9 +124,13 @@ def test_blocked_dequantize_linear_types_and_axes(onnx_type, lo, hi, axis, block
     exported = qb.onnx.to_onnx(qm, torch.from_numpy(x))
     inits = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
     dq = next(n for n in exported.graph.node if n.op_type == "DequantizeLinear")
-    np.testing.assert_array_equal(inits[dq.input[0]].astype(int), file["codes"].T)
-    np.testing.assert_array_equal(inits[dq.input[1]], file["scale"].T)
-    np.testing.assert_array_equal(inits[dq.input[2]].astype(int), file["zero"].T)
+    # written back in the file's layout: same codes, scales, zero points and axis
+    np.testing.assert_array_equal(inits[dq.input[0]].astype(int), file["codes"])
+    np.testing.assert_array_equal(inits[dq.input[1]], file["scale"])
+    np.testing.assert_array_equal(inits[dq.input[2]].astype(int), file["zero"])
+    attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+    assert attrs == {"axis": axis, "block_size": block}
+    np.testing.assert_array_equal(run_ort(exported, x), ref)  # the same graph, values bit for bit
 
 
 def test_blocked_conv_weight_along_input_channels():

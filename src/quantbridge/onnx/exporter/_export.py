@@ -55,6 +55,7 @@ from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
+from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
@@ -160,6 +161,8 @@ def to_onnx(
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
     pad_on_codes(model)  # a zero / copying Pad on its input's grid pads the codes
+    if blocked:  # group-wise MatMul weights as [K, N] along axis 0: ORT's MatMulNBits fusion
+        untranspose_blocked_weights(model)
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _record(model, qmodel)
