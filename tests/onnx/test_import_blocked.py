@@ -164,6 +164,9 @@ def test_blocked_conv_weight_along_input_channels():
 
 
 def test_refusals_name_the_node_and_the_fix():
+    blocked = qb.QScheme(4, True, True, False, qb.numerics.PerBlock(0, 32))
+    with pytest.raises(ValueError, match="per-block .* only from imported files"):
+        qb.Recipe(weights=qb.TensorRecipe(blocked))  # calibration does not choose blocks
     model, _ = blocked_dq_model(TensorProto.INT4, -8, 7, 0, 32)
     with pytest.raises(ValueError, match="group-wise .* needs opset >= 21; pass opset=21"):
         qb.onnx.to_onnx(qb.import_onnx(model), torch.zeros(2, K), opset=18)
