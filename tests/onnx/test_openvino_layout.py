@@ -300,7 +300,7 @@ def test_default_export_and_openvino_target_in_openvino(tmp_path):
     model; they differ in the float FakeQuantize layers around them. The default (ONNX Runtime)
     file's Q/DQ pairs after the affine blocks' Mul / Add and hard-swish's Mul / Div become
     stand-alone float FakeQuantize layers, each reading its u8 input through a Convert: what made
-    the PP-OCRv4 detector's default file 0.55-0.65x OpenVINO's float speed (docs/openvino.md).
+    the PP-OCRv4 detector's default file 0.5-0.7x OpenVINO's float speed (docs/openvino.md).
     ``target="openvino"`` (``openvino_layout``) leaves one, the input's."""
     ov = pytest.importorskip("openvino")
     torch.manual_seed(0)

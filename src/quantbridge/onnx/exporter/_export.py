@@ -427,7 +427,7 @@ def export(
     inputs OpenVINO runs in int8; element-wise ops in float, fused into the convolutions). OpenVINO
     has no int8 element-wise kernel with independent grids: each pair after an Add / Mul of the
     canonical form runs there as a stand-alone float FakeQuantize (PP-OCRv4 detector: 87 of them,
-    0.55-0.65x OpenVINO's float speed; in this layout 1.4-1.5x; ``docs/openvino.md``). The layout
+    0.5-0.7x OpenVINO's float speed; in this layout 1.2-1.6x; ``docs/openvino.md``). The layout
     rounds fewer tensors, so its outputs differ from the canonical file's by quantization noise.
     """
     if target not in TARGETS:
