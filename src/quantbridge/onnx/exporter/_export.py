@@ -55,6 +55,7 @@ from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
+from ..passes import openvino_layout
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
@@ -407,6 +408,9 @@ def float_weights(model: onnx.ModelProto) -> list[str]:
     return found
 
 
+TARGETS = ("onnxruntime", "openvino")  # qb.export(target=...): the layouts, first the default
+
+
 def export(
     qmodel: QuantModel,
     path: str | os.PathLike,
@@ -415,14 +419,32 @@ def export(
     opset: int | None = None,
     dynamic: str | None = None,
     check: bool = True,
+    target: str = "onnxruntime",
 ) -> onnx.ModelProto:
     """Write ``qmodel`` as a QDQ ONNX file at ``path``; returns the ModelProto.
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs, as in
     a calibration batch. ``onnx.checker`` runs with ``full_check=True`` unless ``check=False``.
+
+    ``target``: the engine the file is laid out for (``TARGETS``). ``"onnxruntime"`` (default):
+    the canonical form, a Q/DQ pair on every quantized tensor, which ONNX Runtime fuses into
+    QLinearConv / QLinearAdd / QLinearMul and which ``import_onnx``, ``fold`` and ``lower`` read.
+    ``"openvino"``: that form through ``quantbridge.openvino_layout`` (Q/DQ pairs only at the
+    inputs OpenVINO runs in int8; element-wise ops in float, fused into the convolutions). OpenVINO
+    has no int8 element-wise kernel with independent grids: each pair after an Add / Mul of the
+    canonical form runs there as a stand-alone float FakeQuantize (PP-OCRv4 detector: 87 of them,
+    0.5-0.7x OpenVINO's float speed; in this layout 1.2-1.6x; ``docs/openvino.md``). The layout
+    rounds fewer tensors, so its outputs differ from the canonical file's by quantization noise.
     """
+    if target not in TARGETS:
+        raise ValueError(
+            f"export: target={target!r} is not a known engine; use one of {', '.join(TARGETS)} "
+            "(an ONNX Runtime file is the canonical QDQ form every other tool reads)"
+        )
     path = _check_writable(path)
     model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
+    if target == "openvino":
+        model = openvino_layout(model)
     if check:
         onnx.checker.check_model(model, full_check=True)
     onnx.save_model(model, path)
