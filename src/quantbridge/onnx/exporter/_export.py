@@ -101,9 +101,9 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
     return opset
 
 
-def _has_4bit_weights(qmodel: QuantModel) -> bool:
+def _has_4bit_weights(qmodel: QuantModel) -> bool:  # per channel (group-wise: MatMulNBits)
     return any(
-        getattr(q, "kind", "") == "weight" and q.scheme.bits <= 4
+        getattr(q, "kind", "") == "weight" and q.scheme.bits <= 4 and not hasattr(q, "block_size")
         for q in qmodel.quantizers().values()
     )
 
@@ -140,8 +140,7 @@ def to_onnx(
         )
     opset = _choose_opset(qmodel, opset)
     messages = slow_form_warnings(qmodel)
-    blocked = any(getattr(q, "block_size", None) for q in qmodel.quantizers().values())
-    if opset >= PACKED_4BIT_OPSET and _has_4bit_weights(qmodel) and not blocked:
+    if opset >= PACKED_4BIT_OPSET and _has_4bit_weights(qmodel):
         messages.append(
             "INT4 weights: ONNX Runtime (1.32, CPU) runs Conv/Gemm with INT4 weights in float "
             "(DigitsCNN W4A8: 16 ms vs 1.1 ms per batch of 64 with the same codes in int8); "
@@ -162,8 +161,7 @@ def to_onnx(
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
     pad_on_codes(model)  # a zero / copying Pad on its input's grid pads the codes
-    if blocked:  # group-wise MatMul weights as [K, N] along axis 0: ORT's MatMulNBits fusion
-        untranspose_blocked_weights(model)
+    untranspose_blocked_weights(model)  # group-wise weights as [K, N]: ORT fuses MatMulNBits
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _record(model, qmodel)
