@@ -192,6 +192,29 @@ def test_broadcast_add_of_a_constant(dtype):
     assert np.abs(ref.astype(int) - got).max() <= 1
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_where_of_two_quantized_tensors(dtype, three_emitters, tmp_path):
+    """QLinearWhere(mask, codes a, codes b) on a third grid, against ORT: ORT requantizes each
+    operand through a float table (MlasQuantizeLinear of float32 values), the program with
+    fixed-point multipliers: 1 code apart at most, at float32 ties (measured: identical)."""
+    z = np.array(3 if dtype == np.uint8 else -5, dtype)
+    inits = {"s": np.float32(0.05), "z": z, "s2": np.float32(0.031), "z2": z,
+             "s3": np.float32(0.043), "z3": np.array(9, dtype)}  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
+        _ms("QLinearSigmoid", ["q", "s", "z", "s2", "z2"], "sig"),
+        _ms("QLinearWhere", ["cond", "q", "s", "z", "sig", "s2", "z2", "s3", "z3"], "y"),
+    ]
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [1, 4, 1, 1])
+    mask = np.array([True, False, True, False]).reshape(1, 4, 1, 1)
+    out_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = _qop_graph(nodes, inits, out_type, extra_inputs=[cond])
+    ref, got = _program_vs_ort(model, cond=mask)
+    assert np.abs(ref.astype(int) - got).max() <= 1
+    x = np.random.default_rng(0).standard_normal((2, 4, 3, 3)).astype(np.float32)
+    three_emitters(qb.lower(model), {"x": x, "cond": mask}, tmp_path)
+
+
 @pytest.mark.parametrize("opset", [17, 18])
 def test_reduce_mean_matches_its_definition(opset):
     """QLinearReduceMean (ORT's CPU provider has no kernel for it): the program against the
@@ -276,12 +299,10 @@ def test_unknown_contrib_op_is_named_with_the_fix():
       r"QLinearGlobalAveragePool 'gap_nhwc': channels_last=1"),
      (_ms("QLinearSoftmax", ["q", "s", "z", "s", "z"], "sm_old", opset=11),
       r"QLinearSoftmax 'sm_old': opset-11 Softmax semantics in an opset-17 model"),
-     # unfolded, but a Where choosing between two quantized tensors has no QDQ lowering yet
-     (_ms("QLinearWhere", ["cond", "q", "s", "z", "q", "s", "z", "s", "z"], "where_1"),
-      r"Where 'where_1': selects float values")],
+    ],
 )  # fmt: skip
 def test_refused_forms_name_the_node(node, message):
-    inits = {"s": np.float32(0.05), "z": np.uint8(3), "cond": np.array(True)}
+    inits = {"s": np.float32(0.05), "z": np.uint8(3)}
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"), node,
              helper.make_node("DequantizeLinear", [node.output[0], "s", "z"], ["y"], name="dq")]  # fmt: skip
     with pytest.raises(LoweringError, match=message):
