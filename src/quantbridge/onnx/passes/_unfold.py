@@ -22,15 +22,17 @@ after it (``NAME/dq0``, ``NAME/q``), the new tensors after its output (``Y/qb_dq
 
 Numerics. The unfolded graph computes each op's definition exactly (real operands, real op,
 ONNX QuantizeLinear: round half to even, saturate). ONNX Runtime's CPU kernels compute the same
-definition in float32 (contrib_ops/cpu/quantization and MLAS, 1.2x): QLinearAdd
+definition in float32 (contrib_ops/cpu/quantization and MLAS, read for ORT 1.32): QLinearAdd
 ``rne(fma(a, sa/sc, fma(b, sb/sc, zc - (sa/sc za + sb/sc zb))))`` (qladd_avx2.cpp), QLinearMul
 ``rne((a-za)(b-zb) * (sa sb / sc) + zc)`` (qlmul.cpp), QLinearGlobalAveragePool
 ``rne((sum - N zx) * sx / (sy N)) + zy`` (qlgavgpool.cpp), QLinearAveragePool the float pool of
 the dequantized values, QLinearSigmoid / LeakyRelu / Concat (other scales) a 256-entry table of
 ``MlasQuantizeLinear(f(sx (i - zx)))`` with MlasComputeLogistic's float32 sigmoid, QGemm one
-float32 requantization of the int32 accumulator. Each differs from the exact value by float32
-rounding (a few 1e-6 of an output step), so ONNX Runtime and the definition disagree by one
-output step only where the exact value lies within that of a rounding tie.
+float32 requantization of the int32 accumulator, QLinearSoftmax a float exp table times
+``floor(1 / y_scale)`` (the definition for ORT's scale 1/256). Each differs from the exact value
+by float32 rounding (a few 1e-6 of an output step), so ONNX Runtime and the definition disagree
+by one output step only where the exact value lies within that of a rounding tie
+(``tests/integer/test_integer_qoperator.py`` makes such ties and measures them).
 """
 
 from __future__ import annotations
