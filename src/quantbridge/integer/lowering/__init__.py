@@ -170,7 +170,8 @@ def lower(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     float_outputs: str = "dequantize",
 ) -> IntegerProgram:
-    """Lower a quantized ONNX model (QDQ, or QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger)
+    """Lower a quantized ONNX model (QDQ; QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger;
+    ONNX Runtime's contrib QLinearAdd, QGemm, QLinearConcat ... ``onnx.passes.unfoldable_ops``)
     to an integer-only program.
 
     ``accumulator_bits`` (32 or 64): layers whose accumulator could exceed it (bound from the
