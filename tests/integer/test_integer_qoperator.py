@@ -166,16 +166,21 @@ def _ms(op, ins, out, **attrs):
     return helper.make_node(op, ins, [out], name=out, domain="com.microsoft", **attrs)
 
 
-def _program_vs_ort(model, integer=True, **feeds):
-    """(ORT's output, the program's output: codes, or floats with ``integer=False``)."""
+def _ort_run(model, feeds) -> list[np.ndarray]:
+    """ONNX Runtime's CPU outputs, graph optimizations off (the file's own ops run)."""
     import onnxruntime as ort
 
-    x = (np.random.default_rng(0).standard_normal((2, 4, 3, 3)) * 2).astype(np.float32)
-    feeds = {"x": x, **feeds}
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    (ref,) = sess.run(None, feeds)
+    return sess.run(None, feeds)
+
+
+def _program_vs_ort(model, integer=True, **feeds):
+    """(ORT's output, the program's output: codes, or floats with ``integer=False``)."""
+    x = (np.random.default_rng(0).standard_normal((2, 4, 3, 3)) * 2).astype(np.float32)
+    feeds = {"x": x, **feeds}
+    (ref,) = _ort_run(model, feeds)
     (got,) = qb.lower(model).run(feeds, integer=integer).values()
     return ref, got
 
@@ -279,11 +284,8 @@ def test_qgemm_float_output_and_zero_point_defaults():
     ]
     model = _qop_graph(nodes, inits, TensorProto.FLOAT)
     model.graph.output.append(helper.make_tensor_value_info("lrelu", TensorProto.UINT8, None))
-    import onnxruntime as ort
-
     x = (np.random.default_rng(0).standard_normal((2, 4, 3, 3)) * 2).astype(np.float32)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    ref_y, ref_codes = sess.run(None, {"x": x})
+    ref_y, ref_codes = _ort_run(model, {"x": x})
     prog = qb.lower(model)
     got = prog.run({"x": x})
     np.testing.assert_allclose(got["y"], ref_y, rtol=1e-5, atol=1e-5)
@@ -303,8 +305,6 @@ def test_unfold_keeps_names_and_drops_contrib_domain(ort_qoperator):
     output (both float32 evaluations of one definition: 1 code apart at most, at float32 ties;
     measured on these 4 files, the ORT QOperator MaxPool/Pad/Resize/Split/QLinearMatMul model
     and the folded zoo models, 5 draws each: identical)."""
-    import onnxruntime as ort
-
     _, model = ort_qoperator
     out = unfold(model)
     assert not any(n.domain == "com.microsoft" for n in out.graph.node)
@@ -312,15 +312,8 @@ def test_unfold_keeps_names_and_drops_contrib_domain(ort_qoperator):
     names = {n.name for n in out.graph.node}
     assert {n.name for n in model.graph.node if n.domain == "com.microsoft"} <= names
     onnx.checker.check_model(out)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
-    ref, got = (
-        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
-            None, {"x": x}
-        )[0]
-        for m in (model, out)
-    )
+    (ref,), (got,) = _ort_run(model, {"x": x}), _ort_run(out, {"x": x})
     assert np.abs(ref - got).max() <= 1 / 256 + 1e-7  # the softmax output step
 
 
