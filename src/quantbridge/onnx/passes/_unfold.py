@@ -71,10 +71,10 @@ class _Context:
     def __init__(self, model: onnx.ModelProto):
         g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self.consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+        self.tensors = {i.name: i for i in g.initializer}  # read (to numpy) only when asked
         for n in g.node:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-                self.consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+                self.tensors[n.output[0]] = n.attribute[0].t
         self.dtypes: dict[str, int] = {i.name: i.data_type for i in g.initializer}
         for vi in [*g.input, *g.value_info, *g.output]:
             if vi.type.tensor_type.elem_type:
@@ -82,13 +82,14 @@ class _Context:
         self.new_inits: list[onnx.TensorProto] = []
 
     def const(self, node: onnx.NodeProto, name: str, what: str) -> np.ndarray:
-        if name not in self.consts:
+        if name not in self.tensors:
             raise ValueError(f"{label(node)}: {what} {name!r} must be a constant (an initializer)")
-        return self.consts[name]
+        return numpy_helper.to_array(self.tensors[name])
 
     def add_const(self, name: str, array: np.ndarray) -> str:
-        self.new_inits.append(numpy_helper.from_array(np.asarray(array), name))
-        self.consts[name] = np.asarray(array)
+        tensor = numpy_helper.from_array(np.asarray(array), name)
+        self.new_inits.append(tensor)
+        self.tensors[name] = tensor
         return name
 
     def code_type(self, node: onnx.NodeProto, zero_points: list[str]) -> int:
@@ -255,6 +256,8 @@ class UnfoldQOperator:
     Stateless: ``UnfoldQOperator()(model) -> PassResult``."""
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
+        if not any(n.domain == MS_DOMAIN and n.op_type in UNFOLDS for n in model.graph.node):
+            return PassResult(model, False)
         ctx = _Context(model)
         nodes: list[onnx.NodeProto] = []
         modified = False
