@@ -124,6 +124,23 @@ QOPERATOR_OUTPUT_QPARAMS: dict[str, tuple[int, int]] = {
 }
 
 
+# ONNX Runtime's contrib QOperator ops (com.microsoft) that are, by definition, one float op between
+# DequantizeLinear of their operands and QuantizeLinear of the result: op -> that float op (the
+# importer unfolds them into it, ``lower`` into the QDQ form, ``onnx.passes._unfold``).
+QOPERATOR_FLOAT_OPS: dict[str, str] = {
+    "QLinearAdd": "Add",
+    "QLinearMul": "Mul",
+    "QLinearConcat": "Concat",
+    "QLinearSigmoid": "Sigmoid",
+    "QLinearLeakyRelu": "LeakyRelu",
+    "QLinearSoftmax": "Softmax",
+    "QLinearAveragePool": "AveragePool",
+    "QLinearGlobalAveragePool": "GlobalAveragePool",
+    "QLinearReduceMean": "ReduceMean",
+    "QLinearWhere": "Where",
+    "QGemm": "Gemm",
+}
+
 # Ops whose output error is at most the sum of their inputs' errors (each input 1-Lipschitz):
 # an error an input carried cannot grow through them (debug credits such carried errors).
 UNIT_GAIN_OPS: frozenset[str] = DATA_MOVEMENT_OPS | frozenset(

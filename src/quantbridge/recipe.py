@@ -113,7 +113,7 @@ from ._recipe_parts import (
     did_you_mean,
 )
 from ._recipe_parts import check_keys as _check_keys
-from .numerics import PerChannel, PerTensor, QScheme
+from .numerics import PerBlock, PerChannel, PerTensor, QScheme
 
 __all__ = ["AdaRound", "Recipe", "Rule", "TensorRecipe", "native_preset", "resolve_recipe"]
 
@@ -223,6 +223,12 @@ class Recipe:
                 "Recipe.activations: per-channel activation quantization is not supported"
                 " (ONNX Runtime's int8 kernels take one activation scale); use PerTensor()"
             )
+        for what, tr in (("weights", self.weights), ("activations", self.activations)):
+            if isinstance(tr.scheme.granularity, PerBlock):
+                raise ValueError(
+                    f"Recipe.{what}: per-block (group-wise) parameters come only from imported "
+                    "files (qb.import_onnx); calibration does not choose them. Use PerChannel(0)"
+                )
         if self.opset is not None and self.opset < 13:
             raise ValueError(f"Recipe.opset={self.opset}: QDQ export needs opset >= 13")
         object.__setattr__(self, "rules", tuple(self.rules))

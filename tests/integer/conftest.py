@@ -83,10 +83,12 @@ def ort_session(model: onnx.ModelProto, optimize: bool = False) -> ort.Inference
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def layerwise_lsb(model: onnx.ModelProto, prog, feeds: dict, optimize: bool = False):
-    """``|program - ORT|`` in codes at every activation QuantizeLinear, ORT computing each layer
-    from the program's own integer codes (the graph is cut at every Q). Returns
-    ``{onnx Q output: abs difference array}``."""
+def layerwise_lsb(model: onnx.ModelProto, prog, feeds: dict, optimize: bool = False,
+                  cut_ops=("QuantizeLinear",)):  # fmt: skip
+    """``|program - ORT|`` in codes at every activation QuantizeLinear (or other op of
+    ``cut_ops``: a QOperator file's QLinearConv, QLinearAdd ...), ORT computing each layer from
+    the program's own integer codes (the graph is cut there). Returns
+    ``{onnx output: abs difference array}``."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     graph_inputs = {i.name for i in m.graph.input}
@@ -95,7 +97,7 @@ def layerwise_lsb(model: onnx.ModelProto, prog, feeds: dict, optimize: bool = Fa
         # a QuantizeLinear the lowering folded (of a constant: a token-type embedding) has no
         # program tensor and nothing to compare
         folded = n.output[0] not in prog.onnx_tensors
-        if n.op_type == "QuantizeLinear" and n.input[0] not in graph_inputs and not folded:
+        if n.op_type in cut_ops and n.input[0] not in graph_inputs and not folded:
             cut.append(n.output[0])
             n.output[0] += "__ort"
     del m.graph.output[:]

@@ -39,7 +39,14 @@ from ..numerics import dequantize
 from ..onnx import fold, import_onnx
 from ..torch import QuantModel, float_mode
 from ..torch._record import CONTAINER
-from ._match import Site, match_names, match_quantizers, match_sources, quantizer_scales
+from ._match import (
+    Site,
+    has_blocked_weights,
+    match_names,
+    match_quantizers,
+    match_sources,
+    quantizer_scales,
+)
 from ._subject import Subject, torch_args
 
 Values = dict[str, np.ndarray]
@@ -75,6 +82,7 @@ class OnnxCapture:
         model = copy.deepcopy(model)
         names = _graph_names(model)
         float_model = not any(s.quantized and s.name in names for s in sites)
+        float_model = float_model and not has_blocked_weights(model)  # weight-only: by name
         if float_model and float_pairs is not None:  # paired by name and structure
             self.where = {s: t for s, (t, _) in float_pairs.items() if t in names}
         elif float_model:  # a float file: the float tensor each QuantizeLinear reads

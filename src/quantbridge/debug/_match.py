@@ -81,6 +81,20 @@ def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
     return {}
 
 
+def has_blocked_weights(model: onnx.ModelProto) -> bool:
+    """Group-wise weights (weight-only quantization): a DequantizeLinear with ``block_size`` or
+    ONNX Runtime's ``MatMulNBits``. Such a file may have no quantized activation: ``compare``
+    then compares its outputs (float, in absolute units)."""
+    return any(
+        n.op_type == "MatMulNBits"
+        or (
+            n.op_type == "DequantizeLinear"
+            and any(a.name == "block_size" and a.i for a in n.attribute)
+        )
+        for n in model.graph.node
+    )
+
+
 def find_sites(model: onnx.ModelProto) -> list[Site]:
     """Every quantized tensor of ``model`` (QDQ or QOperator form) and its float graph outputs,
     in topological order. ValueError for a model with no quantized tensor."""
@@ -105,7 +119,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             sites[site.name] = site
         elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
             aliases.setdefault(node.input[0], []).append(node.output[0])
-    if not sites:
+    if not sites and not has_blocked_weights(model):  # weight-only: the outputs are compared
         raise ValueError(
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"

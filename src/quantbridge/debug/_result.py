@@ -140,6 +140,10 @@ class CompareResult:
                 f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "
                 f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}"
             )
+        blocked = d.get("group_wise_weights") or []
+        if blocked:
+            lines.append(f"group-wise weights ({len(blocked)}): " + "; ".join(blocked[:4])
+                         + (" ..." if len(blocked) > 4 else ""))  # fmt: skip
         for engine, reason in d["errors"].items():
             lines.append(f"engine {engine} failed: {reason}")
         lines.extend(_pairing_lines(self.tensors))

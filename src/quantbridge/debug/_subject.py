@@ -22,6 +22,7 @@ import torch
 from ..onnx import to_onnx
 from ..optables import INTEGER_OPS
 from ..torch import QuantModel
+from ._match import has_blocked_weights
 
 _ELEM = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64}
 
@@ -45,11 +46,13 @@ class Subject:
 
 
 def onnx_form(model: onnx.ModelProto) -> str:
-    """'qop' when the graph has integer operators, 'qdq' with QuantizeLinear only, else 'float'."""
+    """'qop' when the graph has integer operators (or ONNX Runtime's ``MatMulNBits``), 'qdq' with
+    QuantizeLinear or group-wise weights (a blocked DequantizeLinear, weight-only quantization),
+    else 'float'."""
     ops = {n.op_type for n in model.graph.node}
-    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops):
+    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops) or "MatMulNBits" in ops:
         return "qop"
-    return "qdq" if "QuantizeLinear" in ops else "float"
+    return "qdq" if "QuantizeLinear" in ops or has_blocked_weights(model) else "float"
 
 
 def _load_onnx(path: str | os.PathLike) -> onnx.ModelProto:

@@ -12,10 +12,12 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import onnx
 
+from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
-from ._match import Site, find_sites, match_other_file
+from ._match import Site, find_sites, has_blocked_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
@@ -149,7 +151,17 @@ def compare(
         raise RuntimeError(f"no engine could run {ref_subj.label}: {errors}")
     result = _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors)
     result["models"] = [s.label for s in subjects]
+    blocked = _group_wise_weights(ref_subj.onnx)
+    if blocked:  # optional key: weight-only files have no activation grid to count LSBs on
+        result["group_wise_weights"] = blocked
     return CompareResult(result)
+
+
+def _group_wise_weights(model: onnx.ModelProto | None) -> list[str]:
+    """``inspect``'s line for each group-wise (blocked) weight of ``model`` (bits, block size)."""
+    if model is None or not has_blocked_weights(model):
+        return []
+    return [w.describe() for w in inspect_model(model).weights if "per-block" in w.granularity]
 
 
 def _pick_reference(runs: list[_Run], ref_subj: Subject, reference: str | None) -> _Run:

@@ -34,6 +34,7 @@ from ._requantize import (
 )
 from ._scheme import (
     Granularity,
+    PerBlock,
     PerChannel,
     PerTensor,
     QScheme,
@@ -41,13 +42,14 @@ from ._scheme import (
     storage_dtype,
 )
 from ._weight_ranges import weighted_mse_scales, weighted_rounding_error
-from ._xp import normalize_axis
+from ._xp import expand_blocks, normalize_axis
 
 __all__ = [
     "ISQRT_MAX",
     "FALLBACK_SCALE",
     "MIN_SCALE",
     "Granularity",
+    "PerBlock",
     "PerChannel",
     "PerTensor",
     "QScheme",
@@ -57,6 +59,7 @@ __all__ = [
     "choose_qparams",
     "common_shift_multipliers",
     "dequantize",
+    "expand_blocks",
     "fake_quantize",
     "fit_weight_scale_to_bias",
     "fixed_point_multiplier",

@@ -3,8 +3,17 @@
 One implementation serves numpy arrays and torch tensors (see ``_xp``); both give bit-identical
 results because every step is a correctly rounded IEEE operation or an exact one.
 
-Parameters are per tensor (``axis=None``, one element) or per channel (1-D, laid out along
-``axis`` of the data, which may be negative), exactly as ONNX QuantizeLinear / DequantizeLinear.
+Parameters are per tensor (``axis=None``, one element), per channel (1-D, laid out along
+``axis`` of the data, which may be negative) or blocked (``block_size=B`` with ``axis``: the
+data's rank, ``ceil(n / B)`` blocks along ``axis``, group-wise weights of opset 21's
+``DequantizeLinear(block_size=B)`` and ONNX Runtime's ``MatMulNBits``), exactly as ONNX
+QuantizeLinear / DequantizeLinear. A blocked parameter is expanded element-wise first
+(``_xp.expand_blocks``: element ``i`` along ``axis`` uses block ``i // B``), then every formula
+below runs unchanged, element by element:
+
+.. math:: r_{\\ldots i \\ldots} = s_{\\ldots \\lfloor i/B \\rfloor \\ldots}
+          (q_{\\ldots i \\ldots} - z_{\\ldots \\lfloor i/B \\rfloor \\ldots})
+
 ``scale`` must be positive and finite; this is not checked here (it would force a device sync
 on tensors) -- ``choose_qparams`` only produces such scales.
 """
@@ -22,8 +31,9 @@ def _check_range(qmin: int, qmax: int) -> None:
 
 
 def quantize(
-    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None
-) -> Array:
+    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None,
+    block_size: int | None = None,
+) -> Array:  # fmt: skip
     """Affine quantization, ONNX QuantizeLinear semantics, codes returned as floats.
 
     .. math:: q = \\mathrm{clip}(\\mathrm{round}(x / s) + z,\\ q_{min},\\ q_{max})
@@ -57,8 +67,10 @@ def quantize(
     qmin, qmax = int(qmin), int(qmax)  # numpy integers would not mix with torch.clip everywhere
     xp = _xp(x)
     x = as_compute_float(x)
-    scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis)
-    zero_point = broadcast_param(as_like(zero_point, x), "zero_point", tuple(x.shape), axis)
+    scale = broadcast_param(as_like(scale, x), "scale", tuple(x.shape), axis, block_size)
+    zero_point = broadcast_param(
+        as_like(zero_point, x), "zero_point", tuple(x.shape), axis, block_size
+    )
     with np.errstate(over="ignore"):  # x / scale -> +-inf is the saturation path, not an error
         q = xp.asarray(x / scale)  # numpy turns 0-d results into scalars; keep an array
     # step 6 on the quotient, in place (no copy of the input): NaN / s = NaN -> 0 = 0 / s, so
@@ -74,7 +86,10 @@ def quantize(
     return q
 
 
-def dequantize(q: Array, scale: Array, zero_point: Array, axis: int | None = None) -> Array:
+def dequantize(
+    q: Array, scale: Array, zero_point: Array, axis: int | None = None,
+    block_size: int | None = None,
+) -> Array:  # fmt: skip
     """Affine dequantization, ONNX DequantizeLinear semantics.
 
     .. math:: r = (q - z) \\cdot s
@@ -85,14 +100,17 @@ def dequantize(q: Array, scale: Array, zero_point: Array, axis: int | None = Non
     with one correctly rounded multiplication. No clipping. Result dtype ``F``.
     """
     q = as_compute_float(q)
-    scale = broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis)
-    zero_point = broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis)
+    scale = broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis, block_size)
+    zero_point = broadcast_param(
+        as_like(zero_point, q), "zero_point", tuple(q.shape), axis, block_size
+    )
     return (q - zero_point) * scale
 
 
 def fake_quantize(
-    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None
-) -> Array:
+    x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int, axis: int | None = None,
+    block_size: int | None = None,
+) -> Array:  # fmt: skip
     """Quantize then dequantize: ``dequantize(quantize(x, ...), ...)``, the formulas composed.
 
     .. math:: \\hat{x} = (\\mathrm{clip}(\\mathrm{round}(x / s) + z, q_{min}, q_{max}) - z) \\cdot s
@@ -102,10 +120,10 @@ def fake_quantize(
     ``quantize``). Note torch's ``fake_quantize_per_tensor_affine`` multiplies by ``1/scale``
     instead of dividing, which can differ by one code near ties; this function follows ONNX.
     """
-    q = quantize(x, scale, zero_point, qmin, qmax, axis)
+    q = quantize(x, scale, zero_point, qmin, qmax, axis, block_size)
     # dequantize in place on the fresh codes: (q - z) * s, as ``dequantize`` computes it (an
     # add / clip / subtract with scalar bounds costs less than one clip with per-element tensor
     # bounds: 2.4 vs 5.8 ms on 8x64x112x112, one thread)
-    q -= broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis)
-    q *= broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis)
+    q -= broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis, block_size)
+    q *= broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis, block_size)
     return q

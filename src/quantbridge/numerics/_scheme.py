@@ -54,7 +54,36 @@ class PerChannel:
         return {"kind": "per_channel", "axis": self.axis}
 
 
-Granularity = PerTensor | PerChannel
+@dataclass(frozen=True)
+class PerBlock:
+    """One scale and zero point per block of ``block_size`` consecutive elements along ``axis``
+    (ONNX opset 21 blocked quantization, group-wise weights). The parameters have the tensor's
+    rank with ``ceil(n / block_size)`` entries along ``axis`` (the last block may be partial);
+    ``_xp.expand_blocks`` maps them to elements.
+
+    Imported from files (``DequantizeLinear(block_size=...)``, ``MatMulNBits``); calibration
+    (observers) and recipes do not choose blocked parameters.
+    """
+
+    axis: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise TypeError(f"PerBlock.axis must be an int, got {self.axis!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+            raise TypeError(f"PerBlock.block_size must be an int, got {self.block_size!r}")
+        if self.block_size < 1:
+            raise ValueError(f"PerBlock.block_size must be >= 1, got {self.block_size}")
+
+    def resolve_axis(self, ndim: int) -> int:
+        return normalize_axis(self.axis, ndim)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "per_block", "axis": self.axis, "block_size": self.block_size}
+
+
+Granularity = PerTensor | PerChannel | PerBlock
 
 
 def granularity_from_dict(d: dict[str, Any]) -> Granularity:
@@ -62,16 +91,26 @@ def granularity_from_dict(d: dict[str, Any]) -> Granularity:
     if not isinstance(d, dict):
         raise TypeError(f"granularity must be a dict such as {{'kind': 'per_tensor'}}, got {d!r}")
     kind = d.get("kind")
-    allowed = {"per_tensor": {"kind"}, "per_channel": {"kind", "axis"}}
+    allowed = {
+        "per_tensor": {"kind"},
+        "per_channel": {"kind", "axis"},
+        "per_block": {"kind", "axis", "block_size"},
+    }
     if kind not in allowed:
-        raise ValueError(f"granularity kind {kind!r} is unknown; use 'per_tensor' or 'per_channel'")
+        raise ValueError(
+            f"granularity kind {kind!r} is unknown; use 'per_tensor', 'per_channel' or 'per_block'"
+        )
     for key in d:
         if key not in allowed[kind]:
             raise ValueError(f"unknown key {key!r} in {kind} granularity; allowed: {allowed[kind]}")
     if kind == "per_tensor":
         return PerTensor()
     if "axis" not in d:
-        raise ValueError("per_channel granularity needs an 'axis'")
+        raise ValueError(f"{kind} granularity needs an 'axis'")
+    if kind == "per_block":
+        if "block_size" not in d:
+            raise ValueError("per_block granularity needs a 'block_size'")
+        return PerBlock(axis=d["axis"], block_size=d["block_size"])
     return PerChannel(axis=d["axis"])
 
 
@@ -90,7 +129,7 @@ class QScheme:
     signed: bool = True
     symmetric: bool = True
     narrow_range: bool = False
-    granularity: PerTensor | PerChannel = field(default_factory=PerTensor)
+    granularity: PerTensor | PerChannel | PerBlock = field(default_factory=PerTensor)
     scale_constraint: str = "float"
 
     def __post_init__(self) -> None:
@@ -105,9 +144,10 @@ class QScheme:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"QScheme.{name} must be a bool, got {value!r}")
-        if not isinstance(self.granularity, (PerTensor, PerChannel)):
+        if not isinstance(self.granularity, (PerTensor, PerChannel, PerBlock)):
             raise TypeError(
-                f"QScheme.granularity must be PerTensor() or PerChannel(axis=...), "
+                f"QScheme.granularity must be PerTensor(), PerChannel(axis=...) or "
+                f"PerBlock(axis=..., block_size=...), "
                 f"got {self.granularity!r}"
             )
         if self.scale_constraint not in SCALE_CONSTRAINTS:

@@ -77,12 +77,19 @@ def normalize_axis(axis: int, ndim: int) -> int:
     return int(axis) % ndim
 
 
-def broadcast_param(param: Array, name: str, shape: tuple[int, ...], axis: int | None) -> Array:
+def broadcast_param(
+    param: Array, name: str, shape: tuple[int, ...], axis: int | None, block_size: int | None = None
+) -> Array:
     """Reshape a per-tensor (one element) or per-channel (1-D) parameter to broadcast with ``shape``.
 
     ``axis=None``: the parameter must hold exactly one element. ``axis=k``: the parameter holds
     one element (broadcast to every channel) or ``shape[k]`` elements, laid out along axis ``k``.
+    ``block_size=B`` (with ``axis=k``): a blocked parameter, expanded by ``expand_blocks``.
     """
+    if block_size is not None:
+        if axis is None:
+            raise ValueError(f"{name}: blocked parameters (block_size={block_size}) need an axis")
+        return expand_blocks(param, name, shape, axis, block_size)
     size = math.prod(param.shape)
     if axis is None:
         if size != 1:
@@ -100,3 +107,36 @@ def broadcast_param(param: Array, name: str, shape: tuple[int, ...], axis: int |
             f"of an array of shape {tuple(shape)} must be 1-D of length {shape[axis]}"
         )
     return param.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+
+
+def expand_blocks(
+    param: Array, name: str, shape: tuple[int, ...], axis: int, block_size: int
+) -> Array:
+    """A blocked parameter repeated to the data's full ``shape`` (ONNX blocked quantization).
+
+    The parameter has the data's rank; along ``axis`` it holds ``ceil(shape[axis] / B)`` blocks
+    (the last one may be partial), along every other dimension the data's size. Element ``i`` of
+    the data along ``axis`` uses block ``i // B``:
+
+    .. math:: p_{full}[\\ldots, i, \\ldots] = p[\\ldots, \\lfloor i / B \\rfloor, \\ldots]
+
+    An exact copy (no arithmetic). ValueError naming ``name`` when the shapes do not fit.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise TypeError(f"{name}: block_size must be an int, got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"{name}: block_size must be >= 1, got {block_size}")
+    axis = normalize_axis(axis, len(shape))
+    blocks = -(-shape[axis] // block_size)
+    want = tuple(blocks if d == axis else n for d, n in enumerate(shape))
+    if tuple(param.shape) != want:
+        raise ValueError(
+            f"{name} has shape {tuple(param.shape)}; blocked parameters of an array of shape "
+            f"{tuple(shape)} with block_size {block_size} along axis {axis} must have shape {want}"
+        )
+    torch = _torch_of(param)
+    if torch is not None:
+        full = torch.repeat_interleave(param, block_size, dim=axis)
+        return full.narrow(axis, 0, shape[axis])
+    full = np.repeat(param, block_size, axis=axis)
+    return full[tuple(slice(0, n) for n in shape)]

@@ -52,6 +52,19 @@ def _(q, scale, zero_point, axis):
     return torch.empty_like(q, dtype=torch.float32)
 
 
+@torch.library.custom_op("quantbridge::dequantize_blocked", mutates_args=())
+def dequantize_blocked(
+    q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, block_size: int
+) -> torch.Tensor:
+    """``numerics.dequantize`` with blocked parameters (``BlockWeightQuantizer``'s export)."""
+    return dequantize(q, scale, zero_point, axis, block_size)
+
+
+@dequantize_blocked.register_fake
+def _(q, scale, zero_point, axis, block_size):
+    return torch.empty_like(q, dtype=torch.float32)
+
+
 _TORCH_DTYPES = {
     np.dtype(np.int8): torch.int8,
     np.dtype(np.uint8): torch.uint8,
@@ -145,6 +158,8 @@ def code_extremes(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
     """
     axis = quantizer.axis
     dims = [] if axis is None else [d for d in range(x.ndim) if d != axis % x.ndim]
+    if getattr(quantizer, "block_size", None) is not None:  # blocked: every code
+        return quantizer.quantize_integers(x).reshape(-1)
     if x.numel() == 0 or (axis is not None and not dims):
         return quantizer.quantize_integers(x).reshape(-1)
     if axis is None:

@@ -2,6 +2,8 @@
 state machine, calibration, tracking, LSQ) and the straight-through estimators (``_ste``):
 
 * ``WeightQuantizer`` - per-channel (or per-tensor) weight; its range is taken from the weight;
+* ``BlockWeightQuantizer`` - group-wise weight of an imported file (``PerBlock``: one scale and
+  zero point per ``block_size`` elements along ``axis``), parameters fixed;
 * ``ConstantQuantizer`` - the constant operand of an add / mul, on its own grid;
 * ``BiasQuantizer`` - int32 bias with ``scale = input_scale * weight_scale`` taken from the two
   quantizers of its op, so the exported int32 bias is exactly what torch used.
@@ -11,16 +13,18 @@ The names of ``_quantizer`` and ``_ste`` are re-exported here (``from ._fakequan
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
-from ..numerics import QScheme, bias_scale, choose_qparams, dequantize, quantize_bias
+from ..numerics import QScheme, bias_scale, choose_qparams, dequantize, quantize, quantize_bias
 from ..recipe import TensorRecipe
 from ._quantizer import QState, Quantizer
 from ._ste import FakeQuantizeSTE, LearnedStepSTE
 
 __all__ = [
     "BiasQuantizer",
+    "BlockWeightQuantizer",
     "ConstantQuantizer",
     "FakeQuantizeSTE",
     "LearnedStepSTE",
@@ -94,6 +98,67 @@ class WeightQuantizer(Quantizer):
             return None
         self.scale, self.zero_point = cache[3], cache[4]
         return cache[5]
+
+
+class BlockWeightQuantizer(WeightQuantizer):
+    """Group-wise weight quantizer: ``scale`` and ``zero_point`` have the weight's rank, with
+    ``ceil(n / block_size)`` blocks along ``axis`` (ONNX opset 21 blocked quantization; element
+    ``i`` along ``axis`` uses block ``i // block_size``, ``numerics.expand_blocks``).
+
+    Forward: ``numerics.fake_quantize(w, s, z, qmin, qmax, axis, block_size)`` with the clipped
+    straight-through gradient (``FakeQuantizeSTE``, its mask on the codes). The parameters come
+    from a file (``qb.import_onnx``) and stay fixed: the weight trains on the file's grid. A
+    scale may be negative (ONNX Runtime's symmetric block quantizer), never zero.
+    """
+
+    def __init__(self, name: str, recipe: TensorRecipe, axis: int, block_size: int):
+        super().__init__(name, recipe, axis)
+        self.axis, self.block_size = axis, int(block_size)
+
+    def _refuse(self, what: str) -> None:
+        raise ValueError(
+            f"weight quantizer {self.name!r} is group-wise (block_size {self.block_size}): its "
+            f"scales come from the imported file and stay fixed; {what} is not supported for "
+            "blocked weights (train the weights on the file's grid, or quantize the float model "
+            "per channel with qb.quantize)"
+        )
+
+    def compute_from(self, w: torch.Tensor) -> None:
+        self._refuse("computing scales from the weight")
+
+    def make_learnable(self) -> None:
+        self._refuse("learning the scales (LSQ, learn_scales=True)")
+
+    def track(self) -> None:
+        self._refuse("tracking the weight range (QAT)")
+
+    def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        if not self.enabled:
+            return w
+        if self._exporting():
+            return torch.ops.quantbridge.dequantize_blocked(
+                self.export_qweight, self.export_scale, self.export_zero_point, self.axis,
+                self.block_size,
+            )  # fmt: skip
+        return FakeQuantizeSTE.apply(
+            w, self.scale, self.zero_point, self.qmin, self.qmax, self.axis, self.block_size
+        )
+
+    def quantize_integers(self, x: torch.Tensor) -> torch.Tensor:
+        zero_point = self.integer_zero_point()
+        return quantize(x.detach(), self.scale, zero_point, self.qmin, self.qmax, self.axis,
+                        self.block_size)  # fmt: skip
+
+    def _check_qparams(self, scale, zero_point) -> None:
+        if scale.dtype.kind in "f" and np.isfinite(scale).all() and (scale != 0).all():
+            scale = np.abs(scale)  # negative block scales are valid (see the class docstring)
+        super()._check_qparams(scale, zero_point)
+
+    def extra_repr(self) -> str:
+        s = self.scheme
+        sign = "int" if s.signed else "uint"
+        return (f"{self.name!r}, {sign}{s.bits} [{s.qmin}, {s.qmax}], per-block(axis={self.axis},"
+                f" block_size={self.block_size}), {self.qstate.value}")  # fmt: skip
 
 
 class ConstantQuantizer(Quantizer):

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..numerics import dequantize, fake_quantize
+from ..numerics import dequantize, expand_blocks, fake_quantize
 
 
 class FakeQuantizeSTE(torch.autograd.Function):
@@ -19,22 +19,33 @@ class FakeQuantizeSTE(torch.autograd.Function):
     Backward: ``dL/dx = dL/dy * 1[(qmin - z) * s <= x <= (qmax - z) * s]`` - rounding is treated as
     identity inside the representable range and the gradient is zero where the value saturates.
     No gradient flows to ``scale`` or ``zero_point`` (fixed-range quantizers).
+
+    Blocked parameters (``block_size``, group-wise weights): the same mask, written on the codes,
+    ``1[qmin <= round(x / s) + z <= qmax]`` with ``s`` and ``z`` expanded per element; it holds
+    for negative scales too (ONNX Runtime's symmetric block quantizer writes them).
     """
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, qmin: int, qmax: int, axis: int | None):
-        if ctx.needs_input_grad[0]:  # the mask is all backward needs: one bool per element
+    def forward(ctx, x, scale, zero_point, qmin: int, qmax: int, axis: int | None,
+                block_size: int | None = None):  # fmt: skip
+        if ctx.needs_input_grad[0] and block_size is not None:
+            shape = tuple(x.shape)
+            s = expand_blocks(scale, "scale", shape, axis, block_size)
+            z = expand_blocks(zero_point, "zero_point", shape, axis, block_size)
+            codes = torch.round(x.detach() / s) + z
+            ctx.save_for_backward((codes >= qmin) & (codes <= qmax))
+        elif ctx.needs_input_grad[0]:  # the mask is all backward needs: one bool per element
             param_axis = None if scale.ndim == 0 else 0
             lo = dequantize(torch.full_like(scale, qmin), scale, zero_point, param_axis)
             hi = dequantize(torch.full_like(scale, qmax), scale, zero_point, param_axis)
             lo, hi = _along(lo, x.ndim, axis), _along(hi, x.ndim, axis)
             ctx.save_for_backward((x >= lo) & (x <= hi))
-        return fake_quantize(x, scale, zero_point, qmin, qmax, axis)
+        return fake_quantize(x, scale, zero_point, qmin, qmax, axis, block_size)
 
     @staticmethod
     def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
-        return grad * mask, None, None, None, None, None
+        return grad * mask, None, None, None, None, None, None
 
 
 def _reduce_to(t: torch.Tensor, like: torch.Tensor, axis: int | None) -> torch.Tensor:

@@ -1,5 +1,12 @@
 """Lowering of a QDQ (or QOperator) ONNX model to an ``IntegerProgram``.
 
+ONNX Runtime's contrib QOperator ops (QLinearAdd, QGemm, QLinearConcat, QLinearSigmoid, ...: what
+``quantize_static(quant_format=QOperator)`` and ``fold`` write) are first unfolded into the
+canonical QDQ form, ``DequantizeLinear -> float op -> QuantizeLinear``, which is their definition
+(``onnx.passes.UnfoldQOperator``): one lowering of each QDQ pattern then serves both forms, and
+no second integer kernel per op can drift from the first. QLinearConv / QLinearMatMul /
+ConvInteger / MatMulInteger are lowered directly (``_qlinear``).
+
 ``lower`` walks the graph once in topological order, interpreting each node symbolically
 (``_core`` explains the values) through a registry keyed by ONNX op type; one module per op
 family registers its handlers. Refusals are collected so that one error lists them all: the
@@ -19,6 +26,8 @@ from onnx import numpy_helper
 from ...onnx._load import parse_onnx
 from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
+from ...onnx.passes import unfold, unfoldable_ops
+from ...onnx.passes._graph import MS_DOMAIN
 from .._program import IntegerProgram
 from . import _einsum, _eltwise, _index, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
 from ._core import (
@@ -49,6 +58,10 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
     else:
         model = parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
+    try:
+        model = unfold(model)
+    except ValueError as e:
+        raise LoweringError(f"cannot lower the QOperator model: {e}") from e
     if any(n.op_type in QUANTIZATION_OPS for n in model.graph.node):
         model = fold_constant_quantize(widen_float16(model, float_casts="identity"))
     return model
@@ -102,6 +115,7 @@ def _check(model: onnx.ModelProto) -> None:
             "quantize FLOAT.onnx --calib CALIB.npz -o Q.onnx`, qb.quantize with calibration data, "
             "or onnxruntime's quantize_static) and lower that file"
         )
+    _refuse_blocked(nodes)
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
@@ -119,7 +133,44 @@ def _check(model: onnx.ModelProto) -> None:
         raise LoweringError(
             f"cannot lower {sum(map(len, missing.values()))} nodes with no integer lowering: "
             f"{listed}. Lowered op types: {', '.join(sorted(LOWERINGS))}"
+            f"{_contrib_fix(nodes, missing)}"
         )  # fmt: skip
+
+
+def _refuse_blocked(nodes) -> None:
+    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits) have no
+    integer-only lowering: LoweringError naming them and the fix."""
+    blocked = [
+        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0))
+        for n in nodes
+        if n.op_type in ("DequantizeLinear", "MatMulNBits")
+    ]
+    blocked = [(n, size) for n, size in blocked if size]
+    if not blocked:
+        return
+    node, size = blocked[0]
+    raise LoweringError(
+        f"{node.op_type} {node_name(node)!r} holds group-wise weights (block_size {size}"
+        f"{f'; {len(blocked)} such nodes' if len(blocked) > 1 else ''}): an integer-only "
+        "program rescales each output channel's int32 sum with one fixed-point multiplier, "
+        "and the blocks of one channel have different scales, so there is no such multiplier. "
+        "Lower a per-channel model instead: quantize the float model with int8 activations and "
+        "per-channel weights (qb.quantize, or `quantbridge quantize FLOAT.onnx --calib "
+        "CALIB.npz`) and lower that file"
+    )
+
+
+def _contrib_fix(nodes, missing: dict[str, list[str]]) -> str:
+    """The fix for ONNX Runtime contrib ops that neither unfold nor lower (QAttention, ...)."""
+    contrib = sorted({n.op_type for n in nodes if n.domain == MS_DOMAIN and n.op_type in missing})
+    if not contrib:
+        return ""
+    return (
+        f". {', '.join(contrib)} (com.microsoft) are ONNX Runtime contrib ops with no QDQ form "
+        f"here (unfolded: {', '.join(sorted(unfoldable_ops()))}): quantize the float model in "
+        "QDQ form instead (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or onnxruntime's "
+        "quantize_static with quant_format=QuantFormat.QDQ) and lower that file"
+    )
 
 
 def _graph_inputs(graph: onnx.GraphProto) -> dict[str, Value]:
@@ -143,7 +194,8 @@ def lower(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     float_outputs: str = "dequantize",
 ) -> IntegerProgram:
-    """Lower a quantized ONNX model (QDQ, or QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger)
+    """Lower a quantized ONNX model (QDQ; QLinearConv/QLinearMatMul/ConvInteger/MatMulInteger;
+    ONNX Runtime's contrib QLinearAdd, QGemm, QLinearConcat ... ``onnx.passes.unfoldable_ops``)
     to an integer-only program.
 
     ``accumulator_bits`` (32 or 64): layers whose accumulator could exceed it (bound from the

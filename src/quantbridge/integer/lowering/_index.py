@@ -40,6 +40,7 @@ from ._core import (
     register_lowering,
 )
 from ._movement import _const_indices, moved
+from ._qdq import rescale_sum
 
 ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
               onnx.TensorProto.UINT8: np.dtype(np.uint8), onnx.TensorProto.INT16: np.dtype(np.int16),
@@ -140,6 +141,8 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         if _fill(x):  # Where(mask, -inf, scores): keep where the mask is false
             keep = _integer_step(b, node, [keep], "logic", bool, None, True, fn="Not")[0]
         return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node))]
+    if all(isinstance(v, QValue) and not v.integer for v in (x, y)):
+        return [_select_quantized(b, node, cond, x, y)]
     if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
         isinstance(v, Const) and v.array.dtype.kind == "f" for v in ins[1:]
     ):
@@ -179,6 +182,29 @@ def additive_mask(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
                 and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
             return MaskedScores(scores, mask.keep, node_name(node))
     return None
+
+
+def _select_quantized(b: Builder, node: onnx.NodeProto, cond, x: QValue, y: QValue) -> Pending:
+    """``Where(mask, DQ(a), DQ(b)) -> Q`` (ONNX Runtime's QLinearWhere, unfolded): each operand
+    requantized to the output grid (a one-input ``rescale_sum``; none where its grid is the
+    output's), then a ``where`` step on the codes. Exact: selecting commutes with the
+    elementwise requantization."""
+    keep = _tensor(b, node, _operand(b, node, cond))
+    name = node_name(node)
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        parts = []
+        for k, t in enumerate((x.tensor, y.tensor)):
+            same = (t.scale, t.zero_point, t.dtype) == (out.scale, out.zero_point, out.dtype)
+            if same and qmin <= t.qmin and t.qmax <= qmax:
+                parts.append(t)
+                continue
+            part = builder.tensor(f"{name}_{'xy'[k]}", out.dtype, out.scale, out.zero_point)
+            rescale_sum(builder, name, [t], part, qmin, qmax)
+            parts.append(part)
+        builder.step("where", name, [keep, *parts], out, dtype=out.dtype)
+
+    return Pending(name, realize)
 
 
 @register_lowering("Cast")

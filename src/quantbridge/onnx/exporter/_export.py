@@ -55,6 +55,8 @@ from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
+from ..passes import openvino_layout
+from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
@@ -80,26 +82,28 @@ _WEIGHT_INPUTS = {"Conv": 1, "Gemm": 1, "ConvTranspose": 1}
 def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
     if opset is None:
         opset = qmodel.qb_recipe.opset
-    need = 13
+    need, why = 13, ""
     for q in qmodel.quantizers().values():
         scheme = getattr(q, "scheme", None)
         if scheme is not None and scheme.bits > 8:
-            need = 21
+            need, why = 21, "16-bit quantization"
+        if getattr(q, "block_size", None) is not None:  # DequantizeLinear(block_size): opset 21
+            need, why = 21, f"group-wise (blocked) quantization of weight {q.name!r}"
     if opset is None:  # 4-bit weights: opset 21 stores them as INT4, half the int8 file
         return max(DEFAULT_OPSET, need, PACKED_4BIT_OPSET if _has_4bit_weights(qmodel) else 0)
     if opset < 13:  # checked first: below 13 the 16-bit message below would be the wrong reason
         raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
     if opset < need:
         raise ValueError(
-            f"opset {opset} cannot hold this recipe: 16-bit quantization needs opset >= {need}; "
+            f"opset {opset} cannot hold this model: {why} needs opset >= {need}; "
             f"pass opset={need} or more"
         )
     return opset
 
 
-def _has_4bit_weights(qmodel: QuantModel) -> bool:
+def _has_4bit_weights(qmodel: QuantModel) -> bool:  # per channel (group-wise: MatMulNBits)
     return any(
-        getattr(q, "kind", "") == "weight" and q.scheme.bits <= 4
+        getattr(q, "kind", "") == "weight" and q.scheme.bits <= 4 and not hasattr(q, "block_size")
         for q in qmodel.quantizers().values()
     )
 
@@ -157,6 +161,7 @@ def to_onnx(
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
     pad_on_codes(model)  # a zero / copying Pad on its input's grid pads the codes
+    untranspose_blocked_weights(model)  # group-wise weights as [K, N]: ORT fuses MatMulNBits
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
     _record(model, qmodel)
@@ -401,6 +406,9 @@ def float_weights(model: onnx.ModelProto) -> list[str]:
     return found
 
 
+TARGETS = ("onnxruntime", "openvino")  # qb.export(target=...): the layouts, first the default
+
+
 def export(
     qmodel: QuantModel,
     path: str | os.PathLike,
@@ -409,14 +417,32 @@ def export(
     opset: int | None = None,
     dynamic: str | None = None,
     check: bool = True,
+    target: str = "onnxruntime",
 ) -> onnx.ModelProto:
     """Write ``qmodel`` as a QDQ ONNX file at ``path``; returns the ModelProto.
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs, as in
     a calibration batch. ``onnx.checker`` runs with ``full_check=True`` unless ``check=False``.
+
+    ``target``: the engine the file is laid out for (``TARGETS``). ``"onnxruntime"`` (default):
+    the canonical form, a Q/DQ pair on every quantized tensor, which ONNX Runtime fuses into
+    QLinearConv / QLinearAdd / QLinearMul and which ``import_onnx``, ``fold`` and ``lower`` read.
+    ``"openvino"``: that form through ``quantbridge.openvino_layout`` (Q/DQ pairs only at the
+    inputs OpenVINO runs in int8; element-wise ops in float, fused into the convolutions). OpenVINO
+    has no int8 element-wise kernel with independent grids: each pair after an Add / Mul of the
+    canonical form runs there as a stand-alone float FakeQuantize (PP-OCRv4 detector: 87 of them,
+    0.5-0.7x OpenVINO's float speed; in this layout 1.2-1.6x; ``docs/openvino.md``). The layout
+    rounds fewer tensors, so its outputs differ from the canonical file's by quantization noise.
     """
+    if target not in TARGETS:
+        raise ValueError(
+            f"export: target={target!r} is not a known engine; use one of {', '.join(TARGETS)} "
+            "(an ONNX Runtime file is the canonical QDQ form every other tool reads)"
+        )
     path = _check_writable(path)
     model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
+    if target == "openvino":
+        model = openvino_layout(model)
     if check:
         onnx.checker.check_model(model, full_check=True)
     onnx.save_model(model, path)

@@ -14,7 +14,9 @@ ONNX Runtime accepts integer Clip and keeps fusing the surrounding operators (se
 ``bench/forms_study/FINDINGS.md``).
 
 ``dequantize(q, scale, zero_point, axis)`` becomes one DequantizeLinear whose ``q`` is the integer
-initializer (int8 weights, int32 biases).
+initializer (int8 weights, int32 biases); ``dequantize_blocked(q, scale, zero_point, axis,
+block_size)`` (group-wise weights of an imported file) one DequantizeLinear with ``block_size``
+(opset 21; the exporter asks for it, ``_export._choose_opset``).
 
 ``dynamic_quantize_dequantize(x)`` (``torch/_dynamic.py``, a model imported from a dynamically
 quantized file) becomes ``DynamicQuantizeLinear(x) -> DequantizeLinear(y, y_scale, y_zero_point)``.
@@ -68,6 +70,9 @@ def translation_table(opset: int) -> dict:
     def dequantize(q, scale, zero_point, axis=None):
         return op.DequantizeLinear(q, scale, zero_point, **_axis_kwargs(axis))
 
+    def dequantize_blocked(q, scale, zero_point, axis: int, block_size: int):
+        return op.DequantizeLinear(q, scale, zero_point, axis=axis, block_size=block_size)
+
     def dynamic_quantize_dequantize(x):
         y, y_scale, y_zero_point = op.DynamicQuantizeLinear(x)
         return op.DequantizeLinear(y, y_scale, y_zero_point)
@@ -75,5 +80,6 @@ def translation_table(opset: int) -> dict:
     return {
         torch.ops.quantbridge.quantize_dequantize.default: quantize_dequantize,
         torch.ops.quantbridge.dequantize.default: dequantize,
+        torch.ops.quantbridge.dequantize_blocked.default: dequantize_blocked,
         torch.ops.quantbridge.dynamic_quantize_dequantize.default: dynamic_quantize_dequantize,
     }

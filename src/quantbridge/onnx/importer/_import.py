@@ -47,7 +47,19 @@ from torch import nn
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
 from .._load import parse_onnx
-from . import _cast, _dynamic, _index, _nn, _ops, _pool, _qdq, _qoperator, _recurrent, _tensor  # noqa: F401 - registries
+from . import (  # noqa: F401 - registries
+    _cast,
+    _dynamic,
+    _index,
+    _nbits,
+    _nn,
+    _ops,
+    _pool,
+    _qdq,
+    _qoperator,
+    _recurrent,
+    _tensor,
+)
 from ._const_quantize import fold_constant_quantize
 from ._fp16 import widen_float16
 from ._module import OnnxModule, new_module

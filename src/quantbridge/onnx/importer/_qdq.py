@@ -1,5 +1,10 @@
 """QDQ rules of the normalisation (Cases 1-4 of ``_quantized``): QuantizeLinear,
-DequantizeLinear, and Clip on integer tensors (narrow and sub-8-bit grids)."""
+DequantizeLinear, and Clip on integer tensors (narrow and sub-8-bit grids).
+
+Blocked quantization (opset 21 ``block_size``: group-wise int4 / uint4 / int8 / uint8 weights, as
+ONNX Runtime's ``MatMulNBitsQuantizer`` in QDQ format and ModelOpt's int4 modes write them) is
+imported for constants: a DequantizeLinear of integer codes (Case 2) and a QuantizeLinear of a
+float weight (Case 1). A blocked Q / DQ of a run-time tensor (an activation) is refused."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import numpy as np
 import onnx
 
 from ...numerics import quantize
+from ._qparams import onnx_type_of
 from ._quantized import SITE_OP, Normaliser, rule
 
 
@@ -14,14 +20,14 @@ from ._quantized import SITE_OP, Normaliser, rule
 @rule("QuantizeLinear")
 def _quantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
     attrs = ctx.attrs(node)
-    if attrs.get("block_size", 0):
-        raise ValueError(f"{ctx.where(node)}: blocked quantization (block_size) is not supported")
     x, y = node.input[0], node.output[0]
+    block_size = _block_size(ctx, node, attrs, x)
     out_type = attrs.get("output_dtype") or None
-    qp = ctx.qparams(node, x, 1, 2, attrs.get("axis", 1), out_type)
+    qp = ctx.qparams(node, x, 1, 2, attrs.get("axis", 1), out_type, block_size)
     if x in ctx.consts:  # Case 1: a float weight -> Q: its integers now
         codes = quantize(ctx.consts[x].astype(np.float32), qp.scale,
-                         qp.zero_point.astype(np.float32), qp.qmin, qp.qmax, qp.axis)  # fmt: skip
+                         qp.zero_point.astype(np.float32), qp.qmin, qp.qmax, qp.axis,
+                         qp.block_size)  # fmt: skip
         ctx.consts[y] = np.asarray(codes).astype(np.int32)
         ctx.const_types[y] = qp.onnx_type
         return
@@ -31,9 +37,8 @@ def _quantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
 @rule("DequantizeLinear")
 def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
     attrs = ctx.attrs(node)
-    if attrs.get("block_size", 0):
-        raise ValueError(f"{ctx.where(node)}: blocked quantization (block_size) is not supported")
     y, out = node.input[0], node.output[0]
+    block_size = _block_size(ctx, node, attrs, y)
     if y in ctx.consts and ctx.consts[y].dtype == np.int32 and y not in ctx.const_types:
         qp_scale = ctx.const(node.input[1])
         zero = ctx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -44,7 +49,11 @@ def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
             )
         ctx.dequantize_bias(node, y, qp_scale, name=out)
         return
-    qp = ctx.qparams(node, y, 1, 2, attrs.get("axis", 1))
+    codes_type = ctx.const_types.get(y) or (
+        onnx_type_of(ctx.consts[y]) if y in ctx.consts else None
+    )
+    qp = ctx.qparams(node, y, 1, 2, attrs.get("axis", 1), codes_type if block_size else None,
+                     block_size)  # fmt: skip
     if y in ctx.consts:  # Case 2
         source = ctx.read(node, y, qp)
         if source != out:  # the same integers dequantized before: one more name for them
@@ -54,6 +63,18 @@ def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
     ctx.read(node, y, qp)  # Case 3: checks the grid
     ctx.emit("Identity", [y], [out], name=node.name)
     ctx.record.dequantized[out] = ctx.record.tensor_grid[y]
+
+
+def _block_size(ctx: Normaliser, node: onnx.NodeProto, attrs: dict, x: str) -> int | None:
+    """The node's ``block_size`` (None when 0 or absent); ValueError for a run-time tensor."""
+    block_size = int(attrs.get("block_size", 0)) or None
+    if block_size is not None and x not in ctx.consts:
+        raise ValueError(
+            f"{ctx.where(node)}: blocked quantization (block_size={block_size}) of the run-time "
+            f"tensor {x!r}; quantbridge imports blocked weights (constants) only. Quantize that "
+            "activation per tensor"
+        )
+    return block_size
 
 
 @rule("Clip", quantized=False)

@@ -10,7 +10,9 @@ the record, never from a recipe's placement nor from name matching:
 * a weighted op (conv, linear) whose weight the file stores as integers gets a ``WeightQuantizer``
   with the file's (per-channel) parameters; the parameter holds the dequantized integers, so
   fake quantization gives back exactly the file's codes. The layer's ONNX node (``onnx_names``)
-  says which constant it was;
+  says which constant it was. Group-wise weights (``block_size``: opset 21 blocked
+  DequantizeLinear, ``MatMulNBits``) get a ``BlockWeightQuantizer`` with the file's blocks (a
+  MatMul's ``[K, N]`` weight is ``nn.Linear``'s ``[N, K]``: axis and blocks transposed);
 * its int32 bias gets a ``BiasQuantizer`` when the file's bias scale is input scale x weight scale
   (as ONNX Runtime and QLinearConv have it): the codes are then recomputed bit for bit.
   Otherwise the bias stays float, holding the file's dequantized values;
@@ -30,12 +32,18 @@ import onnx
 import torch
 from torch import nn
 
-from ...numerics import PerTensor, QScheme, bias_scale, dequantize
+from ...numerics import PerBlock, PerChannel, PerTensor, QScheme, bias_scale, dequantize
 from ...recipe import Recipe, TensorRecipe
 from ...torch._batches import as_call, input_spec
 from ...torch._capture import capture
 from ...torch._dynamic import DynamicQuantizer
-from ...torch._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
+from ...torch._fakequant import (
+    BiasQuantizer,
+    BlockWeightQuantizer,
+    ConstantQuantizer,
+    Quantizer,
+    WeightQuantizer,
+)
 from ...torch._model import QuantModel
 from ...torch._nodes import module_of
 from ...torch._ops import WEIGHTED_OPS
@@ -213,24 +221,30 @@ class _Builder:
     def _weight(self, w: torch.fx.Node, qp, codes: np.ndarray, user) -> WeightQuantizer:
         param = self.gm.get_parameter(w.target).detach().numpy()
         values = np.asarray(
-            dequantize(codes, qp.scale, qp.zero_point.astype(np.float32), qp.axis), np.float32
+            dequantize(codes, qp.scale, qp.zero_point.astype(np.float32), qp.axis, qp.block_size),
+            np.float32,
         )
-        axis = qp.axis
+        axis, scale, zero_point = qp.axis, qp.scale, qp.zero_point
         if param.shape == values.shape and np.array_equal(param, values):
             pass
         elif param.ndim == 2 and np.array_equal(param, values.T):
             axis = (
                 None if axis is None else 1 - axis
             )  # MatMul / Gemm(transB=0) weights, in nn.Linear
+            if qp.block_size is not None:  # the blocks transpose with the weight
+                scale, zero_point = scale.T, zero_point.T
         else:
             raise ValueError(
                 f"{qp.where}: the weight of shape {codes.shape} became a parameter of shape "
                 f"{param.shape} with other values; this layout is not supported"
             )
         scheme = _scheme_on_axis(qp.scheme(), axis)
-        wq = WeightQuantizer(w.target, TensorRecipe(scheme), axis)
+        if qp.block_size is not None:
+            wq = BlockWeightQuantizer(w.target, TensorRecipe(scheme), axis, qp.block_size)
+        else:
+            wq = WeightQuantizer(w.target, TensorRecipe(scheme), axis)
         wq.weight_name = w.target
-        wq.set_qparams(qp.scale, qp.zero_point)
+        wq.set_qparams(scale, zero_point)
         point = QuantPoint("", w.target, "weight", w.target.rpartition(".")[0], w.name,
                            scheme.to_dict(), "file")  # fmt: skip
         new = self._call(self._add(wq, point), user, w)
@@ -261,7 +275,9 @@ def _scheme_on_axis(scheme: QScheme, axis: int | None) -> QScheme:
     """``scheme`` per channel along ``axis`` (the file's axis, or a weight's axis in torch)."""
     if axis is None:
         return scheme
-    return type(scheme)(**{**scheme.__dict__, "granularity": type(scheme.granularity)(axis)})
+    g = scheme.granularity
+    granularity = PerBlock(axis, g.block_size) if isinstance(g, PerBlock) else type(g)(axis)
+    return type(scheme)(**{**scheme.__dict__, "granularity": granularity})
 
 
 def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
@@ -272,6 +288,10 @@ def _recipe(points: list[QuantPoint], opset: int) -> Recipe:
         if p.kind not in ("activation", "weight"):
             continue
         scheme = QScheme.from_dict(p.scheme)
+        if isinstance(scheme.granularity, PerBlock):  # recipes hold no blocks: that axis
+            opset = max(opset, 21)  # a MatMulNBits file's opset (18): blocked DQ needs 21
+            scheme = _scheme_on_axis(scheme, None)
+            scheme = QScheme(**{**scheme.__dict__, "granularity": PerChannel(0)})
         if p.kind == "weight" or isinstance(scheme.granularity, PerTensor):
             first.setdefault(p.kind, scheme)  # a recipe's activations are per tensor
     defaults = Recipe()

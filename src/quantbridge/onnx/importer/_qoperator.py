@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import onnx
 
+from ...optables import QOPERATOR_FLOAT_OPS
 from ._quantized import Normaliser, rule
 
-_UNARY = {
-    "QLinearSigmoid": "Sigmoid",
-    "QLinearLeakyRelu": "LeakyRelu",
-    "QLinearSoftmax": "Softmax",
-    "QLinearAveragePool": "AveragePool",
-    "QLinearGlobalAveragePool": "GlobalAveragePool",
-}
-_BINARY = {"QLinearAdd": "Add", "QLinearMul": "Mul"}
+_UNARY = {op: QOPERATOR_FLOAT_OPS[op] for op in ("QLinearSigmoid", "QLinearLeakyRelu",
+          "QLinearSoftmax", "QLinearAveragePool", "QLinearGlobalAveragePool")}  # fmt: skip
+_BINARY = {op: QOPERATOR_FLOAT_OPS[op] for op in ("QLinearAdd", "QLinearMul")}
 _DROPPED_ATTRS = {"channels_last", "opset"}
 
 

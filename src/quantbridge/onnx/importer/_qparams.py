@@ -6,6 +6,12 @@ type's grid ``[qmin, qmax]`` (narrowed by a ``Q -> Clip -> DQ``), the axis of a 
 Bad values are refused here, with the node and the fix: zero, negative or non-finite scales, zero
 points outside the type's range, integer types quantbridge has no scheme for.
 
+Blocked parameters (opset 21 ``DequantizeLinear(block_size=B)``, ONNX Runtime's ``MatMulNBits``):
+scale and zero point have the data's rank with ``ceil(n / B)`` blocks along ``axis``
+(``block_size`` set, granularity ``PerBlock``). Their scales may be negative (nonzero and finite):
+ONNX Runtime's symmetric block quantizer writes ``scale = absmax_signed / -8`` so that the value
+of largest magnitude lands on code -8; a positive scale could not hold that code.
+
 ``scheme()`` is the ``QScheme`` whose grid is exactly ``[qmin, qmax]``: the quantizer of the
 imported model then saturates where ONNX Runtime does.
 """
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ...numerics import PerChannel, PerTensor, QScheme
+from ...numerics import PerBlock, PerChannel, PerTensor, QScheme
 
 TensorProto = onnx.TensorProto
 
@@ -65,6 +71,7 @@ class FileQParams:
     qmax: int
     axis: int | None  # per-channel axis (None: per tensor)
     where: str  # the node that wrote them, for messages
+    block_size: int | None = None  # blocked along ``axis`` (scale has the data's rank)
 
     @property
     def bits(self) -> int:
@@ -81,6 +88,7 @@ class FileQParams:
             and np.array_equal(self.scale, other.scale)
             and np.array_equal(self.zero_point, other.zero_point)
             and (self.axis == other.axis or self.scale.size == 1)
+            and self.block_size == other.block_size
         )
 
     def narrowed(self, lo: int, hi: int, where: str) -> FileQParams:
@@ -95,12 +103,15 @@ class FileQParams:
                 "range (clip around it, or use a zero point inside the range)"
             )
         return FileQParams(
-            self.scale, self.zero_point, self.onnx_type, lo, hi, self.axis, self.where
-        )
+            self.scale, self.zero_point, self.onnx_type, lo, hi, self.axis, self.where,
+            self.block_size,
+        )  # fmt: skip
 
     def scheme(self) -> QScheme:
         """The scheme whose grid is exactly ``[qmin, qmax]``; ValueError when none is."""
         granularity = PerTensor() if self.axis is None else PerChannel(self.axis)
+        if self.block_size is not None:
+            granularity = PerBlock(self.axis, self.block_size)
         for bits in range(2, 17):
             for signed in (self.signed, not self.signed):
                 for narrow in (False, True):
@@ -125,8 +136,10 @@ def read_qparams(
     axis: int | None,
     rank: int | None,
     output_type: int | None = None,
+    block_size: int | None = None,
 ) -> FileQParams:
-    """Validated parameters of a Q / DQ / QLinear operand (``where`` names the node and input)."""
+    """Validated parameters of a Q / DQ / QLinear operand (``where`` names the node and input);
+    ``block_size``: blocked parameters (see the module docstring)."""
     if scale is None:
         raise ValueError(
             f"{where}: the scale is computed at run time; quantbridge imports constant scales "
@@ -140,10 +153,12 @@ def read_qparams(
             f"{where}: scale is {scale.dtype}; quantbridge imports float32 scales (convert the "
             "file's scales to float32)"
         )
+    if block_size:
+        return _blocked(where, scale, zero_point, axis, rank, output_type, int(block_size))
     if scale.ndim > 1:
         raise ValueError(
-            f"{where}: scale has shape {scale.shape}; blocked quantization is not supported "
-            "(per-tensor or per-channel only)"
+            f"{where}: scale has shape {scale.shape}; a scale of rank > 1 needs blocked "
+            "quantization (a block_size attribute); otherwise per-tensor or per-channel only"
         )
     bad = ~(np.isfinite(scale) & (scale > 0))
     if bad.any():
@@ -151,6 +166,37 @@ def read_qparams(
             f"{where}: scale {scale.reshape(-1)[bad.reshape(-1)][:4].tolist()} is not positive "
             "and finite; every scale must be > 0 (re-quantize the model, or replace the scale)"
         )
+    zero_point, onnx_type, lo, hi = _zero_point(where, scale, zero_point, output_type)
+    if scale.size == 1:  # one element: per tensor, whatever the axis says
+        scale, zero_point, axis = scale.reshape(()), zero_point.reshape(()), None
+    elif axis is not None and rank is not None:
+        axis = axis + rank if axis < 0 else axis
+    return FileQParams(scale, zero_point, onnx_type, lo, hi, axis, where)
+
+
+def _blocked(where, scale, zero_point, axis, rank, output_type, block_size) -> FileQParams:
+    """Blocked parameters: nonzero finite scales of the data's rank, an axis, ``block_size``."""
+    if block_size < 1:
+        raise ValueError(f"{where}: block_size {block_size} must be >= 1")
+    bad = ~(np.isfinite(scale) & (scale != 0))
+    if bad.any():
+        raise ValueError(
+            f"{where}: scale {scale.reshape(-1)[bad.reshape(-1)][:4].tolist()} is zero or not "
+            "finite; every block's scale must be nonzero and finite (re-quantize the model)"
+        )
+    if rank is not None and scale.ndim != rank:
+        raise ValueError(
+            f"{where}: blocked scale has rank {scale.ndim} but the data has rank {rank}; "
+            "ONNX blocked quantization needs the same rank"
+        )
+    axis = 1 if axis is None else axis
+    axis = axis + scale.ndim if axis < 0 else axis
+    zero_point, onnx_type, lo, hi = _zero_point(where, scale, zero_point, output_type)
+    return FileQParams(scale, zero_point, onnx_type, lo, hi, axis, where, block_size)
+
+
+def _zero_point(where, scale, zero_point, output_type) -> tuple[np.ndarray, int, int, int]:
+    """The zero point (int64, zeros when absent), its ONNX type and that type's range."""
     if zero_point is None:
         onnx_type = output_type if output_type is not None else TensorProto.UINT8
         zero_point = np.zeros(scale.shape, dtype=np.int64)
@@ -176,8 +222,4 @@ def read_qparams(
             f"{where}: zero point {zero_point[outside][:4].tolist()} is outside the range "
             f"[{lo}, {hi}] of {TensorProto.DataType.Name(onnx_type)}; use a zero point inside it"
         )
-    if scale.size == 1:  # one element: per tensor, whatever the axis says
-        scale, zero_point, axis = scale.reshape(()), zero_point.reshape(()), None
-    elif axis is not None and rank is not None:
-        axis = axis + rank if axis < 0 else axis
-    return FileQParams(scale, zero_point, onnx_type, lo, hi, axis, where)
+    return zero_point, onnx_type, lo, hi

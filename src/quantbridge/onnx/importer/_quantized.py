@@ -161,17 +161,17 @@ class Normaliser:
 
     def qparams(
         self, node: onnx.NodeProto, x: str, s: int, z: int | None, axis: int | None = None,
-        output_type: int | None = None,
+        output_type: int | None = None, block_size: int | None = None,
     ) -> FileQParams:  # fmt: skip
         """Parameters of operand ``x`` given by inputs ``s`` / ``z`` of ``node``."""
         inputs = list(node.input)
         scale = inputs[s] if s < len(inputs) else ""
         zero_point = inputs[z] if z is not None and z < len(inputs) else ""
-        return self.qparams_named(node, x, scale, zero_point, axis, output_type)
+        return self.qparams_named(node, x, scale, zero_point, axis, output_type, block_size)
 
     def qparams_named(
         self, node: onnx.NodeProto, x: str, scale: str, zero_point: str, axis: int | None = None,
-        output_type: int | None = None,
+        output_type: int | None = None, block_size: int | None = None,
     ) -> FileQParams:  # fmt: skip
         """Parameters of operand ``x`` of ``node`` held by constants ``scale`` / ``zero_point``."""
         scale_value = self.const(scale)
@@ -183,7 +183,7 @@ class Normaliser:
             )
         rank = self.consts[x].ndim if x in self.consts else self.ranks.get(x)
         where = f"{self.where(node)} operand {x!r}"
-        return read_qparams(where, scale_value, zero_value, axis, rank, output_type)
+        return read_qparams(where, scale_value, zero_value, axis, rank, output_type, block_size)
 
     def emit(self, op_type: str, inputs, outputs, name: str = "", domain: str = "", **attrs):
         self.nodes.append(
@@ -279,10 +279,14 @@ class Normaliser:
                 f"{self.where(node)}: constant {x!r} has element type {codes.dtype} but its zero "
                 f"point is {onnx.TensorProto.DataType.Name(qp.onnx_type)}; they must be equal"
             )
-        key = (x, qp.scale.tobytes(), qp.zero_point.tobytes(), qp.axis)
+        key = (x, qp.scale.tobytes(), qp.zero_point.tobytes(), qp.axis, qp.block_size)
         if key not in self._dequantized:
             codes = codes.astype(np.int64)
-            values = dequantize(codes, qp.scale, qp.zero_point.astype(np.float32), qp.axis)
+            try:
+                values = dequantize(codes, qp.scale, qp.zero_point.astype(np.float32), qp.axis,
+                                    qp.block_size)  # fmt: skip
+            except ValueError as e:  # blocked parameters of the wrong shape
+                raise ValueError(f"{self.where(node)} constant {x!r}: {e}") from None
             name = x if node.op_type != "DequantizeLinear" else node.output[0]
             name = self._fresh(f"{name}_dequantized" if name == x else name)
             self.add_const(name, np.asarray(values, dtype=np.float32))

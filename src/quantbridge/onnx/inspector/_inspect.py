@@ -56,6 +56,7 @@ from ...optables import (
 )
 from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import is_float16
+from ._blocked import block_granularity, matmul_nbits_weight
 from ._concat import separate_scale_concats
 from ._graph import FLOAT_TYPES, QUANT_TYPES, Graph, bits_for_range, type_name, type_range
 from ._report import InspectReport, TensorInfo, WeightInfo
@@ -314,7 +315,7 @@ def _weight_info(
         bits = bits_for_range(lo, hi) if values.size else type_range(dtype)[1].bit_length()
         if dq is not None:
             axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-            granularity = _granularity(g, dq.input[1], axis)
+            granularity = block_granularity(dq, axis) or _granularity(g, dq.input[1], axis)
         else:
             scale = node.input[slots.scale] if slots.scale is not None else None
             granularity = _granularity(g, scale, 0 if "Conv" in node.op_type else None)
@@ -341,7 +342,10 @@ def _weights(g: Graph) -> list[WeightInfo]:
     found = []
     for i, node in enumerate(g.nodes):
         slots = WEIGHTED_OPS.get(node.op_type) or QOPERATOR_OPS.get(node.op_type)
-        if slots is not None:
+        if node.op_type == "MatMulNBits":  # packed group-wise weights (``_blocked``)
+            info = matmul_nbits_weight(g, node, i)
+            found += [info] if info is not None else []
+        elif slots is not None:
             info = _weight_info(g, node, i, slots)
             if info is not None:
                 found.append(info)
@@ -386,6 +390,8 @@ def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str]) -> str:
         return "QDQ"
     if op_counts["QuantizeLinear"] or op_counts["DequantizeLinear"]:
         return "QDQ"
+    if op_counts["MatMulNBits"]:
+        return "weight-only (MatMulNBits)"
     return "float"
 
 

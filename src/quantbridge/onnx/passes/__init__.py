@@ -1,5 +1,7 @@
 """ONNX-to-ONNX graph passes. ``FoldQOperator`` (``fold``): QDQ ONNX -> ONNX integer operators.
 ``openvino_layout``: a QDQ model with Q/DQ pairs only where OpenVINO runs int8 (``_openvino``).
+``UnfoldQOperator`` (``unfold``): ONNX Runtime's contrib QOperator ops (QLinearAdd, QGemm, ...)
+back to ``DQ -> float op -> Q``, their definition (``_unfold``, whose docstring numbers its cases).
 
 A pass is stateless and follows one contract, ``Pass()(model) -> PassResult(model, modified)``.
 Fold handlers live in a registry keyed by op type (``@register_fold("Conv")``, ``_registry``).
@@ -35,14 +37,18 @@ from ._fold import FoldQOperator, PassResult, check_foldable, fold
 from ._normalize import INTEGER_DATA_MOVEMENT
 from ._openvino import openvino_layout
 from ._registry import foldable_ops, register_fold
+from ._unfold import UnfoldQOperator, unfold, unfoldable_ops
 
 __all__ = [
     "INTEGER_DATA_MOVEMENT",
     "FoldQOperator",
     "PassResult",
+    "UnfoldQOperator",
     "check_foldable",
     "fold",
     "foldable_ops",
     "openvino_layout",
     "register_fold",
+    "unfold",
+    "unfoldable_ops",
 ]

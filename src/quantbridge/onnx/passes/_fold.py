@@ -63,6 +63,16 @@ def check_foldable(g: GraphView) -> None:
             "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
             "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
+    nbits = [label(n) for n in g.nodes if n.op_type == "MatMulNBits"]
+    if nbits and not {n.op_type for n in g.nodes} & set(_QDQ):
+        raise ValueError(
+            f"{nbits[0]} holds group-wise weights (ONNX Runtime's weight-only MatMulNBits"
+            f"{f', {len(nbits)} such nodes' if len(nbits) > 1 else ''}) and the model has no "
+            "QuantizeLinear/DequantizeLinear: there is nothing to fold (the integer operators "
+            "take per-tensor or per-channel weight scales). Run the file as it is in ONNX "
+            "Runtime, or quantize the float model statically with per-channel weights "
+            "(`quantbridge quantize FLOAT.onnx --calib CALIB.npz`) and fold that file"
+        )
     if not {n.op_type for n in g.nodes} & set(_QDQ):
         raise ValueError(
             "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "

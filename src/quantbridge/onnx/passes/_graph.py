@@ -158,8 +158,8 @@ class GraphView(GraphIndex):
         """Parameters of a QuantizeLinear / DequantizeLinear, or None if they are not constants
         or the integer type cannot be told."""
         scale = self.array(node.input[1])
-        if scale is None:
-            return None
+        if scale is None or any(a.name == "block_size" and a.i for a in node.attribute):
+            return None  # blocked (group-wise): no integer operator takes per-block scales
         has_zp = len(node.input) > 2 and node.input[2]
         zp = self.array(node.input[2]) if has_zp else None
         if has_zp and zp is None:

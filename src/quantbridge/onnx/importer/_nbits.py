@@ -1,0 +1,110 @@
+"""ONNX Runtime's ``com.microsoft.MatMulNBits`` (group-wise weights of ``MatMulNBitsQuantizer``)
+unfolded into a float ``MatMul`` on the dequantized weight, with the file's blocks recorded.
+
+``MatMulNBits(A, B, scales[, zero_points[, g_idx[, bias]]])`` computes ``A @ W (+ bias)`` with
+``W [K, N]`` the transpose of ``dequant(B) [N, K]``. Layout (ONNX Runtime's contrib-op spec and
+its ``matmul_nbits_quantizer``), with ``n_blocks = ceil(K / block_size)``:
+
+* ``B``: uint8 ``[N, n_blocks, block_size * bits / 8]``; the codes of row ``n`` are packed along
+  ``K`` low bits first (4 bits: code ``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the
+  high one); the last block is padded past ``K``.
+* ``scales``: float ``[N, n_blocks]`` (or flat ``[N * n_blocks]``).
+* ``zero_points``: absent (every block's zero point is ``2 ** (bits - 1)``: 8 for 4 bits), or
+  uint8 ``[N, ceil(n_blocks * bits / 8)]`` (or flat), packed per row low bits first as ``B``.
+  Float zero points (the type of ``A``) are not affine integer grids: refused.
+* ``g_idx`` (act-order, a permutation of ``K``): refused. ``bias``: float ``[N]``, added.
+
+The rewrite (Case 8 of ``_quantized``): the codes as a ``[K, N]`` constant blocked along axis 0
+(``FileQParams.block_size``), read like a blocked DequantizeLinear's (``Normaliser.read``, the
+float constant recorded with its codes), then ``MatMul(A, W)`` and ``Add(., bias)``. The import
+gives the layer a ``BlockWeightQuantizer`` (``_qmodel``); export writes the weight back as an
+opset-21 ``DequantizeLinear(block_size)`` (UINT4 for 4 bits), not as ``MatMulNBits``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+
+from ._qparams import read_qparams
+from ._quantized import Normaliser, rule
+
+_BITS = (2, 4, 8)  # packings that fill a byte (the ones ONNX Runtime's CPU kernels run)
+
+
+def unpack_low_first(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The first ``count`` codes of ``bits`` bits packed low bits first along the last axis of
+    uint8 ``packed`` (int64; leading axes kept)."""
+    per_byte = 8 // bits
+    shifts = np.arange(per_byte, dtype=np.uint8) * bits
+    codes = (packed[..., None] >> shifts) & np.uint8(2**bits - 1)
+    return codes.reshape(*packed.shape[:-1], -1)[..., :count].astype(np.int64)
+
+
+@rule("MatMulNBits")
+def _matmul_nbits(ctx: Normaliser, node: onnx.NodeProto) -> None:
+    attrs = ctx.attrs(node)
+    where = ctx.where(node)
+    k, n, bits, block = (int(attrs[a]) for a in ("K", "N", "bits", "block_size"))
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if bits not in _BITS:
+        raise ValueError(
+            f"{where}: bits={bits}; quantbridge imports MatMulNBits with bits in {_BITS}"
+        )
+    if inputs[4]:
+        raise ValueError(
+            f"{where}: g_idx (act-order) is not supported; re-quantize without act-order "
+            "(ONNX Runtime's MatMulNBitsQuantizer RTN / HQQ modes write none)"
+        )
+    packed = ctx.const(inputs[1])
+    scale = ctx.const(inputs[2])
+    if packed is None or scale is None:
+        raise ValueError(f"{where}: B and scales must be constants (initializers)")
+    n_blocks = -(-k // block)
+    if packed.shape != (n, n_blocks, block * bits // 8):
+        raise ValueError(
+            f"{where}: B has shape {packed.shape}; with K={k}, N={n}, bits={bits}, "
+            f"block_size={block} it must be {(n, n_blocks, block * bits // 8)}"
+        )
+    codes = unpack_low_first(packed.reshape(n, -1), bits, n_blocks * block)[:, :k]  # [N, K]
+    zero = _zero_points(ctx, node, inputs[3], n, n_blocks, bits)
+    unsigned = ml_dtypes.uint4 if bits == 4 else np.uint8
+    qp = read_qparams(
+        f"{where} operand {inputs[1]!r}",
+        np.ascontiguousarray(scale.reshape(n, n_blocks).T),
+        np.ascontiguousarray(zero.T).astype(unsigned),
+        0, 2, None, block,
+    )  # fmt: skip
+    if bits != 4 and bits != 8:
+        qp = qp.narrowed(0, 2**bits - 1, where)
+    name = ctx.add_const(f"{inputs[1]}_codes", np.ascontiguousarray(codes.T))  # [K, N]
+    ctx.const_types[name] = qp.onnx_type
+    weight = ctx.read(node, name, qp)
+    out = node.output[0]
+    if inputs[5]:
+        raw = f"{out}_qb_matmul"
+        ctx.emit("MatMul", [inputs[0], weight], [raw], name=node.name)
+        ctx.emit("Add", [raw, inputs[5]], [out], name=f"{node.name}_bias")
+    else:
+        ctx.emit("MatMul", [inputs[0], weight], [out], name=node.name)
+
+
+def _zero_points(ctx: Normaliser, node, name: str, n: int, n_blocks: int, bits: int) -> np.ndarray:
+    """``[N, n_blocks]`` integer zero points (``2 ** (bits - 1)`` when absent)."""
+    if not name:
+        return np.full((n, n_blocks), 2 ** (bits - 1), np.int64)
+    packed = ctx.const(name)
+    if packed is None or packed.dtype != np.uint8:
+        raise ValueError(
+            f"{ctx.where(node)}: zero points {name!r} must be a packed uint8 constant; float "
+            f"zero points ({'run-time' if packed is None else packed.dtype}) are not an integer "
+            "grid quantbridge imports (re-quantize with integer zero points)"
+        )
+    per_row = -(-n_blocks * bits // 8)
+    if packed.size != n * per_row:
+        raise ValueError(
+            f"{ctx.where(node)}: zero points {name!r} hold {packed.size} bytes; N={n} rows of "
+            f"{n_blocks} blocks at {bits} bits need {n * per_row}"
+        )
+    return unpack_low_first(packed.reshape(n, per_row), bits, n_blocks)
