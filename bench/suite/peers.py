@@ -303,7 +303,10 @@ def distill_recipe():
     ``torch.ptq._distill``): 64 Adam steps learning per-channel weight gains (integer codes
     kept) and biases against the float model's outputs on flipped / shifted calibration images,
     every 4th image held out to pick the checkpoint (PTQ's own if none scores better there).
-    Measured on PP-OCRv4 det only (the notes of issue 14)."""
+    Not in ``configs``: it did not gain. PP-OCRv4 det, bench quick data, ONNX Runtime fused,
+    3 calibration repeats (``python -m bench.peer_rows ocr_det --tools quantbridge --ours-recipes
+    "<this row>" --only "<this row>" --repeats 3``, 2026-12-02, load 5-7): 18.15 / 17.97 / 17.88
+    dB against 18.42 / 18.13 / 17.99 for the split-ranges row in the same session."""
     import dataclasses
 
     return dataclasses.replace(split_ranges_recipe(), distill_steps=64)
@@ -364,7 +367,6 @@ def configs(quick: bool, extra_ours: tuple[str, ...] = ()) -> list[Config]:
     out.append(
         Config("quantbridge", SPLIT_RANGES, workloads=("ocr_det", "resnet18", "mobilenetv2"))
     )
-    out.append(Config("quantbridge", DISTILL, workloads=("ocr_det",)))
     out.append(Config("quantbridge", TRANSFORMER, workloads=("minilm",)))
     out.append(Config("quantbridge", WEIGHTED_INPUTS, workloads=("minilm",)))
     out.append(Config("quantbridge", CONV_INPUTS, workloads=CNNS))
