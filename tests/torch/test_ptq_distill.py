@@ -121,3 +121,24 @@ def test_recipe_option_round_trip_and_error():
     assert "distill_steps" not in RECIPE.to_dict()  # off: serialised as before
     with pytest.raises(ValueError, match="distill_steps"):
         qb.Recipe(distill_steps=-1)
+
+
+def test_fix_learned_turns_a_learned_quantizer_back_into_a_frozen_one():
+    """``Quantizer.fix_learned``: LEARNED -> FROZEN with the learned scale and the learned zero
+    point rounded onto the grid as buffers (asymmetric uint8, so both were Parameters)."""
+    q = qb.Recipe.preset("int8").activations
+    quantizer = Quantizer("x", q, "activation")
+    quantizer.set_qparams(0.1, 128)
+    quantizer.make_learnable()
+    with torch.no_grad():
+        quantizer.log_scale.fill_(float(np.log(0.05)))
+        quantizer.zero_point.fill_(130.4)
+    quantizer.fix_learned()
+    assert quantizer.qstate is QState.FROZEN
+    assert not any(isinstance(p, nn.Parameter) for p in quantizer.parameters())
+    assert "zero_point" in dict(quantizer.named_buffers())
+    assert quantizer.zero_point.dtype == torch.int32 and int(quantizer.zero_point) == 130
+    assert torch.allclose(quantizer.scale, torch.tensor(0.05))
+    x = torch.linspace(-3, 3, 101)
+    expected = (torch.clamp(torch.round(x / 0.05) + 130, 0, 255) - 130) * 0.05
+    torch.testing.assert_close(quantizer(x), expected, rtol=0, atol=1e-6)  # float32 product
