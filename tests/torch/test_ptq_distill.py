@@ -142,3 +142,15 @@ def test_fix_learned_turns_a_learned_quantizer_back_into_a_frozen_one():
     x = torch.linspace(-3, 3, 101)
     expected = (torch.clamp(torch.round(x / 0.05) + 130, 0, 255) - 130) * 0.05
     torch.testing.assert_close(quantizer(x), expected, rtol=0, atol=1e-6)  # float32 product
+
+
+def test_saved_and_loaded_distilled_model_computes_the_same(pair, tmp_path):
+    """A checkpoint carries the learned weight scales, grid weights and biases (``load``
+    rebuilds with ``prepare`` only, so it does not distill again): bit-identical outputs."""
+    m, _, _, tuned = pair
+    path = tmp_path / "distilled.qb"
+    qb.save(tuned, path)
+    loaded = qb.load(path, m)
+    x = torch.cat(_data(5, 2))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tuned(x))
