@@ -48,6 +48,12 @@ def check_choice(what: str, value: Any, choices: tuple) -> None:
         )
 
 
+def check_count(what: str, value: Any) -> None:
+    """ValueError unless ``value`` is an int >= 0 (0: the option is off)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0 (0: off), got {value!r}")
+
+
 def check_bias_correction(bias_correction: Any, mask: Any, check: Any, shrink: Any = False) -> None:
     """``Recipe.bias_correction``, ``bias_correction_mask`` (read only by the sequential
     correction), ``bias_correction_check`` and ``bias_correction_shrink`` (sequential only)."""

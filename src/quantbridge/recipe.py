@@ -110,6 +110,7 @@ from ._recipe_parts import (
     TensorRecipe,
     check_bias_correction,
     check_choice,
+    check_count,
     did_you_mean,
 )
 from ._recipe_parts import check_keys as _check_keys
@@ -138,6 +139,7 @@ _LATER = {
     "bias_correction_check": False,
     "bias_correction_shrink": False,
     "weight_ranges": "minmax",
+    "distill_steps": 0,
 }
 
 
@@ -200,6 +202,9 @@ class Recipe:
     # samples): c * c^2 / (c^2 + se^2) (``numerics.shrink_bias_shift``); few samples fit noise
     bias_correction_shrink: bool = False
     adaround: AdaRound | None = None  # learned weight rounding after calibration (see AdaRound)
+    # output distillation, last: Adam steps learning weight gains (codes kept) and biases against
+    # the float model's outputs on the calibration data (``torch.ptq._distill``); 0 = off
+    distill_steps: int = 0
     # per-channel weight scales (symmetric signed): "minmax", or the clip with the least squared
     # rounding error, each weight counted alike ("mse") or by its input's E[x^2] on the
     # calibration data ("output": the layer's output error; Var(x) with bias correction, which
@@ -243,6 +248,7 @@ class Recipe:
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
         check_choice("Recipe.weight_ranges", self.weight_ranges, ("minmax", "mse", "output"))
+        check_count("Recipe.distill_steps", self.distill_steps)
         check_bias_correction(
             self.bias_correction,
             self.bias_correction_mask,

@@ -32,6 +32,7 @@ from ._signature import bind_first_batch, cast_float64, check_call_hook, float_d
 from .ptq._adaround import adaround, keep_calls, record_calls
 from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
+from .ptq._distill import distill
 from .ptq._equalize import equalize
 from .ptq._smoothquant import replay, smooth
 from .ptq._split_ranges import split_ranges
@@ -277,6 +278,9 @@ def calibrate_and_freeze(
         shrink = recipe.bias_correction_shrink
         correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
+    if recipe.distill_steps and freeze_weights:  # last: starts from everything above
+        distill(qmodel, model, batches, recipe.distill_steps, progress)
+        fit_bias_grids(qmodel)  # the learned biases and weight scales
     return qmodel
 
 

@@ -75,7 +75,8 @@ class QState(enum.Enum):
 
 _CODES = {QState.CALIBRATING: 0, QState.FROZEN: 1, QState.TRACKING: 2, QState.LEARNED: 3}
 
-# state -> the states a quantizer in it may move to (a learned scale is a Parameter: no way back)
+# state -> the states a quantizer in it may move to (a learned scale is a Parameter: no way back
+# but ``fix_learned``, which turns it into a buffer again)
 _MOVES: dict[QState, frozenset[QState]] = {
     QState.CALIBRATING: frozenset({QState.CALIBRATING, QState.FROZEN}),
     QState.FROZEN: frozenset(QState),
@@ -234,6 +235,19 @@ class Quantizer(nn.Module):
             zero_point = self.zero_point.detach().float()
             del self.zero_point
             self.zero_point = nn.Parameter(zero_point)
+
+    def fix_learned(self) -> None:
+        """End of learning (LEARNED -> FROZEN): the learned scale and the zero point (rounded to
+        the grid) become fixed buffers again, the Parameters go (PTQ's output distillation)."""
+        if self._state is not QState.LEARNED:
+            return
+        scale, zero_point = self.current_scale().clone(), self.integer_zero_point()
+        del self.log_scale
+        if isinstance(self.zero_point, nn.Parameter):
+            del self.zero_point
+            self.register_buffer("zero_point", zero_point)
+        self._set_state(QState.FROZEN)
+        self._write_qparams(scale, zero_point)
 
     def learned_scale(self) -> torch.Tensor:
         """``exp(log_scale)``, differentiable; also refreshes the ``scale`` buffer."""

@@ -23,6 +23,7 @@ def needs_batches(recipe: Recipe) -> bool:
             ("bias_correction", recipe.bias_correction),
             ("split_ranges", recipe.split_ranges),  # the channel ranges it cuts on
             ("weight_ranges", recipe.weight_ranges == "output"),  # its E[x^2] per input
+            ("distill_steps", recipe.distill_steps > 0),  # steps over the batches
         )
         if on
     ]
