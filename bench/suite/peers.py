@@ -268,14 +268,16 @@ def split_ranges_recipe():
     and a channel concatenation convs read gets the same factors), and cross-layer equalization.
     Bench quick data, ONNX Runtime fused, 3 calibration repeats (``python -m bench.peer_rows W
     --tools quantbridge --only "<this row>" --repeats 3``, 2026-12-02, load 7-10;
-    bench/results/peer-rows/*-split-ranges-balanced-r3.json): PP-OCRv4 det 19.87 dB
+    bench/results/peer-rows/*-split-ranges-balanced-r3.json; det scored on the 4 evaluation
+    images of that time, 16 since b44a929): PP-OCRv4 det 19.87 dB
     [19.21-20.11] (per repeat 20.11 / 19.21 / 19.87; node by node 20.21 / 19.02 / 20.02), every
     one of its 64 convs (77 after the split) reading int8 inputs; with full-range factors
     (k_g = R / R_g) and no concatenation factors, the same data and scoring gave 19.96 / 19.08 /
     19.85 (node by node 20.05 / 19.26 / 20.02); the last full bench 19.35 [19.26-19.42], NNCF
     ``mixed`` 19.32 [18.52-19.43]. Input-driven BN CNNs: ResNet-18-style 31.14 [31.13-31.47],
     MobileNetV2-style 13.51 [13.40-13.74] (no split there; the same files with the full-range
-    factors, repeats 0 and 2)."""
+    factors, repeats 0 and 2). On the 16 evaluation images: 18.32 [17.76-18.59]
+    (bench/results/quick-part-det16-s11.json)."""
     import dataclasses
 
     import quantbridge as qb

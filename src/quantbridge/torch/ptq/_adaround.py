@@ -29,7 +29,8 @@ linear; transposed and 3-D convs keep round-to-nearest), in graph order:
 Scales and zero points stay as frozen. Rounding formulas: ``numerics._adaround``.
 
 Measured on PP-OCRv4 det (bench quick data, the split-ranges row + ``AdaRound()``, ONNX Runtime
-fused, calibration repeats 0 / 1 / 2, 2026-12-02): 20.17 / 19.32 / 19.44 dB against 20.11 /
+fused, calibration repeats 0 / 1 / 2, 2026-12-02, scored on the 4 evaluation images the quick
+bench had then; 16 since b44a929): 20.17 / 19.32 / 19.44 dB against 20.11 /
 19.21 / 19.87 with round-to-nearest, about 3.5 min of AdaRound at load 9 on 2 cores. Before the
 float weights were kept for ``float_mode``, 100 iterations on 1024 rows gave 13.99 dB on repeat
 2; 19.28 after.
