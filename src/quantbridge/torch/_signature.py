@@ -138,10 +138,29 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if len(placeholders) != len(flat):
         return
     dynamic = getattr(module, "qb_capture", {}).get("dynamic", "batch")
-    for node, value in zip(placeholders, flat, strict=True):
+    names = input_names(module) or [str(n.target) for n in placeholders]
+    if len(names) != len(placeholders):
+        names = [str(n.target) for n in placeholders]
+    for node, name, value in zip(placeholders, names, flat, strict=True):
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
-            _check_tensor(str(node.target), expected, value, dynamic)
+            _check_tensor(name, expected, value, dynamic)
+
+
+def input_names(module: nn.Module) -> list[str] | None:
+    """The names of the captured inputs, one per placeholder, as the user knows them, where
+    they differ from the traced ones: an imported ONNX file's graph inputs (``input.1``, not
+    ``input_1``; ``qb_capture["io_names"]``). None for any other model."""
+    capture = getattr(module, "qb_capture", {})
+    io, spec = capture.get("io_names"), capture.get("inputs")
+    if not io or not spec:
+        return None
+    pairs = [tuple(p) for p in io["inputs"]]
+    by_parameter = dict(pairs)
+    if len(spec["args"]) > len(pairs):
+        return None
+    names = [pairs[i][1] for i in range(len(spec["args"]))]
+    return names + [by_parameter.get(key, key) for key in spec["kwargs"]]
 
 
 def _check_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, dynamic: str) -> None:

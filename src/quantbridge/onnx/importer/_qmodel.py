@@ -312,6 +312,7 @@ def quant_model(
         "dynamic": dynamic,
         "fold_bn": False,
         "made_by": "import_onnx",  # qb.load re-creates it from a fresh import, not by capture
+        "io_names": module.qb_io_names,  # export and input errors keep the file's names
     }
     if learn_scales:
         for q in qmodel._all_quantizers():
