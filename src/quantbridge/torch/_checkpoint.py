@@ -26,9 +26,9 @@ An ``EngineModel`` (the engine layer) has its own format; ``save``/``load`` hand
 that registered it in ``OTHER_FORMATS`` (``quantbridge.engine._checkpoint``).
 
 Reading never runs code from the file: safetensors parses a JSON header and raw bytes; foreign
-files are recognised by their pickle opcodes (``pickletools.genops`` decodes, never executes) and
-refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
-does not help): use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
+files are recognised by their pickle opcodes (``_checkpoint_foreign``) and refused with the
+fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False`` does not help):
+use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
 ``torch.save(qmodel.state_dict())`` + ``qmodel.load_state_dict`` works onto a QuantModel made the
 same way; ``QuantModel.load_state_dict`` refuses a float state dict.
 """
@@ -38,13 +38,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import io
 import json
 import os
-import pickletools
 import stat
 import warnings
-import zipfile
 from collections.abc import Callable
 
 import torch
@@ -55,6 +52,7 @@ from torch import nn
 from .._version import __version__
 from ..recipe import Recipe
 from ._batches import describe, inputs_from_spec
+from ._checkpoint_foreign import foreign, foreign_or_corrupt
 from ._errors import CheckpointError
 from ._fakequant import QState, Quantizer
 from ._model import QuantModel
@@ -65,7 +63,6 @@ from ._quantize import prepare
 FORMAT = "quantbridge"
 FORMAT_VERSION = 2  # 2: quantizer states as data; 1: flags (read by _state_from_flags)
 _PREFIX = CONTAINER + "."
-_SCAN_LIMIT = 16 << 20  # bytes of a foreign pickle scanned for its strings
 _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 
 
@@ -239,9 +236,9 @@ def _read(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
             if ours and _format_version(metadata, path) <= FORMAT_VERSION:
                 tensors = {k: f.get_tensor(k) for k in keys}
     except SafetensorError as e:
-        raise _foreign_or_corrupt(path, e) from None
+        raise foreign_or_corrupt(path, e) from None
     if not ours:
-        raise _foreign(path, keys, "a safetensors file", "safetensors.torch.load_file(path)")
+        raise foreign(path, keys, "a safetensors file", "safetensors.torch.load_file(path)")
     try:
         header = json.loads(metadata["quantbridge"])
         missing = _HEADER_KEYS - set(header)
@@ -268,56 +265,6 @@ def _format_version(metadata: dict, path: str) -> int:
             f"format {FORMAT_VERSION}); upgrade: pip install -U quantbridge"
         )
     return version
-
-
-def _foreign_or_corrupt(path: str, error: Exception) -> CheckpointError:
-    strings = _pickle_strings(path)
-    if strings is None:
-        return CheckpointError(
-            f"{path!r} is truncated or corrupted, or not a checkpoint ({error}); "
-            "save the model again with qb.save"
-        )
-    if any("_rebuild_tensor" in s or s.startswith(_PREFIX) for s in strings):
-        return _foreign(path, strings, "a torch.save file", "torch.load(path, weights_only=True)")
-    return CheckpointError(
-        f"refused {path!r}: it is a pickle file, not a qb.save checkpoint; quantbridge never "
-        "unpickles a file (unpickling can run code from it). Load checkpoints written by qb.save"
-    )
-
-
-def _foreign(path: str, keys, what: str, read: str) -> CheckpointError:
-    if any(k.startswith(_PREFIX) for k in keys):
-        return CheckpointError(
-            f"{path!r} is {what} holding a QuantModel state_dict without the recipe and placement "
-            "qb.load needs: re-create the QuantModel the way you made it (qb.quantize or "
-            f"qb.prepare_qat) and call qmodel.load_state_dict({read}); qb.save writes a "
-            "self-contained file"
-        )
-    return CheckpointError(
-        f"this is a float checkpoint ({path!r} is {what}, with no quantizer state), not a "
-        f"quantbridge one: load it with model.load_state_dict({read}), then qb.quantize(model, "
-        "calib_data)"
-    )
-
-
-def _pickle_strings(path: str) -> set[str] | None:
-    """Strings in a torch.save zip archive or a raw pickle, by ``pickletools.genops`` (decodes
-    opcodes, executes nothing); None when the file is neither."""
-    with open(path, "rb") as f:
-        raw = f.read(_SCAN_LIMIT)
-    if zipfile.is_zipfile(path):  # torch.save's format: the pickle is <archive>/data.pkl
-        with contextlib.suppress(Exception), zipfile.ZipFile(path) as z:
-            raw = b""
-            name = next(n for n in z.namelist() if n.endswith("data.pkl"))
-            with z.open(name) as member:
-                raw = member.read(_SCAN_LIMIT)
-    elif not raw.startswith(b"\x80"):  # pickle protocol 2+ opens with PROTO
-        return None
-    strings, stream = set(), io.BytesIO(raw)
-    with contextlib.suppress(Exception):  # stops at the first byte that is not an opcode
-        while stream.tell() < len(raw):
-            strings.update(a for _, a, _ in pickletools.genops(stream) if isinstance(a, str))
-    return strings
 
 
 def _rebuild(header: dict, model: nn.Module) -> QuantModel:
