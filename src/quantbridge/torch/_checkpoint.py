@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib
 import json
 import os
 import stat
@@ -69,6 +70,9 @@ _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 # checkpoint formats of higher layers (the engine layer's "quantbridge-engine"), registered by
 # them: format name -> (the type it saves, save(obj, path), load(path, model))
 OTHER_FORMATS: dict[str, tuple[type, Callable, Callable]] = {}
+# format name -> the module that registers it, imported on the first load of such a file (the
+# package's ``__init__`` fills it: ``import quantbridge`` does not import the engine layer)
+FORMAT_MODULES: dict[str, str] = {}
 
 
 def _other_format(path: str | os.PathLike) -> str | None:
@@ -78,6 +82,8 @@ def _other_format(path: str | os.PathLike) -> str | None:
             fmt = (f.metadata() or {}).get("format")
     except (SafetensorError, OSError):
         return None
+    if fmt in FORMAT_MODULES and fmt not in OTHER_FORMATS:
+        importlib.import_module(FORMAT_MODULES[fmt])
     return fmt if fmt in OTHER_FORMATS else None
 
 
