@@ -56,7 +56,7 @@ from ._batches import describe, inputs_from_spec
 from ._checkpoint_foreign import foreign, foreign_or_corrupt
 from ._errors import CheckpointError
 from ._fakequant import QState, Quantizer
-from ._model import QuantModel
+from ._model import QuantModel, keep_float_weight, kept_float_weights
 from ._placement import CONTAINER
 from ._qat import freeze_batchnorm
 from ._quantize import prepare
@@ -64,6 +64,7 @@ from ._quantize import prepare
 FORMAT = "quantbridge"
 FORMAT_VERSION = 2  # 2: quantizer states as data; 1: flags (read by _state_from_flags)
 _PREFIX = CONTAINER + "."
+_FLOAT = "_quantbridge_float_weight."  # + quantizer attribute: a float weight AdaRound kept
 _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 
 
@@ -114,9 +115,10 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
             "load; make it with quantbridge.quantize or prepare_qat"
         )
     path = _check_writable(path)
+    kept = kept_float_weights(qmodel)  # AdaRound's float weights, for float_mode after load
     tensors = {
         k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
-        for k, v in qmodel.state_dict().items()
+        for k, v in (qmodel.state_dict() | {_FLOAT + a: w for a, (_, w) in kept.items()}).items()
     }
     header = {
         "recipe": qmodel.qb_recipe.to_dict(),
@@ -126,6 +128,7 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
         "training": qmodel.training,
         "quantizers": {a: _state(q) for a, q in getattr(qmodel, CONTAINER).named_children()},
         "model_class": _class_name(qmodel.__dict__.get("_qb_source")),
+        "float_weights": {attr: name for attr, (name, _) in kept.items()},
         "versions": {"quantbridge": __version__, "torch": torch.__version__},
         "sha256": _digest(tensors),
     }
@@ -356,6 +359,7 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     strict load."""
     records = {a: _state_from_flags(r) for a, r in header["quantizers"].items()}
     tensors = _tensors_from_format_1(tensors, records)
+    floats = {k[len(_FLOAT) :]: tensors.pop(k) for k in list(tensors) if k.startswith(_FLOAT)}
     container = getattr(qmodel, CONTAINER)
     try:
         for attr, q in container.named_children():
@@ -384,6 +388,8 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     if problem is not None:
         raise CheckpointError(f"checkpoint was made with a different architecture: {problem}")
     qmodel.load_state_dict(tensors, strict=True)
+    for attr, name in header.get("float_weights", {}).items():
+        keep_float_weight(getattr(container, attr), qmodel.get_parameter(name), floats[attr])
 
 
 def _tensors_from_format_1(tensors: dict, records: dict) -> dict:
