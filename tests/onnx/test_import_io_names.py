@@ -70,3 +70,22 @@ def test_quantized_export_keeps_the_files_names(tmp_path):
     assert np.abs(got - qmodel(*x).detach().numpy()).max() <= bound
     with pytest.raises(ValueError, match=r"^input 'extra:0': expected shape \[batch, 4, 8, 8\]"):
         qmodel(x[0], torch.randn(2, 4, 8, 9), x[2])
+
+
+def test_the_quantized_files_models_name_their_inputs_and_their_load(tmp_path):
+    """Found by following the README as a newcomer: the QuantModel of an imported QDQ file had
+    no input check (a wrong shape failed with torch's "Guard failed: extra_0.size()[1] == 4"),
+    and ``qb.load`` without ``model=`` asked for "your float model class (model=MyModel())" for
+    a model that came from an ONNX file."""
+    module = qb.import_onnx(_file(tmp_path / "names.onnx"))
+    x = (torch.randn(2, 3, 8, 8), torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-VNNI advice; not what this test is about
+        qmodel = qb.quantize(module, [x], progress=False)
+        qb.export(qmodel, tmp_path / "names.int8.onnx", example_inputs=x)
+        imported = qb.import_onnx(tmp_path / "names.int8.onnx")
+    with pytest.raises(ValueError, match=r"^input 'extra:0': .* the ONNX file declares it fixed"):
+        imported(x[0], torch.randn(2, 4, 8, 9), x[2])
+    qb.save(qmodel, tmp_path / "q.qb")
+    with pytest.raises(TypeError, match=r"pass model=qb\.import_onnx\('<the \.onnx file"):
+        qb.load(tmp_path / "q.qb")

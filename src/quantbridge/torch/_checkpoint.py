@@ -224,15 +224,25 @@ def load(path: str | os.PathLike, model: nn.Module | None = None) -> QuantModel:
         _compare_points(header["points"], [p.to_dict() for p in qmodel.qb_points], header, model)
         _load_tensors(qmodel, header, tensors)
         return qmodel.train(bool(header.get("training", False)))
-    if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
-        raise TypeError(
-            f"qb.load needs a fresh instance of your float model class (model=MyModel()) to "
-            f"re-create the QuantModel on, got a {type(model).__name__}"
-        )
     header, tensors = _read(os.fspath(path))
+    if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
+        raise TypeError(_needs_model(path, header, model))
     qmodel = _rebuild(header, model)
     _load_tensors(qmodel, header, tensors)
     return qmodel.train(bool(header.get("training", False)))
+
+
+def _needs_model(path, header: dict, model) -> str:
+    """What ``model=`` the checkpoint at ``path`` is loaded onto, by the class it was saved from."""
+    saved = header.get("model_class") or "?"
+    if header["capture"].get("made_by") == "import_onnx" or saved.endswith(".OnnxModule"):
+        fresh = "qb.import_onnx('<the .onnx file it was made from>')"
+    else:
+        fresh = f"{saved.rpartition('.')[2]}() (a fresh {saved})"
+    return (
+        f"qb.load({os.fspath(path)!r}) re-creates the QuantModel on a fresh instance of the model "
+        f"it was made from: pass model={fresh}; got {type(model).__name__}"
+    )
 
 
 def _read(path: str) -> tuple[dict, dict[str, torch.Tensor]]:

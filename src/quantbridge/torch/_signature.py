@@ -137,7 +137,8 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat):
         return
-    dynamic = getattr(module, "qb_capture", {}).get("dynamic", "batch")
+    capture = getattr(module, "qb_capture", {})
+    dynamic = "file" if capture.get("made_by") == "import_onnx" else capture.get("dynamic", "batch")
     names = input_names(module) or [str(n.target) for n in placeholders]
     if len(names) != len(placeholders):
         names = [str(n.target) for n in placeholders]
@@ -188,6 +189,8 @@ def _check_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, dynamic:
 
 
 def _fix(axis: int, dynamic: str) -> str:
+    if dynamic == "file":  # a quantized ONNX file, imported: its declared input shapes
+        return "the ONNX file declares it fixed; a file with it dynamic (dim_param) accepts others"
     if dynamic == "none":
         option = "batch" if axis == 0 else "all"
         return f'quantize with dynamic="{option}" to accept other sizes (it used dynamic="none")'
