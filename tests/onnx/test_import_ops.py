@@ -138,6 +138,9 @@ CASES = {
     "flatten_axis2": ("Flatten", {"x": X4}, {}, dict(axis=2), 13),
     "flatten_axis0": ("Flatten", {"x": X4}, {}, dict(axis=0), 13),
     "transpose_default_perm": ("Transpose", {"x": X4}, {}, {}, 13),
+    # Flatten at axis = rank (torch's TorchScript export of a BERT attention mask): (all, 1)
+    "flatten_axis_rank": ("Flatten", {"x": _rand(2, 3)}, {}, dict(axis=2), 13),
+    "flatten_axis_2_of_4": ("Flatten", {"x": X4}, {}, dict(axis=2), 13),
     "depth_to_space_dcr": ("DepthToSpace", {"x": _rand(1, 8, 2, 3)}, {}, dict(blocksize=2), 13),
     "depth_to_space_crd": ("DepthToSpace", {"x": _rand(1, 8, 2, 3)}, {}, dict(blocksize=2, mode="CRD"), 13),
     "pad_reflect": ("Pad", {"x": X4}, {"p": i64(0, 0, 1, 2, 0, 0, 2, 1)}, dict(mode="reflect"), 13),

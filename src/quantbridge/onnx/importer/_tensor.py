@@ -76,9 +76,12 @@ def _flatten(node, x):
     axis = node.attr("axis", 1)
     if axis == 1:
         return torch.flatten(x, 1)
-    axis = normalize_axes([axis], node.rank(0, x))[0]
+    rank = node.rank(0, x)
+    axis = normalize_axes([axis], rank)[0]
     if axis == 0:
         return x.reshape(1, -1)
+    if axis == rank:  # ONNX allows axis = rank: (every element, 1)
+        return x.reshape(-1, 1)
     return torch.flatten(x, axis).flatten(0, axis - 1)
 
 
