@@ -205,7 +205,7 @@ def _gather(node, data, indices):
 @register("GatherElements", since=11)
 def _gather_elements(node, data, indices):
     axis = node.attr("axis", 0)
-    indices = as_tensor(indices)
+    data, indices = as_tensor(data), as_tensor(indices)  # either may be computed on the host
     indices = torch.where(indices < 0, indices + data.shape[axis], indices)
     return torch.gather(data, axis, indices)
 
