@@ -60,7 +60,11 @@ def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
 def _input_mapping(signature: dict, io_names: dict) -> dict[str, str]:
     pairs = [tuple(p) for p in io_names["inputs"]]
     try:
-        args_spec, kwargs_spec = pytree.treespec_loads(signature["in_spec"]).children_specs
+        spec = pytree.treespec_loads(signature["in_spec"])
+        # ``children()`` where torch has it (``children_specs`` warns in torch 2.13), else that
+        args_spec, kwargs_spec = (
+            spec.children() if hasattr(spec, "children") else spec.children_specs
+        )
     except Exception:  # noqa: BLE001 - an unreadable spec: keep the exporter's names
         return {}
     keys = list(kwargs_spec.context or [])
