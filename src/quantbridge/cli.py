@@ -306,7 +306,13 @@ EXAMPLES = {
 
 class _ExampleFormatter(argparse.HelpFormatter):
     """Descriptions wrapped as usual; the examples epilog kept line by line (a command line
-    wrapped at the terminal's width could not be copied)."""
+    wrapped at the terminal's width could not be copied). A help given as a function is called
+    when shown (``compare --engines`` lists the engines, which import onnxruntime)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if callable(action.help):
+            action.help = action.help()
+        return super()._format_action(action)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith("example"):

@@ -13,9 +13,15 @@ import argparse
 import json
 import sys
 
-from . import _engines
-from ._report_html import render_html
-from .compare import compare
+
+def _engines_help() -> str:
+    """The ``--engines`` help, built when shown (the engines import onnxruntime, OpenVINO)."""
+    from ._engines import ENGINES
+
+    return (
+        f"engines to run: {','.join(ENGINES)} (default: all that run the model; with two "
+        "models, ort-ref on each)"
+    )
 
 
 def add_parser(sub) -> None:
@@ -34,8 +40,7 @@ def add_parser(sub) -> None:
     cmp.add_argument(
         "--engines",
         metavar="E,E,..",
-        help=f"engines to run: {','.join(_engines.ENGINES)} (default: all that run the model; "
-        "with two models, ort-ref on each)",
+        help=_engines_help,  # called by quantbridge.cli's formatter
     )
     cmp.add_argument("--reference", metavar="E", help="run to measure against (default ort-ref)")
     cmp.add_argument("--worst", type=int, default=10, metavar="N", help="rows shown (default 10)")
@@ -45,6 +50,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ._report_html import render_html
+    from .compare import compare
+
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     try:
         result = compare(

@@ -8,10 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-from ._report_html import render_html
-from ._sens_table import print_sensitivity
-from ._sensitivity import sensitivity
-
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -53,6 +49,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ._report_html import render_html  # here: quantbridge --help needs none of them
+    from ._sens_table import print_sensitivity
+    from ._sensitivity import sensitivity
+
     try:
         result = sensitivity(
             args.model,
