@@ -15,33 +15,10 @@ layers to keep wider.
 Sits above ``engine``: it may use every layer below it.
 """
 
-import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # loaded on first use (``__getattr__``)
-    from ._engines import ENGINES
-    from ._report_html import render_html
-    from ._result import CompareResult
-    from ._sensitivity import SensitivityResult, sensitivity
-    from .compare import compare
+from ._engines import ENGINES
+from ._report_html import render_html
+from ._result import CompareResult
+from ._sensitivity import SensitivityResult, sensitivity
+from .compare import compare
 
 __all__ = ["ENGINES", "CompareResult", "SensitivityResult", "compare", "render_html", "sensitivity"]
-
-# name -> its module: ``quantbridge --help`` imports the command modules (``_cli``,
-# ``_sens_cli``) of this package without onnxruntime, the engines or the report
-_HOMES = {
-    "ENGINES": "_engines",
-    "render_html": "_report_html",
-    "CompareResult": "_result",
-    "SensitivityResult": "_sensitivity",
-    "sensitivity": "_sensitivity",
-    "compare": "compare",
-}
-
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
