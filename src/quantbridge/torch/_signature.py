@@ -130,6 +130,7 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     spec = getattr(module, "_in_spec", None)
     if spec is None:
         return
+    _check_positional(module, args)
     try:
         flat = tree_flatten_spec((tuple(args), dict(kwargs)), spec)
     except Exception:  # noqa: BLE001 - a different structure: torch's own error says which
@@ -146,6 +147,25 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
             _check_tensor(name, expected, value, dynamic)
+
+
+def _check_positional(module: nn.Module, args: tuple) -> None:
+    """TypeError when a model captured from keyword inputs (a dict batch) is called with
+    positional ones that its graph would take in the dict's order, not ``forward``'s."""
+    keys = list((getattr(module, "qb_capture", {}).get("inputs") or {}).get("kwargs") or {})
+    source = module.__dict__.get("_qb_source")
+    if not args or not keys or source is None:
+        return
+    try:
+        params = list(inspect.signature(source.forward).parameters)
+    except (TypeError, ValueError):
+        return
+    if keys[: len(args)] != params[: len(args)]:
+        raise TypeError(
+            f"this model was captured from keyword inputs in the order {keys} (a dict batch); "
+            f"call it, and pass example_inputs, the same way: model(**batch). Positional "
+            f"inputs would be taken in that order, not as forward{tuple(params)} names them"
+        )
 
 
 def input_names(module: nn.Module) -> list[str] | None:
