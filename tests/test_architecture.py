@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "debug": 7,
     "demo": 8,
     "cli": 8,
+    "_cli_debug": 8,  # the compare / sensitivity arguments, without importing debug
     "__init__": 8,  # the public API: cli and demo use it as users do
     "__main__": 8,
 }

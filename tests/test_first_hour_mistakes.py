@@ -316,12 +316,15 @@ def test_every_reader_says_a_file_is_not_onnx_in_one_line(onnx_files, name, caps
         lambda: qb.openvino_layout(path, onnx_files / "out.onnx"),
         lambda: qb.quantize_onnx(path, {}, progress=False),
         lambda: qb.import_onnx(path),
+        lambda: qb.fold(path, onnx_files / "out.onnx"),
     ):
         with pytest.raises(ValueError, match=f"{name}' is not a readable ONNX model.*truncated"):
             call()
-    assert main(["lower", str(path), "-o", str(onnx_files / "out"), "--emit", "npz"]) != 0
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and err.count("\n") == 1 and "not a readable ONNX" in err
+    for argv in (["lower", str(path), "-o", str(onnx_files / "out"), "--emit", "npz"],
+                 ["fold", str(path), "-o", str(onnx_files / "out.onnx")]):  # fmt: skip
+        assert main(argv) != 0
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1 and "not a readable ONNX" in err
 
 
 # -- the command line's help -------------------------------------------------------------------

@@ -6,11 +6,11 @@ qb.export(qmodel, "model.int8.onnx", example_inputs=x)
 fast = qb.to_engine(qmodel, "onnxruntime", example_inputs=x)  # fast(x): INT8 in ONNX Runtime
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from ._version import __version__
-from .engine import EngineModel, integer_mode, to_engine
-from .integer import IntegerProgram, LoweringError, lower
 from .numerics import PerChannel, PerTensor, QScheme
-from .onnx import export, fold, import_onnx, openvino_layout, quantize_onnx
 from .recipe import AdaRound, Recipe, Rule, TensorRecipe
 from .torch import (
     CaptureError,
@@ -28,6 +28,7 @@ from .torch import (
     set_progress,
     sync_observers,
 )
+from .torch import _checkpoint as _torch_checkpoint
 
 __all__ = [
     "__version__",
@@ -68,17 +69,36 @@ __all__ = [
     "to_engine",
 ]
 
-# The debug layer (``compare``, ``sensitivity``: ONNX Runtime sessions, the HTML report) loads on
-# first use: ``quantize`` and ``export`` never need it, and ``import quantbridge`` then skips it
-# and onnxruntime (0.09 of 0.88 CPU s on top of torch, torch.export and onnxscript, 2026-12-01).
-_DEBUG_NAMES = {"CompareResult", "compare", "sensitivity", "debug"}
+if TYPE_CHECKING:  # the names below load on first use (``__getattr__``)
+    from .debug import CompareResult, compare, sensitivity
+    from .engine import EngineModel, integer_mode, to_engine
+    from .integer import IntegerProgram, LoweringError, lower
+    from .onnx import export, fold, import_onnx, openvino_layout, quantize_onnx
+
+# The layers above torch load on first use of one of their names: ``import quantbridge`` then
+# imports numerics, recipe and torch only, not the onnx package with ml_dtypes, onnxscript,
+# onnxruntime or the HTML report: 1.9 s -> 0.25 s on top of torch (``python -X importtime``,
+# 2026-12-02, tests/test_import_time.py). ``qb.load`` of an engine checkpoint imports its layer itself
+# (``FORMAT_MODULES``); ``qb.save`` of one is only reached after ``to_engine`` loaded it.
+_LAZY = {
+    **dict.fromkeys(("EngineModel", "integer_mode", "to_engine"), "engine"),
+    **dict.fromkeys(("IntegerProgram", "LoweringError", "lower"), "integer"),
+    **dict.fromkeys(("export", "fold", "import_onnx", "openvino_layout", "quantize_onnx"), "onnx"),
+    **dict.fromkeys(("CompareResult", "compare", "sensitivity"), "debug"),
+}
+_LAYERS = {"debug", "engine", "integer", "onnx"}
+_torch_checkpoint.FORMAT_MODULES["quantbridge-engine"] = "quantbridge.engine._checkpoint"
 
 
 def __getattr__(name: str):
-    if name not in _DEBUG_NAMES:
+    layer = _LAZY.get(name, name if name in _LAYERS else None)
+    if layer is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import quantbridge.debug as debug  # not ``from . import``: it asks this hook first
-
-    value = debug if name == "debug" else getattr(debug, name)
+    module = importlib.import_module(f"{__name__}.{layer}")  # not ``from .``: asks this hook
+    value = module if name == layer else getattr(module, name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _LAYERS)

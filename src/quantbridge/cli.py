@@ -25,8 +25,7 @@ import warnings
 from collections.abc import Sequence
 
 from . import __version__
-from .debug import _cli as compare_cli
-from .debug import _sens_cli
+from ._cli_debug import add_compare, add_sensitivity
 from .torch._capture import quiet_torch
 from .torch._progress import progress_enabled, set_progress
 
@@ -279,8 +278,8 @@ def _parser() -> argparse.ArgumentParser:
     quant.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     quant.set_defaults(run=_quantize)
 
-    compare_cli.add_parser(sub)  # quantbridge compare (the debug layer)
-    _sens_cli.add_parser(sub)  # quantbridge sensitivity
+    add_compare(sub)  # quantbridge compare (the debug layer, imported when it runs)
+    add_sensitivity(sub)  # quantbridge sensitivity
     for name, command in sub.choices.items():  # every --help: what it does, then an example
         command.formatter_class = _ExampleFormatter
         command.description = command.description or _capitalised(sub, name)
@@ -306,7 +305,13 @@ EXAMPLES = {
 
 class _ExampleFormatter(argparse.HelpFormatter):
     """Descriptions wrapped as usual; the examples epilog kept line by line (a command line
-    wrapped at the terminal's width could not be copied)."""
+    wrapped at the terminal's width could not be copied). A help given as a function is called
+    when shown (``compare --engines`` lists the engines, which import onnxruntime)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if callable(action.help):
+            action.help = action.help()
+        return super()._format_action(action)
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith("example"):

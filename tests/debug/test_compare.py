@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import ResidualCNN
+from debug_models import ResidualCNN
 
 import quantbridge as qb
 from quantbridge.debug._engines import OnnxCapture

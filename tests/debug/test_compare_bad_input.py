@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import conv_1x1_qdq
+from debug_models import conv_1x1_qdq
 from onnx import helper
 
 import quantbridge as qb

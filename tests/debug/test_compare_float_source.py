@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import ResidualCNN
+from debug_models import ResidualCNN
 from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb

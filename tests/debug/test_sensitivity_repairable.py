@@ -70,3 +70,34 @@ def test_pruning_stops_when_max_verify_is_spent(setup, uncapped):
     capped = _run(setup, max_verify=3)
     assert capped.verified == 3 and capped.keep_float == ["fc2", "fc3"]
     assert capped.achieved == pytest.approx(uncapped.achieved) and capped.achieved >= BUDGET
+
+
+class _TopLevelOps(torch.nn.Module):
+    """A squeeze-excitation block and a global average pool written in the model's own forward
+    (no module of their own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.se = torch.nn.Linear(8, 8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        gate = torch.sigmoid(self.se(y.mean((2, 3))))
+        y = y * gate[:, :, None, None]
+        return self.fc(y.mean((2, 3)))
+
+
+def test_top_level_ops_are_rows_named_after_their_node_not_one_empty_name():
+    """Regression: every quantizer outside a module was one row named '' (op: the model class):
+    the GAP means and the SE mul lumped together, unnamed in the table and the JSON."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 8, 8)
+    result = sensitivity(_TopLevelOps().eval(), [x], [x], progress=False)
+    rows = {r["name"]: r for r in result.to_json()["layers"]}
+    assert "" not in rows
+    top = {name: r["op"] for name, r in rows.items() if not r["repairable"]}
+    assert {"mean", "mul", "mean_1"} <= set(top) and top["mean"] == "mean" and top["mul"] == "mul"
+    assert all("Rule(pattern=''" in rows[name]["note"] for name in top)
+    assert {"conv", "se", "fc"} <= {name for name, r in rows.items() if r["repairable"]}

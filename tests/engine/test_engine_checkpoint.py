@@ -4,6 +4,8 @@ one safetensors file, no pickle; loading refuses what does not match, as checkpo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,6 +96,25 @@ def test_a_quantmodel_checkpoint_still_needs_its_model(tmp_path):
     x, bias = torch.randn(5, 6), torch.randn(5, 3)
     qmodel = qb.quantize(Small().eval(), [(x, bias)], recipe="int8")
     qb.save(qmodel, tmp_path / "q.qb")
-    with pytest.raises(TypeError, match="needs a fresh instance of your float model class"):
+    with pytest.raises(TypeError, match=r"fresh instance .* pass model=Small\(\) \(a fresh "):
         qb.load(tmp_path / "q.qb")
     assert isinstance(qb.load(tmp_path / "q.qb", Small()), qb.QuantModel)
+
+
+def test_load_in_a_fresh_process_imports_the_engine_layer_itself(saved):
+    """``import quantbridge`` leaves the engine layer unloaded (tests/test_import_time.py); the
+    engine checkpoint's loader registers when that layer is imported, so ``qb.load`` imports it
+    on the first engine file (``FORMAT_MODULES``)."""
+    fast, path, (x, bias) = saved
+    code = (
+        "import sys, torch, quantbridge as qb\n"
+        "assert 'quantbridge.engine' not in sys.modules\n"
+        f"m = qb.load({str(path)!r})\n"
+        "x, bias = torch.load(sys.argv[1])\n"
+        "print(type(m).__name__, float(m(x, bias)[0].sum()))\n"
+    )
+    torch.save((x, bias), path.with_suffix(".pt"))
+    out = subprocess.run([sys.executable, "-c", code, str(path.with_suffix(".pt"))],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    name, total = out.stdout.split()
+    assert name == "EngineModel" and float(total) == float(fast(x, bias)[0].sum())

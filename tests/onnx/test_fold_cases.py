@@ -436,7 +436,7 @@ def test_fold_refuses_bad_sources(tmp_path):
     with pytest.raises(FileNotFoundError):
         qb.fold(tmp_path / "missing.onnx")
     (tmp_path / "junk.onnx").write_bytes(b"\x00\xffnot a model")
-    with pytest.raises(ValueError, match="not an ONNX model"):
+    with pytest.raises(ValueError, match="junk.onnx' is not a readable ONNX model"):
         qb.fold(tmp_path / "junk.onnx")
     with pytest.raises(TypeError, match="path or an onnx.ModelProto"):
         qb.fold(3)

@@ -138,6 +138,9 @@ CASES = {
     "flatten_axis2": ("Flatten", {"x": X4}, {}, dict(axis=2), 13),
     "flatten_axis0": ("Flatten", {"x": X4}, {}, dict(axis=0), 13),
     "transpose_default_perm": ("Transpose", {"x": X4}, {}, {}, 13),
+    # Flatten at axis = rank (torch's TorchScript export of a BERT attention mask): (all, 1)
+    "flatten_axis_rank": ("Flatten", {"x": _rand(2, 3)}, {}, dict(axis=2), 13),
+    "flatten_axis_2_of_4": ("Flatten", {"x": X4}, {}, dict(axis=2), 13),
     "depth_to_space_dcr": ("DepthToSpace", {"x": _rand(1, 8, 2, 3)}, {}, dict(blocksize=2), 13),
     "depth_to_space_crd": ("DepthToSpace", {"x": _rand(1, 8, 2, 3)}, {}, dict(blocksize=2, mode="CRD"), 13),
     "pad_reflect": ("Pad", {"x": X4}, {"p": i64(0, 0, 1, 2, 0, 0, 2, 1)}, dict(mode="reflect"), 13),
@@ -250,6 +253,32 @@ def test_shape_arithmetic_runs_on_python_sizes():
     assert integer_tensors == []  # no shape tensors: sizes stayed python / SymInt
     y = program.module()(torch.ones(7, 3, 4))
     assert tuple(y.shape) == (7, 12) and float(y.min()) == 2.0
+
+
+def test_gather_elements_of_a_table_expanded_to_the_input_shape():
+    """Hugging Face BERT's token type ids as torch's TorchScript exporter writes them: a constant
+    row Expand-ed to the input's shape (computed on python sizes, a numpy array) read by
+    GatherElements at constant indices; torch.gather refused the numpy array (found running
+    'quantbridge quantize' on a BERT from a config)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Expand", ["row", "shape"], ["table"]),
+        helper.make_node("GatherElements", ["table", "idx"], ["picked"], axis=1),
+        helper.make_node("Add", ["x", "picked"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F32, [2, 4])],
+        [helper.make_tensor_value_info("y", F32, None)],
+        initializer=[
+            numpy_helper.from_array(f32(1, 2, 3, 4).reshape(1, 4), "row"),
+            numpy_helper.from_array(np.array([[3, 2, 1, 0], [0, 0, -1, -1]], np.int64), "idx"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    _compare(model, {"x": _rand(2, 4)})
 
 
 def test_duplicate_node_names_get_their_own_layers():

@@ -301,3 +301,28 @@ def test_integer_lstm_weights_are_dequantized_and_warned():
         imported = qb.import_onnx(model)
     for got, ref in zip(_torch(imported, feeds), _oracle(model, feeds), strict=True):
         np.testing.assert_allclose(got, ref, **TOL)
+
+
+def test_quantizing_a_reset_first_gru_names_the_layer_and_trains_its_weights():
+    """ONNX's default GRU (``linear_before_reset=0``, ``GRUResetFirst``) read its weights through
+    ``nn.GRU._flat_weights``, which ``torch.export`` lifted as constants: quantize's warning named
+    ``my_GRU.lifted_tensor_0``, advised "write the product as nn.Linear", and the captured
+    model's GRU weights got no gradient. Its first step on the zero initial state computed
+    all-zero tensors, so calibration also warned about zeros at five ops."""
+    model, feeds = _node_model("GRU", "bidirectional")
+    module = qb.import_onnx(model)
+    x = torch.from_numpy(feeds["X"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qmodel = qb.quantize(module, [x], progress=False)
+    texts = [str(w.message) for w in caught]
+    assert not [t for t in texts if "lifted_tensor" in t or "only zeros" in t], texts
+    (left,) = [t for t in texts if "stay float" in t]
+    assert "'my_GRU': a recurrent layer" in left and "my_GRU.weight_ih_l0" in left
+    y, _ = qmodel(x)
+    y.square().sum().backward()
+    grads = {n: p.grad for n, p in qmodel.named_parameters() if n.startswith("my_GRU.")}
+    assert len(grads) == 8 and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    with torch.no_grad():  # the first step without the zero state's terms: same outputs as ORT
+        for got, ref in zip(_torch(module, feeds), _ort(model, feeds), strict=True):
+            np.testing.assert_allclose(got, ref, **TOL)

@@ -5,7 +5,9 @@ fresh data); the exported file runs in ONNX Runtime and matches torch within 1 L
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import onnx
@@ -131,6 +133,28 @@ def test_float_mode_runs_the_float_weights(quantized):
             assert torch.equal(w, saved * 2.0)
         w.copy_(saved)
     layer.quantizer.__dict__["_float_weight"] = (w, record[1], w._version)  # for the next tests
+
+
+def test_float_weights_survive_save_load_pickle_and_deepcopy(quantized, tmp_path):
+    """Regression: the kept float weights lived only in the quantizers' ``__dict__`` with the
+    parameter's version counter: ``qb.save`` / ``qb.load`` dropped them, and a pickled or copied
+    model (whose counters restart) forgot them, so ``float_mode`` ran the rounded weights."""
+    m, _, ada, _ = quantized
+    x = _data(4, 1)[0]
+    qb.save(ada, tmp_path / "ada.qb")
+    copies = {
+        "qb.load": qb.load(tmp_path / "ada.qb", model=_model()),
+        "pickle": pickle.loads(pickle.dumps(ada)),
+        "deepcopy": copy.deepcopy(ada),
+    }
+    with torch.no_grad():
+        ref, rounded = m(x), ada(x)
+        for how, other in copies.items():
+            assert torch.equal(other(x), rounded), how  # the rounded weights, as saved
+            with qb.float_mode(other):
+                got = other(x)
+            torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6, msg=how)  # as above
+            assert torch.equal(other(x), rounded), how  # leaving float_mode restores them
 
 
 def test_one_pass_bias_correction_sees_the_adaround_weights(quantized):

@@ -334,7 +334,8 @@ def test_saved_and_exported_files_follow_the_umask(digits_ckpt, tmp_path, umask)
 
 def test_load_needs_a_fresh_float_model(digits_ckpt):
     qm, path = digits_ckpt
-    with pytest.raises(TypeError, match=r"model=MyModel\(\)"):
+    # named by the class the checkpoint was saved from, not a generic MyModel()
+    with pytest.raises(TypeError, match=r"pass model=DigitsCNN\(\) \(a fresh quantbridge\.zoo"):
         qb.load(path, qm)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         qb.load(str(path) + ".missing", DigitsCNN())

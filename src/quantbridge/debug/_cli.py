@@ -1,4 +1,4 @@
-"""``quantbridge compare``: the command over ``compare`` (registered in ``quantbridge.cli``).
+"""``quantbridge compare``: the command over ``compare`` (its arguments: ``quantbridge._cli_debug``).
 
     quantbridge compare A.onnx [B.onnx] --inputs SAMPLES.npz [--engines E,E,..]
                         [--reference E] [--worst N] [--json OUT.json] [--report REPORT.html]
@@ -13,35 +13,8 @@ import argparse
 import json
 import sys
 
-from . import _engines
 from ._report_html import render_html
 from .compare import compare
-
-
-def add_parser(sub) -> None:
-    """Register the ``compare`` subcommand on the ``argparse`` subparsers ``sub``."""
-    cmp = sub.add_parser(
-        "compare",
-        help="run the same inputs through every engine and compare each tensor in LSBs",
-        description="Compare a quantized ONNX model across engines (or two models), tensor by "
-        "tensor, in steps (LSBs) of each tensor's scale; names the first diverging tensor.",
-    )
-    cmp.add_argument("model", metavar="A.onnx", help="a QDQ, QOperator or float ONNX file")
-    cmp.add_argument("other", metavar="B.onnx", nargs="?", help="a second model to compare with")
-    cmp.add_argument(
-        "--inputs", required=True, metavar="SAMPLES.npz", help="arrays keyed by input name"
-    )
-    cmp.add_argument(
-        "--engines",
-        metavar="E,E,..",
-        help=f"engines to run: {','.join(_engines.ENGINES)} (default: all that run the model; "
-        "with two models, ort-ref on each)",
-    )
-    cmp.add_argument("--reference", metavar="E", help="run to measure against (default ort-ref)")
-    cmp.add_argument("--worst", type=int, default=10, metavar="N", help="rows shown (default 10)")
-    cmp.add_argument("--json", metavar="OUT.json", help="write the quantbridge.compare/1 JSON")
-    cmp.add_argument("--report", metavar="REPORT.html", help="write the HTML report")
-    cmp.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

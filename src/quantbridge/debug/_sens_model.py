@@ -128,7 +128,6 @@ def from_onnx(
         base = base.with_rules(*head_rules(model, module.onnx_names))
     op_types = {n.name: n.op_type for n in model.graph.node}
     ops = {attr: op_types.get(node, "?") for attr, node in module.onnx_names.items()}
-    ops[""] = "(top-level ops)"
     return Subject(
         module=module.eval(),
         calib=list(CalibrationSet(calib, inputs, batch_size)),

@@ -18,7 +18,12 @@ def sensitivity_table(result: dict[str, Any], n: int = 15) -> Table:
         f"all quantized {_f(base['quantized'])}",
     )
     for head in ("rank", "layer", "op", "all but this quantized", "only this quantized", "repair"):
-        table.add_column(head, justify="right" if head == "rank" else "left")
+        # a layer name is what the user copies into a rule: wrapped whole, never cut with "…"
+        table.add_column(
+            head,
+            justify="right" if head == "rank" else "left",
+            overflow="fold" if head in ("layer", "repair") else "ellipsis",
+        )
     kept = set(result.get("keep_float") or [])
     wider = result.get("wider") or {}
     for row in sorted(result["layers"], key=lambda r: r["rank"])[:n]:

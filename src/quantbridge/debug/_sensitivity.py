@@ -2,8 +2,9 @@
 change that meets a budget.
 
 A *layer* is a user module path (the innermost module a quantized op runs in, the unit recipe
-rules match on; ``""`` is the model's own top-level ops; each arithmetic node of an imported
-ONNX file is a layer named after the node, ``importer/_module.OnnxOp``). The model is quantized
+rules match on; each arithmetic node of an imported ONNX file is a layer named after the node,
+``importer/_module.OnnxOp``; an op of the model's own ``forward`` is a row named after its graph
+node, which no rule can repair alone, ``_sens_top``). The model is quantized
 once with the base recipe; each layer's quantizers (its weights, biases, and the activations its
 ops produce) are then switched off and on (``Quantizer.enabled``) to measure, on the evaluation set, against
 the user's float model (``float_reference``: not the QuantModel with every quantizer off, whose
@@ -58,6 +59,8 @@ from ..torch._record import CONTAINER
 from ._sens_metrics import Outputs, check_budget, metric_fn
 from ._sens_model import Subject, from_onnx, from_torch, is_onnx
 from ._sens_search import estimate_search, prune
+from ._sens_top import NOTE as TOP_LEVEL_NOTE
+from ._sens_top import TOP_LEVEL, top_level_rows
 
 SCHEMA = "quantbridge.sensitivity/1"
 WIDER = ("int16",)
@@ -178,6 +181,7 @@ def sensitivity(
     need_logits = metric == "top1"
     qmodel = subject.quantize(subject.recipe, progress)
     groups = layer_groups(qmodel)
+    top = dict(top_level_rows(qmodel, {p.module for p in qmodel.qb_points}).values())
     if not groups:
         raise ValueError(f"{subject.name}: the recipe quantizes no layer; nothing to rank")
     ref = subject.run(float_reference(subject.module, qmodel), need_logits)
@@ -204,9 +208,11 @@ def sensitivity(
         for layer in _bar(list(groups), progress):
             others = [g for g in groups if g != layer]
             layers.append(
-                LayerSensitivity(layer, subject.op_of(layer), measure(others), measure([layer]))
+                LayerSensitivity(
+                    layer, top.get(layer) or subject.op_of(layer), measure(others), measure([layer])
+                )
             )
-    _mark_unrepairable(qmodel, layers)
+    _mark_unrepairable(qmodel, layers, set(top))
     ranked = [s.name for s in sorted(layers, key=lambda s: s.rank) if s.repairable]
     result = SensitivityResult(
         metric, baseline, layers, budget, recipe=subject.recipe, model=subject.name
@@ -242,13 +248,16 @@ class _FloatMode(nn.Module):
 
 
 def layer_groups(qmodel: QuantModel) -> dict[str, list[nn.Module]]:
-    """Layer (module path) -> its quantizer modules, in placement (topological) order."""
+    """Layer (module path, or a top-level op's node: ``_sens_top``) -> its quantizer modules, in
+    placement (topological) order."""
     container = getattr(qmodel, CONTAINER)
+    top = top_level_rows(qmodel, {p.module for p in qmodel.qb_points})
     groups: dict[str, list[nn.Module]] = {}
     for point in qmodel.qb_points:
         if point.module == INPUT_LAYER:
             continue
-        groups.setdefault(point.module, []).append(getattr(container, point.attr))
+        name = top[point.attr][0] if point.attr in top else point.module
+        groups.setdefault(name, []).append(getattr(container, point.attr))
     return groups
 
 
@@ -279,11 +288,14 @@ def repairable_layers(qmodel: QuantModel) -> set[str]:
     }
 
 
-def _mark_unrepairable(qmodel: QuantModel, layers: list[LayerSensitivity]) -> None:
-    """Mark the layers no rule can repair (``repairable_layers``), saying what to repair, and
-    rank every layer (``rank``)."""
-    repairable = repairable_layers(qmodel)
+def _mark_unrepairable(qmodel: QuantModel, layers: list[LayerSensitivity], top: set[str]) -> None:
+    """Mark the layers no rule can repair (``repairable_layers``; the top-level ops ``top``),
+    saying what to repair, and rank every layer (``rank``)."""
+    repairable = repairable_layers(qmodel) - {TOP_LEVEL}
     for s in layers:
+        if s.name in top:
+            s.repairable, s.note = False, TOP_LEVEL_NOTE
+            continue
         if s.name in repairable:
             continue
         readers = [c for c in consumer_layers(qmodel, s.name) if c in repairable]

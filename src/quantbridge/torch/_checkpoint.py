@@ -26,9 +26,9 @@ An ``EngineModel`` (the engine layer) has its own format; ``save``/``load`` hand
 that registered it in ``OTHER_FORMATS`` (``quantbridge.engine._checkpoint``).
 
 Reading never runs code from the file: safetensors parses a JSON header and raw bytes; foreign
-files are recognised by their pickle opcodes (``pickletools.genops`` decodes, never executes) and
-refused with the fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False``
-does not help): use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
+files are recognised by their pickle opcodes (``_checkpoint_foreign``) and refused with the
+fix. ``torch.load`` cannot read a ``.qb`` file (its hint ``weights_only=False`` does not help):
+use ``qb.load``, or ``safetensors.torch.load_file`` for the raw tensors.
 ``torch.save(qmodel.state_dict())`` + ``qmodel.load_state_dict`` works onto a QuantModel made the
 same way; ``QuantModel.load_state_dict`` refuses a float state dict.
 """
@@ -38,13 +38,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import io
+import importlib
 import json
 import os
-import pickletools
 import stat
 import warnings
-import zipfile
 from collections.abc import Callable
 
 import torch
@@ -55,9 +53,10 @@ from torch import nn
 from .._version import __version__
 from ..recipe import Recipe
 from ._batches import describe, inputs_from_spec
+from ._checkpoint_foreign import foreign, foreign_or_corrupt
 from ._errors import CheckpointError
 from ._fakequant import QState, Quantizer
-from ._model import QuantModel
+from ._model import QuantModel, keep_float_weight, kept_float_weights
 from ._placement import CONTAINER
 from ._qat import freeze_batchnorm
 from ._quantize import prepare
@@ -65,13 +64,16 @@ from ._quantize import prepare
 FORMAT = "quantbridge"
 FORMAT_VERSION = 2  # 2: quantizer states as data; 1: flags (read by _state_from_flags)
 _PREFIX = CONTAINER + "."
-_SCAN_LIMIT = 16 << 20  # bytes of a foreign pickle scanned for its strings
+_FLOAT = "_quantbridge_float_weight."  # + quantizer attribute: a float weight AdaRound kept
 _HEADER_KEYS = {"recipe", "points", "capture", "quantizers", "sha256"}
 
 
 # checkpoint formats of higher layers (the engine layer's "quantbridge-engine"), registered by
 # them: format name -> (the type it saves, save(obj, path), load(path, model))
 OTHER_FORMATS: dict[str, tuple[type, Callable, Callable]] = {}
+# format name -> the module that registers it, imported on the first load of such a file (the
+# package's ``__init__`` fills it: ``import quantbridge`` does not import the engine layer)
+FORMAT_MODULES: dict[str, str] = {}
 
 
 def _other_format(path: str | os.PathLike) -> str | None:
@@ -81,6 +83,8 @@ def _other_format(path: str | os.PathLike) -> str | None:
             fmt = (f.metadata() or {}).get("format")
     except (SafetensorError, OSError):
         return None
+    if fmt in FORMAT_MODULES and fmt not in OTHER_FORMATS:
+        importlib.import_module(FORMAT_MODULES[fmt])
     return fmt if fmt in OTHER_FORMATS else None
 
 
@@ -111,9 +115,10 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
             "load; make it with quantbridge.quantize or prepare_qat"
         )
     path = _check_writable(path)
+    kept = kept_float_weights(qmodel)  # AdaRound's float weights, for float_mode after load
     tensors = {
         k: v.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
-        for k, v in qmodel.state_dict().items()
+        for k, v in (qmodel.state_dict() | {_FLOAT + a: w for a, (_, w) in kept.items()}).items()
     }
     header = {
         "recipe": qmodel.qb_recipe.to_dict(),
@@ -123,6 +128,7 @@ def save(qmodel: QuantModel, path: str | os.PathLike) -> None:
         "training": qmodel.training,
         "quantizers": {a: _state(q) for a, q in getattr(qmodel, CONTAINER).named_children()},
         "model_class": _class_name(qmodel.__dict__.get("_qb_source")),
+        "float_weights": {attr: name for attr, (name, _) in kept.items()},
         "versions": {"quantbridge": __version__, "torch": torch.__version__},
         "sha256": _digest(tensors),
     }
@@ -218,15 +224,25 @@ def load(path: str | os.PathLike, model: nn.Module | None = None) -> QuantModel:
         _compare_points(header["points"], [p.to_dict() for p in qmodel.qb_points], header, model)
         _load_tensors(qmodel, header, tensors)
         return qmodel.train(bool(header.get("training", False)))
-    if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
-        raise TypeError(
-            f"qb.load needs a fresh instance of your float model class (model=MyModel()) to "
-            f"re-create the QuantModel on, got a {type(model).__name__}"
-        )
     header, tensors = _read(os.fspath(path))
+    if isinstance(model, QuantModel) or not isinstance(model, nn.Module):
+        raise TypeError(_needs_model(path, header, model))
     qmodel = _rebuild(header, model)
     _load_tensors(qmodel, header, tensors)
     return qmodel.train(bool(header.get("training", False)))
+
+
+def _needs_model(path, header: dict, model) -> str:
+    """What ``model=`` the checkpoint at ``path`` is loaded onto, by the class it was saved from."""
+    saved = header.get("model_class") or "?"
+    if header["capture"].get("made_by") == "import_onnx" or saved.endswith(".OnnxModule"):
+        fresh = "qb.import_onnx('<the .onnx file it was made from>')"
+    else:
+        fresh = f"{saved.rpartition('.')[2]}() (a fresh {saved})"
+    return (
+        f"qb.load({os.fspath(path)!r}) re-creates the QuantModel on a fresh instance of the model "
+        f"it was made from: pass model={fresh}; got {type(model).__name__}"
+    )
 
 
 def _read(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -239,9 +255,9 @@ def _read(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
             if ours and _format_version(metadata, path) <= FORMAT_VERSION:
                 tensors = {k: f.get_tensor(k) for k in keys}
     except SafetensorError as e:
-        raise _foreign_or_corrupt(path, e) from None
+        raise foreign_or_corrupt(path, e) from None
     if not ours:
-        raise _foreign(path, keys, "a safetensors file", "safetensors.torch.load_file(path)")
+        raise foreign(path, keys, "a safetensors file", "safetensors.torch.load_file(path)")
     try:
         header = json.loads(metadata["quantbridge"])
         missing = _HEADER_KEYS - set(header)
@@ -268,56 +284,6 @@ def _format_version(metadata: dict, path: str) -> int:
             f"format {FORMAT_VERSION}); upgrade: pip install -U quantbridge"
         )
     return version
-
-
-def _foreign_or_corrupt(path: str, error: Exception) -> CheckpointError:
-    strings = _pickle_strings(path)
-    if strings is None:
-        return CheckpointError(
-            f"{path!r} is truncated or corrupted, or not a checkpoint ({error}); "
-            "save the model again with qb.save"
-        )
-    if any("_rebuild_tensor" in s or s.startswith(_PREFIX) for s in strings):
-        return _foreign(path, strings, "a torch.save file", "torch.load(path, weights_only=True)")
-    return CheckpointError(
-        f"refused {path!r}: it is a pickle file, not a qb.save checkpoint; quantbridge never "
-        "unpickles a file (unpickling can run code from it). Load checkpoints written by qb.save"
-    )
-
-
-def _foreign(path: str, keys, what: str, read: str) -> CheckpointError:
-    if any(k.startswith(_PREFIX) for k in keys):
-        return CheckpointError(
-            f"{path!r} is {what} holding a QuantModel state_dict without the recipe and placement "
-            "qb.load needs: re-create the QuantModel the way you made it (qb.quantize or "
-            f"qb.prepare_qat) and call qmodel.load_state_dict({read}); qb.save writes a "
-            "self-contained file"
-        )
-    return CheckpointError(
-        f"this is a float checkpoint ({path!r} is {what}, with no quantizer state), not a "
-        f"quantbridge one: load it with model.load_state_dict({read}), then qb.quantize(model, "
-        "calib_data)"
-    )
-
-
-def _pickle_strings(path: str) -> set[str] | None:
-    """Strings in a torch.save zip archive or a raw pickle, by ``pickletools.genops`` (decodes
-    opcodes, executes nothing); None when the file is neither."""
-    with open(path, "rb") as f:
-        raw = f.read(_SCAN_LIMIT)
-    if zipfile.is_zipfile(path):  # torch.save's format: the pickle is <archive>/data.pkl
-        with contextlib.suppress(Exception), zipfile.ZipFile(path) as z:
-            raw = b""
-            name = next(n for n in z.namelist() if n.endswith("data.pkl"))
-            with z.open(name) as member:
-                raw = member.read(_SCAN_LIMIT)
-    elif not raw.startswith(b"\x80"):  # pickle protocol 2+ opens with PROTO
-        return None
-    strings, stream = set(), io.BytesIO(raw)
-    with contextlib.suppress(Exception):  # stops at the first byte that is not an opcode
-        while stream.tell() < len(raw):
-            strings.update(a for _, a, _ in pickletools.genops(stream) if isinstance(a, str))
-    return strings
 
 
 def _rebuild(header: dict, model: nn.Module) -> QuantModel:
@@ -403,6 +369,7 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     strict load."""
     records = {a: _state_from_flags(r) for a, r in header["quantizers"].items()}
     tensors = _tensors_from_format_1(tensors, records)
+    floats = {k[len(_FLOAT) :]: tensors.pop(k) for k in list(tensors) if k.startswith(_FLOAT)}
     container = getattr(qmodel, CONTAINER)
     try:
         for attr, q in container.named_children():
@@ -431,6 +398,8 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
     if problem is not None:
         raise CheckpointError(f"checkpoint was made with a different architecture: {problem}")
     qmodel.load_state_dict(tensors, strict=True)
+    for attr, name in header.get("float_weights", {}).items():
+        keep_float_weight(getattr(container, attr), qmodel.get_parameter(name), floats[attr])
 
 
 def _tensors_from_format_1(tensors: dict, records: dict) -> dict:

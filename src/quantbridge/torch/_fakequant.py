@@ -41,6 +41,24 @@ class WeightQuantizer(Quantizer):
     def __init__(self, name: str, recipe: TensorRecipe, axis: int):
         super().__init__(name, recipe, "weight", axis)
 
+    def __getstate__(self) -> dict:
+        """``pickle`` and ``copy.deepcopy``: the float weight AdaRound kept (``keep_float_weight``)
+        travels with its parameter and is recorded again on the copy, whose parameter's version
+        counter starts afresh; a stale one (the parameter written since) is left behind."""
+        state = dict(self.__dict__)
+        state.pop("_rounded_weight", None)  # only inside float_mode
+        kept = state.pop("_float_weight", None)
+        if kept is not None and kept[0]._version == kept[2]:
+            state["_float_weight_copied"] = kept[:2]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        kept = state.pop("_float_weight_copied", None)
+        super().__setstate__(state)
+        if kept is not None:
+            param, weight = kept
+            self.__dict__["_float_weight"] = (param, weight, param._version)
+
     def compute_from(self, w: torch.Tensor) -> None:
         obs = self._new_observer()
         try:

@@ -189,10 +189,23 @@ def keep_float_weight(
     (AdaRound writes its hard rounding into the parameter, so that export and checkpoints carry
     it): ``float_mode`` runs ``float_weight``, so the float references made from it (sequential
     bias correction, ``compare``, sensitivity) are the float model's, not the rounded weights'.
-    Not saved in checkpoints; forgotten once ``param`` is written by anything else or the model
-    is copied or pickled (the version counter moved or restarted: ``float_mode`` then runs the
-    rounded weights, as before AdaRound kept them)."""
+    Kept by ``qb.save`` / ``qb.load`` (``kept_float_weights``), ``pickle`` and ``copy.deepcopy``
+    (``WeightQuantizer.__getstate__``); forgotten once ``param`` is written by anything else
+    (its version counter moved: ``float_mode`` then runs the weights the parameter holds)."""
     quantizer.__dict__["_float_weight"] = (param, float_weight.detach().clone(), param._version)
+
+
+def kept_float_weights(model: QuantModel) -> dict[str, tuple[str, torch.Tensor]]:
+    """Quantizer attribute -> (parameter name, float weight) of each live ``keep_float_weight``
+    record of ``model``'s quantizers (a stale one, whose parameter was written since, is left
+    out)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    found = {}
+    for attr, m in getattr(model, CONTAINER).named_children():
+        param, weight, version = m.__dict__.get("_float_weight", (None, None, None))
+        if param is not None and param._version == version and id(param) in names:
+            found[attr] = (names[id(param)], weight)
+    return found
 
 
 def _swap_float_weights(quantizers: list) -> list:

@@ -26,6 +26,7 @@ Rules are data (named property sets), not if/elif chains. Placement asks one que
 from __future__ import annotations
 
 import enum
+import re
 
 import torch
 
@@ -359,6 +360,11 @@ _CONSTANT_PRODUCT_OPS: frozenset = frozenset(
 _TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
 
 
+# torch's names of a recurrent layer's weights (nn.RNNBase: ``weight_ih_l0``, ``weight_hh_l1_reverse``):
+# a subclass whose forward computes the cell itself (ONNX's GRU with linear_before_reset=0, import)
+_RECURRENT_WEIGHT = re.compile(r"(^|\.)weight_(ih|hh)_l\d+(_reverse)?\b")
+
+
 def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
     found = []
@@ -377,6 +383,11 @@ def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
         return None
     if node.target in _CONSTANT_PRODUCT_OPS and _constant_operands(node):
         names = ", ".join(str(a.target) for a in _constant_operands(node))
+        if _RECURRENT_WEIGHT.search(names):  # an nn.RNNBase whose forward spells out its cell
+            return (
+                f"a recurrent layer (its cell in torch ops, reading {names}): quantbridge has "
+                "no int8 recurrent cell"
+            )
         return (
             f"{node.target.__name__.split('.')[0]} of the parameter {names}, which is not quantized "
             "(write the product as nn.Linear / F.linear to quantize it)"

@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sympy
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.value_ranges import ValueRanges
+
+if TYPE_CHECKING:  # sympy and torch's symbolic shapes load when a pickle is read (0.3-0.4 s)
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 _GUARDS = "_guards_fn"  # torch.export's input-guard submodule of a captured graph
 _DERIVED = ("_graph", "_code", "_lineno_map", "_prologue_start", "_in_spec", "_out_spec")
@@ -248,6 +248,9 @@ def _note_ranges(shape_env: ShapeEnv | None, value: FakeTensor, ranges: dict) ->
 
 
 def _fake_mode(ranges: dict) -> FakeTensorMode:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.utils._sympy.value_ranges import ValueRanges
+
     shape_env = ShapeEnv()
     for symbol, bounds in ranges.items():
         if bounds is not None:
@@ -333,6 +336,8 @@ class InputGuards(nn.Module):
         return cls(inputs, ranges)
 
     def forward(self, *args: Any) -> None:
+        import sympy
+
         values: dict[sympy.Symbol, int] = {}
         where: dict[sympy.Symbol, str] = {}  # the size that bound each symbol, for the message
         derived = []
@@ -381,6 +386,9 @@ class InputGuards(nn.Module):
 
 def _finite(bound: Any) -> int | None:
     """A range bound as an int; None for an infinite or absent one."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
     if bound is None or bound in (int_oo, -int_oo, sympy.oo, -sympy.oo):
         return None
     return int(bound)

@@ -150,6 +150,8 @@ def prepare(
         "explicit_padding": explicit_padding,  # string-padding convs quantized (_conv_padding)
         "pads_on_grid": pads_on_grid,  # zero padding on its input's grid (_ops.PAD_OPS)
     }
+    if getattr(model, "qb_io_names", None) is not None:  # an imported ONNX file's own names
+        qmodel.qb_capture["io_names"] = model.qb_io_names
     if recipe.split_ranges:
         qmodel.qb_capture["split_ranges"] = split
     if recipe.smoothquant is not None:

@@ -130,6 +130,7 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     spec = getattr(module, "_in_spec", None)
     if spec is None:
         return
+    _check_positional(module, args)
     try:
         flat = tree_flatten_spec((tuple(args), dict(kwargs)), spec)
     except Exception:  # noqa: BLE001 - a different structure: torch's own error says which
@@ -137,11 +138,50 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat):
         return
-    dynamic = getattr(module, "qb_capture", {}).get("dynamic", "batch")
-    for node, value in zip(placeholders, flat, strict=True):
+    capture = getattr(module, "qb_capture", {})
+    dynamic = "file" if capture.get("made_by") == "import_onnx" else capture.get("dynamic", "batch")
+    names = input_names(module) or [str(n.target) for n in placeholders]
+    if len(names) != len(placeholders):
+        names = [str(n.target) for n in placeholders]
+    for node, name, value in zip(placeholders, names, flat, strict=True):
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
-            _check_tensor(str(node.target), expected, value, dynamic)
+            _check_tensor(name, expected, value, dynamic)
+
+
+def _check_positional(module: nn.Module, args: tuple) -> None:
+    """TypeError when a model captured from keyword inputs (a dict batch) is called with
+    positional ones that its graph would take in the dict's order, not ``forward``'s."""
+    keys = list((getattr(module, "qb_capture", {}).get("inputs") or {}).get("kwargs") or {})
+    source = module.__dict__.get("_qb_source")
+    if not args or not keys or source is None:
+        return
+    try:
+        params = list(inspect.signature(source.forward).parameters)
+    except (TypeError, ValueError):
+        return
+    if keys[: len(args)] != params[: len(args)]:
+        raise TypeError(
+            f"this model was captured from keyword inputs in the order {keys} (a dict batch); "
+            f"call it, and pass example_inputs, the same way: model(**batch). Positional "
+            f"inputs would be taken in that order, not as forward{tuple(params)} names them"
+        )
+
+
+def input_names(module: nn.Module) -> list[str] | None:
+    """The names of the captured inputs, one per placeholder, as the user knows them, where
+    they differ from the traced ones: an imported ONNX file's graph inputs (``input.1``, not
+    ``input_1``; ``qb_capture["io_names"]``). None for any other model."""
+    capture = getattr(module, "qb_capture", {})
+    io, spec = capture.get("io_names"), capture.get("inputs")
+    if not io or not spec:
+        return None
+    pairs = [tuple(p) for p in io["inputs"]]
+    by_parameter = dict(pairs)
+    if len(spec["args"]) > len(pairs):
+        return None
+    names = [pairs[i][1] for i in range(len(spec["args"]))]
+    return names + [by_parameter.get(key, key) for key in spec["kwargs"]]
 
 
 def _check_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, dynamic: str) -> None:
@@ -169,6 +209,8 @@ def _check_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, dynamic:
 
 
 def _fix(axis: int, dynamic: str) -> str:
+    if dynamic == "file":  # a quantized ONNX file, imported: its declared input shapes
+        return "the ONNX file declares it fixed; a file with it dynamic (dim_param) accepts others"
     if dynamic == "none":
         option = "batch" if axis == 0 else "all"
         return f'quantize with dynamic="{option}" to accept other sizes (it used dynamic="none")'

@@ -58,6 +58,7 @@ from ...torch._signature import check_call
 from ..passes import openvino_layout
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
+from ._io_names import io_names_of, keep_source_names
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
 from ._relu_quant import relu_into_quantize
@@ -216,6 +217,7 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
     model = downgrade(model, opset)
     _strip_debug_info(model)
     _name_dynamic_dims(model)
+    keep_source_names(model, io_names_of(module))  # an imported ONNX file's input/output names
     return model
 
 

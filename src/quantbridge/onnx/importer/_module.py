@@ -134,6 +134,17 @@ class OnnxModule(nn.Module):
         del self._taken, self._buffer_of, self._integer_consts
         self.eval()
 
+    @property
+    def qb_io_names(self) -> dict:
+        """The ONNX file's input and output names, for the layers that show or write them
+        (``qb.quantize`` records them, ``qb.export`` names the graph's inputs and outputs after
+        them, input errors quote them): ``inputs``, ``[forward parameter, graph input]`` pairs
+        in order; ``outputs``, the graph outputs in the order ``forward`` returns them."""
+        return {
+            "inputs": [[a, n] for a, n in zip(self.arg_names, self.input_names, strict=True)],
+            "outputs": list(self.output_names),
+        }
+
     def __reduce_ex__(self, protocol):
         """Pickled with its argument names: its class is made at import (``_module_class``)."""
         return _restore, (_module_class, (tuple(self.arg_names),)), self.__dict__
@@ -315,7 +326,7 @@ def _module_class(arg_names: tuple[str, ...]) -> type:
 
 
 def _identifiers(names: list[str]) -> list[str]:
-    taken = set(dir(OnnxModule))
+    taken = set(dir(OnnxModule)) | {"self"}  # ``forward``'s own first parameter
     return [_identifier(n, taken) for n in names]
 
 

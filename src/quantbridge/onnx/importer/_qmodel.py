@@ -49,6 +49,7 @@ from ...torch._nodes import module_of
 from ...torch._ops import WEIGHTED_OPS
 from ...torch._passes import own_parameters
 from ...torch._placement import CONTAINER, QuantPoint
+from ...torch._signature import check_call_hook
 from ._module import OnnxModule
 from ._quantized import QuantRecord
 from ._recurrent import warn_integer_weights
@@ -332,7 +333,9 @@ def quant_model(
         "dynamic": dynamic,
         "fold_bn": False,
         "made_by": "import_onnx",  # qb.load re-creates it from a fresh import, not by capture
+        "io_names": module.qb_io_names,  # export and input errors keep the file's names
     }
+    qmodel.register_forward_pre_hook(check_call_hook, with_kwargs=True)  # as quantize's models
     if learn_scales:
         for q in qmodel._all_quantizers():
             if isinstance(q, Quantizer):

@@ -165,16 +165,20 @@ def gru_reset_first(x, hx, flat: list, has_bias: bool, bidirectional: bool):
     for d in range(directions):
         w_ih, w_hh, *b = flat[d * per : (d + 1) * per]
         hidden = w_hh.shape[-1]
-        h = hx[d] if hx is not None else x.new_zeros(x.shape[1], hidden)
+        h = None if hx is None else hx[d]  # None: zeros, whose terms the first step skips
         gates_x = torch.matmul(x, w_ih.t()) + (b[0] if b else 0)  # [T, B, 3H], all steps at once
         w_rz, w_n = w_hh[: 2 * hidden], w_hh[2 * hidden :]
         b_rz, b_n = (b[1][: 2 * hidden], b[1][2 * hidden :]) if b else (0, 0)
         out = [None] * steps
         for t in range(steps) if d == 0 else reversed(range(steps)):
             x_rz, x_n = gates_x[t, :, : 2 * hidden], gates_x[t, :, 2 * hidden :]
-            r, z = torch.sigmoid(x_rz + torch.matmul(h, w_rz.t()) + b_rz).chunk(2, -1)
-            n = torch.tanh(x_n + torch.matmul(r * h, w_n.t()) + b_n)
-            h = (1 - z) * n + z * h
+            if h is None:  # R h = 0 and r * h = 0: no all-zero tensors for calibration to see
+                r, z = torch.sigmoid(x_rz + b_rz).chunk(2, -1)
+                h = (1 - z) * torch.tanh(x_n + b_n)
+            else:
+                r, z = torch.sigmoid(x_rz + torch.matmul(h, w_rz.t()) + b_rz).chunk(2, -1)
+                n = torch.tanh(x_n + torch.matmul(r * h, w_n.t()) + b_n)
+                h = (1 - z) * n + z * h
             out[t] = h
         ys.append(torch.stack(out))
         states.append(h)
@@ -186,7 +190,10 @@ class GRUResetFirst(nn.GRU):
     the reset gate scales ``h`` before ``R_n``. Time-major input, no packed sequences."""
 
     def forward(self, x, hx=None):
-        return gru_reset_first(x, hx, self._flat_weights, self.bias, self.bidirectional)
+        # the parameters by attribute, not ``self._flat_weights`` (a list torch.export lifts as
+        # constants ``lifted_tensor_0``...: not trained, and named so in quantize's warnings)
+        flat = [getattr(self, name) for name in self._flat_weights_names]
+        return gru_reset_first(x, hx, flat, self.bias, self.bidirectional)
 
 
 def _build(node: OnnxNode, consts: dict):

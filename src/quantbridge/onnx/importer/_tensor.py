@@ -76,9 +76,12 @@ def _flatten(node, x):
     axis = node.attr("axis", 1)
     if axis == 1:
         return torch.flatten(x, 1)
-    axis = normalize_axes([axis], node.rank(0, x))[0]
+    rank = node.rank(0, x)
+    axis = normalize_axes([axis], rank)[0]
     if axis == 0:
         return x.reshape(1, -1)
+    if axis == rank:  # ONNX allows axis = rank: (every element, 1)
+        return x.reshape(-1, 1)
     return torch.flatten(x, axis).flatten(0, axis - 1)
 
 
@@ -202,7 +205,7 @@ def _gather(node, data, indices):
 @register("GatherElements", since=11)
 def _gather_elements(node, data, indices):
     axis = node.attr("axis", 0)
-    indices = as_tensor(indices)
+    data, indices = as_tensor(data), as_tensor(indices)  # either may be computed on the host
     indices = torch.where(indices < 0, indices + data.shape[axis], indices)
     return torch.gather(data, axis, indices)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from .._load import parse_onnx
 from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import widen_float16
 from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they register folds)
@@ -161,12 +162,7 @@ def fold(
     elif isinstance(src, (str, os.PathLike)):
         if not os.path.isfile(src):
             raise FileNotFoundError(f"{os.fspath(src)}: no such file")
-        try:
-            model = onnx.load(os.fspath(src))
-        except Exception as e:  # protobuf's DecodeError and friends
-            raise ValueError(f"{os.fspath(src)}: not an ONNX model ({type(e).__name__})") from None
-        if model.ir_version == 0 or not model.HasField("graph"):
-            raise ValueError(f"{os.fspath(src)}: not an ONNX model (no IR version or graph)")
+        model = parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
     else:
         raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
     # QLinearConv & co. take float32 scales: a float16 graph (ModelOpt) folds as float32 (warns)

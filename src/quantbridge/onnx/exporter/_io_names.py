@@ -1,0 +1,115 @@
+"""The graph input and output names of an export of a model imported from ONNX: the file's own.
+
+``torch.export`` names graph inputs after ``forward``'s parameters, made python identifiers
+(``input.1`` -> ``input_1``, ``extra:0`` -> ``extra_0``; ``input`` becomes ``input_1`` because
+it shadows a builtin), and graph outputs after the last op (``add``, ``conv2d``). A model that
+came from ``qb.import_onnx`` carries the file's names (``OnnxModule.qb_io_names``, recorded by
+``qb.quantize`` in ``qb_capture["io_names"]``); ``keep_source_names`` renames the exported
+graph's inputs and outputs back to them, with the call signature in the metadata
+(``_signature``) that the engine layer reads.
+
+The pairing follows the recorded signature, not list positions: the i-th input leaf of the
+export call is the i-th positional parameter, or the keyword it was passed as; the k-th output
+leaf is the k-th graph output of the file. A value of the exported graph that already holds a
+wanted name (an internal ``add``) is renamed out of the way first (``<name>__<n>``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import onnx
+from torch.utils import _pytree as pytree
+
+from ._signature import SIGNATURE_KEY
+
+
+def io_names_of(module) -> dict | None:
+    """The recorded ONNX names of ``module`` (a QuantModel or an imported float model)."""
+    capture = getattr(module, "qb_capture", None) or {}
+    return capture.get("io_names") or getattr(module, "qb_io_names", None)
+
+
+def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
+    """Rename ``model``'s graph inputs and outputs to ``io_names`` (module docstring), in place."""
+    entry = next((p for p in model.metadata_props if p.key == SIGNATURE_KEY), None)
+    if not io_names or entry is None:
+        return
+    signature = json.loads(entry.value)
+    mapping = _input_mapping(signature, io_names) | _output_mapping(model, signature, io_names)
+    mapping = {old: new for old, new in mapping.items() if old != new}
+    wanted = set(mapping.values())
+    if not mapping or len(wanted) != len(mapping) or "" in wanted:
+        return
+    kept = set(mapping)
+    taken = set(_all_names(model.graph))
+    for name in sorted(wanted & (taken - kept)):  # an internal value holding a wanted name
+        n = 0
+        while f"{name}__{n}" in taken:
+            n += 1
+        mapping[name] = f"{name}__{n}"
+        taken.add(mapping[name])
+    _rename(model.graph, mapping)
+    for leaf in signature["inputs"]:
+        if "input" in leaf:
+            leaf["input"] = mapping.get(leaf["input"], leaf["input"])
+    entry.value = json.dumps(signature, sort_keys=True)
+
+
+def _input_mapping(signature: dict, io_names: dict) -> dict[str, str]:
+    pairs = [tuple(p) for p in io_names["inputs"]]
+    try:
+        spec = pytree.treespec_loads(signature["in_spec"])
+        # ``children()`` where torch has it (``children_specs`` warns in torch 2.13), else that
+        args_spec, kwargs_spec = (
+            spec.children() if hasattr(spec, "children") else spec.children_specs
+        )
+    except Exception:  # noqa: BLE001 - an unreadable spec: keep the exporter's names
+        return {}
+    keys = list(kwargs_spec.context or [])
+    n_args = args_spec.num_children
+    if n_args > len(pairs) or n_args + len(keys) != len(signature["inputs"]):
+        return {}
+    by_parameter = dict(pairs)
+    users = [pairs[i][1] for i in range(n_args)] + [by_parameter.get(k) for k in keys]
+    return {
+        leaf["input"]: user
+        for leaf, user in zip(signature["inputs"], users, strict=True)
+        if "input" in leaf and user
+    }
+
+
+def _output_mapping(model: onnx.ModelProto, signature: dict, io_names: dict) -> dict[str, str]:
+    leaves, wanted = signature["outputs"], io_names["outputs"]
+    graph_inputs = {v.name for v in model.graph.input}
+    outputs = [v.name for v in model.graph.output]
+    if len(leaves) != len(wanted) or any("output" not in leaf for leaf in leaves):
+        return {}
+    olds = [outputs[leaf["output"]] for leaf in leaves]
+    if len(set(olds)) != len(olds) or graph_inputs & set(olds):
+        return {}  # one value returned twice, or an input returned as is: keep them
+    return dict(zip(olds, wanted, strict=True))
+
+
+def _all_names(graph: onnx.GraphProto) -> Iterator[str]:
+    yield from (v.name for v in (*graph.input, *graph.output, *graph.value_info))
+    yield from (i.name for i in graph.initializer)
+    for node in graph.node:
+        yield from node.input
+        yield from node.output
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _all_names(sub)
+
+
+def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Every use of each old name in ``graph`` and its subgraphs (which see the outer names)."""
+    for v in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        v.name = mapping.get(v.name, v.name)
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                _rename(sub, mapping)
