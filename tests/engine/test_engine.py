@@ -178,6 +178,22 @@ def test_plain_values_are_constants_of_the_graph(data):
         fast(x, mask, 3.0)
 
 
+def test_a_quantmodels_plain_values_are_constants_too(data):
+    # GPT-2 / Llama are called with use_cache=False: the one-trace export once made such a value
+    # an int64 graph input, and every call was refused ("input 'use_cache' is a bool")
+    x, mask = data
+    torch.manual_seed(0)
+    qmodel = qb.quantize(Nested().eval(), [{"x": x, "mask": mask, "scale": 2.0}], progress=False)
+    fast = qb.to_engine(qmodel, "ort", threads=1)
+    assert fast.signature.endswith("mask: float32[batch, 5], scale: 2.0)")
+    got, want = fast(x, mask, scale=2.0)["logits"], qmodel(x, mask, scale=2.0)["logits"]
+    # the default preset's logits are float: ORT's fused kernels vs torch's fake quantization
+    # differ by float summation order only (values are O(1))
+    torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"got 3\.0 where the export baked in 2\.0"):
+        fast(x, mask, scale=3.0)
+
+
 def test_a_float_torch_model_runs_its_fp32_export(data):
     x, mask = data
     model = Nested().eval()
