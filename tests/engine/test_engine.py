@@ -151,6 +151,9 @@ def test_the_float_form_is_the_snapshot_taken_at_to_engine(qmodel, data):
         # the QuantModel's forward is the captured one: forward(x, mask)
         (lambda f, x, m: f(x, m, scale=2.0), "unexpected keyword argument 'scale'"),
         (lambda f, x, m: f(x.double(), m), "input 'x' is float64[4, 3, 12, 12]; expected float32"),
+        # regressions: numpy has no bfloat16 and a meta tensor no data; torch's errors leaked
+        (lambda f, x, m: f(x.bfloat16(), m), "input 'x' is bfloat16[4, 3, 12, 12]; expected"),
+        (lambda f, x, m: f(x, m.to("meta")), "input 'mask' is on the meta device (no data)"),
         (lambda f, x, m: f(x[:, :2], m), "input 'x' has shape [4, 2, 12, 12]; expected"),
         (lambda f, x, m: f(x[0], m), "input 'x' has shape [3, 12, 12]"),
         (lambda f, x, m: f(x, m.numpy()), "input 'mask' is a ndarray; expected a torch.Tensor"),

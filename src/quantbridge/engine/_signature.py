@@ -48,6 +48,10 @@ class GraphInput:
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
             for d in tensor.shape.dim
         ]
+        try:
+            self.torch_dtype: torch.dtype | None = torch.from_numpy(np.empty(0, self.dtype)).dtype
+        except TypeError:  # a string input: no torch tensor can feed it
+            self.torch_dtype = None
 
     def describe(self) -> str:
         dims = ", ".join("?" if d is None else str(d) for d in self.dims)
@@ -218,16 +222,20 @@ class CallSignature:
                 f"{graph_input.describe()}",
                 TypeError,
             )
-        array = value.detach()
-        if array.device.type != "cpu":
-            array = array.cpu()
-        array = array.numpy(force=False) if array.is_contiguous() else array.contiguous().numpy()
-        if array.dtype != graph_input.dtype:
+        # dtype and device are checked on the tensor: numpy has no bfloat16 and a meta tensor no
+        # data, and torch's own errors for them name neither the input nor the fix
+        if value.dtype != graph_input.torch_dtype:
             raise self._error(
                 f"input {name!r} is {_describe_value(value)}; expected "
                 f"{graph_input.describe()} (convert it with .to(torch.{graph_input.dtype.name}))",
                 TypeError,
             )
+        if value.device.type == "meta":
+            raise self._error(f"input {name!r} is on the meta device (no data); pass real values")
+        array = value.detach()
+        if array.device.type != "cpu":
+            array = array.cpu()
+        array = array.numpy(force=False) if array.is_contiguous() else array.contiguous().numpy()
         dims = graph_input.dims
         fixed_ok = all(
             not isinstance(d, int) or d == n for d, n in zip(dims, array.shape, strict=False)
