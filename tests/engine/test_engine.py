@@ -156,6 +156,12 @@ def test_the_float_form_is_the_snapshot_taken_at_to_engine(qmodel, data):
         (lambda f, x, m: f(x, m.to("meta")), "input 'mask' is on the meta device (no data)"),
         (lambda f, x, m: f(x[:, :2], m), "input 'x' has shape [4, 2, 12, 12]; expected"),
         (lambda f, x, m: f(x[0], m), "input 'x' has shape [3, 12, 12]"),
+        # regression: a sequence length / image size fixed by the export had no fix in the message
+        (
+            lambda f, x, m: f(torch.nn.functional.pad(x, (0, 4, 0, 4)), m),
+            "[4, 3, 16, 16]; expected float32[batch, 3, 12, 12] (the export fixed dimension 2 "
+            "at 12: quantize with dynamic='all' and make the engine model again",
+        ),
         (lambda f, x, m: f(x, m.numpy()), "input 'mask' is a ndarray; expected a torch.Tensor"),
     ],
 )

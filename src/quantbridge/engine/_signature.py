@@ -249,6 +249,12 @@ class CallSignature:
                     " (the export fixed the batch size: quantize with dynamic='batch', or "
                     "export the file with a dynamic batch axis, to vary it)"
                 )
+            elif array.ndim == len(dims) and wrong:  # a sequence length, an image size
+                fix = (
+                    f" (the export fixed dimension {wrong[0]} at {dims[wrong[0]]}: quantize with "
+                    "dynamic='all' and make the engine model again, or export the file with that "
+                    "axis dynamic, to vary it)"
+                )
             raise self._error(
                 f"input {name!r} has shape {list(array.shape)}; expected "
                 f"{graph_input.describe()}{fix}"
