@@ -261,6 +261,26 @@ class CallSignature:
             )
         return array
 
+    def call_of(self, feeds: dict[str, Any]) -> tuple[tuple, dict]:
+        """The torch call ``(args, kwargs)`` that ``feeds`` came from (the inverse of ``feeds``):
+        each graph input's array as a tensor, each plain value as the export baked it in (a
+        foreign file: the arrays positionally, in graph order)."""
+        leaves: list[Any] = []
+        for e in self.leaves:
+            if "input" in e:
+                leaves.append(torch.as_tensor(np.asarray(feeds[e["input"]])))
+            elif "constant" in e:
+                leaves.append(e["constant"])
+            else:
+                raise ValueError(
+                    f"the export baked in {e['constant_repr']}, which cannot be rebuilt from "
+                    "arrays; call the torch model itself"
+                )
+        if self.in_spec is None:
+            return tuple(leaves), {}
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        return tuple(args), dict(kwargs)
+
     # -- outputs --------------------------------------------------------------------------------
     def outputs(self, arrays: list[np.ndarray], device: torch.device | None = None) -> Any:
         """The engine's arrays as torch tensors in the traced output structure."""
