@@ -201,6 +201,8 @@ def test_a_quantmodels_plain_values_are_constants_too(data):
     torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match=r"got 3\.0 where the export baked in 2\.0"):
         fast(x, mask, scale=3.0)
+    with pytest.raises(TypeError, match=r"'scale' \(the export baked in scale=2\.0: pass that"):
+        fast(x, mask)
 
 
 def test_a_float_torch_model_runs_its_fp32_export(data):

@@ -182,7 +182,7 @@ class CallSignature:
         wanted = order[:n_args] + names
         lacking = [n for n in wanted if n not in given]
         if lacking:
-            raise self._error(f"missing input {lacking[0]!r}", TypeError)
+            raise self._error(f"missing input {lacking[0]!r}{self._baked(lacking[0])}", TypeError)
         extra = sorted(given - set(wanted))
         if extra:
             raise self._error(
@@ -190,6 +190,20 @@ class CallSignature:
                 TypeError,
             )
         return tuple(bound[n] for n in order[:n_args]), {k: bound[k] for k in names}
+
+    def _baked(self, name: str) -> str:
+        """For a parameter the export took as a plain value (``use_cache=False``), the hint to
+        pass that value; else ''."""
+        if self.in_spec is None:
+            return ""
+        args, kwargs = pytree.tree_unflatten(self.leaves, self.in_spec)
+        order = [n for n, _ in self.parameters]
+        entry = kwargs.get(name)
+        if entry is None and name in order and order.index(name) < len(args):
+            entry = args[order.index(name)]
+        if isinstance(entry, dict) and "constant" in entry:
+            return f" (the export baked in {name}={entry['constant']!r}: pass that value)"
+        return ""
 
     # -- inputs ---------------------------------------------------------------------------------
     def feeds(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
