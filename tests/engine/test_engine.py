@@ -315,6 +315,12 @@ def test_all_dynamic_dims_follow_the_quantmodels_capture(data):
     assert fast(bigger, mask[:2])["logits"].shape == (2, 5)
 
 
+def test_dynamic_all_from_a_batch_capture_is_refused_with_the_fix(qmodel):
+    # regression: the export silently kept every non-batch size fixed
+    with pytest.raises(ValueError, match="quantized with dynamic='batch'.*quantize with dynamic="):
+        qb.to_engine(qmodel, "onnxruntime", dynamic="all")
+
+
 def test_an_engine_that_is_not_installed_names_the_pip_extra(monkeypatch):
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Relu", ["a"], ["r"])],
