@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from debug_models import ResidualCNN
 
 import quantbridge as qb
@@ -169,3 +170,32 @@ def test_plain_float_torch_module_gives_its_outputs(cnn):
     assert [t["layer"] for t in compared] == ["fc/linear"]  # the model output, by position
     assert compared[0]["pairs"][0]["b"] == "a:torch-float"
     assert compared[0]["pairs"][0]["class"] == "quantization noise"
+
+
+class _KeywordFlag(torch.nn.Module):
+    """Called as GPT-2 is: keyword tensors and a plain flag (``use_cache=False``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x, mask, use_cache=None):
+        return {"logits": self.fc2(self.fc1(x).relu() * mask) * (1.0 if use_cache else 2.0)}
+
+
+@pytest.mark.parametrize("flag", [{"use_cache": False}, {}])
+def test_quantmodel_called_with_keywords_and_a_plain_flag(flag):
+    # regression: a dict of inputs was exported positionally in dict order and a plain value
+    # became a tensor (torch's "data-dependent expression" error); without it, torch-quant
+    # called the QuantModel without its captured use_cache ("missing a required argument")
+    torch.manual_seed(0)
+    batch = {"x": torch.randn(4, 8), "mask": torch.rand(4, 8), "use_cache": False}
+    qmodel = qb.quantize(_KeywordFlag().eval(), [batch], recipe="int8", progress=False)
+    inputs = {"mask": batch["mask"].numpy(), "x": batch["x"].numpy(), **flag}  # not forward order
+    r = qb.compare(qmodel, inputs=inputs, engines=["ort-ref", "torch-quant"])
+    assert r.errors == {} and r.unmatched == {}
+    assert len(r.tensors) >= 4  # x, mask, fc1, the product, fc2 (Q/DQ sites)
+    # torch's fake quantization and ORT's reference kernels on the same inputs: at most a
+    # rounding tie apart (1 LSB), never more on a three-layer model
+    assert all(p["class"] in ("exact", "rounding") for t in r.tensors for p in t["pairs"])
+    assert r.first_divergence is None

@@ -151,8 +151,17 @@ def test_the_float_form_is_the_snapshot_taken_at_to_engine(qmodel, data):
         # the QuantModel's forward is the captured one: forward(x, mask)
         (lambda f, x, m: f(x, m, scale=2.0), "unexpected keyword argument 'scale'"),
         (lambda f, x, m: f(x.double(), m), "input 'x' is float64[4, 3, 12, 12]; expected float32"),
+        # regressions: numpy has no bfloat16 and a meta tensor no data; torch's errors leaked
+        (lambda f, x, m: f(x.bfloat16(), m), "input 'x' is bfloat16[4, 3, 12, 12]; expected"),
+        (lambda f, x, m: f(x, m.to("meta")), "input 'mask' is on the meta device (no data)"),
         (lambda f, x, m: f(x[:, :2], m), "input 'x' has shape [4, 2, 12, 12]; expected"),
         (lambda f, x, m: f(x[0], m), "input 'x' has shape [3, 12, 12]"),
+        # regression: a sequence length / image size fixed by the export had no fix in the message
+        (
+            lambda f, x, m: f(torch.nn.functional.pad(x, (0, 4, 0, 4)), m),
+            "[4, 3, 16, 16]; expected float32[batch, 3, 12, 12] (the export fixed dimension 2 "
+            "at 12: quantize with dynamic='all' and make the engine model again",
+        ),
         (lambda f, x, m: f(x, m.numpy()), "input 'mask' is a ndarray; expected a torch.Tensor"),
     ],
 )
@@ -176,6 +185,24 @@ def test_plain_values_are_constants_of_the_graph(data):
     torch.testing.assert_close(fast(x, mask, 2.0)["logits"], model(x, mask, 2.0)["logits"])
     with pytest.raises(ValueError, match=r"got 3\.0 where the export baked in 2\.0"):
         fast(x, mask, 3.0)
+
+
+def test_a_quantmodels_plain_values_are_constants_too(data):
+    # GPT-2 / Llama are called with use_cache=False: the one-trace export once made such a value
+    # an int64 graph input, and every call was refused ("input 'use_cache' is a bool")
+    x, mask = data
+    torch.manual_seed(0)
+    qmodel = qb.quantize(Nested().eval(), [{"x": x, "mask": mask, "scale": 2.0}], progress=False)
+    fast = qb.to_engine(qmodel, "ort", threads=1)
+    assert fast.signature.endswith("mask: float32[batch, 5], scale: 2.0)")
+    got, want = fast(x, mask, scale=2.0)["logits"], qmodel(x, mask, scale=2.0)["logits"]
+    # the default preset's logits are float: ORT's fused kernels vs torch's fake quantization
+    # differ by float summation order only (values are O(1))
+    torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"got 3\.0 where the export baked in 2\.0"):
+        fast(x, mask, scale=3.0)
+    with pytest.raises(TypeError, match=r"'scale' \(the export baked in scale=2\.0: pass that"):
+        fast(x, mask)
 
 
 def test_a_float_torch_model_runs_its_fp32_export(data):
@@ -286,6 +313,12 @@ def test_all_dynamic_dims_follow_the_quantmodels_capture(data):
     assert "float32[batch, " in fast.signature and ", 12, 12]" not in fast.signature
     bigger = torch.randn(2, 3, 20, 16)  # another image size: only "all" accepts it
     assert fast(bigger, mask[:2])["logits"].shape == (2, 5)
+
+
+def test_dynamic_all_from_a_batch_capture_is_refused_with_the_fix(qmodel):
+    # regression: the export silently kept every non-batch size fixed
+    with pytest.raises(ValueError, match="quantized with dynamic='batch'.*quantize with dynamic="):
+        qb.to_engine(qmodel, "onnxruntime", dynamic="all")
 
 
 def test_an_engine_that_is_not_installed_names_the_pip_extra(monkeypatch):

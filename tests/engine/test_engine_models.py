@@ -176,3 +176,24 @@ def test_onnxruntime_device_choice(digits_q):
             qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="cuda")(x)
     with pytest.raises(ValueError, match="device='tpu': use 'auto', 'cpu' or 'cuda'"):
         qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="tpu")(x)
+
+
+def test_device_spellings_torch_users_write(digits_q, tmp_path):
+    # regression: device="CPU" / torch.device("cpu") were refused by ONNX Runtime ("use 'auto',
+    # 'cpu' or 'cuda'") and device="cpu" by OpenVINO ("OpenVINO sees CPU"); a torch.device
+    # option could not be saved either
+    _, qmodel, x = digits_q
+    want = qb.to_engine(qmodel, "onnxruntime", example_inputs=x, threads=1, device="cpu")(x)
+    for device in ("CPU", torch.device("cpu"), " Cpu "):
+        fast = qb.to_engine(qmodel, "ort", example_inputs=x, threads=1, device=device)
+        assert fast.options["device"] == "cpu"
+        np.testing.assert_array_equal(fast(x).numpy(), want.numpy())  # same session: exact
+    qb.save(fast, tmp_path / "m.qb")
+    assert qb.load(tmp_path / "m.qb").options["device"] == "cpu"
+    fast = qb.to_engine(qmodel, "openvino", example_inputs=x, threads=1, device="cpu")
+    assert fast.options["device"] == "CPU" and fast(x).shape == (16, 10)
+    with pytest.raises(ValueError, match="OpenVINO runs on Intel .* engine='onnxruntime' with"):
+        qb.to_engine(qmodel, "openvino", example_inputs=x, device=torch.device("cuda", 0))
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(ValueError, match="device='cuda:1': this onnxruntime has no CUDA"):
+            qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="CUDA:1")(x)

@@ -40,10 +40,23 @@ class ConstantHead(nn.Module):
         return self.fc(self.relu(self.conv(x)).mean((2, 3))) * 0.5 + 1.0
 
 
+class FlagKwarg(nn.Module):
+    """A plain keyword value in the call (GPT-2's ``use_cache=False``): a constant of the
+    program, not a graph input (the reused program once made it an int64 input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, use_cache=None):
+        return self.fc(x) * (2.0 if use_cache is False else 1.0)
+
+
 CASES = {  # name: (model, batch of n, dynamic)
     **{name: (*case, "batch") for name, case in export_cases.CASES.items()},
     "constant_head_static": (ConstantHead, lambda n: torch.randn(n, 3, 8, 8), "none"),
     "constant_head_all": (ConstantHead, lambda n: torch.randn(n, 3, 8, 8), "all"),
+    "flag_kwarg": (FlagKwarg, lambda n: {"x": torch.randn(n, 8), "use_cache": False}, "batch"),
 }
 
 

@@ -34,9 +34,11 @@ import onnxruntime as ort
 import torch
 
 from ..engine._backends import make_session
+from ..engine._signature import CallSignature
 from ..integer import lower
 from ..numerics import dequantize
 from ..onnx import fold, import_onnx
+from ..onnx.exporter import SIGNATURE_KEY
 from ..torch import QuantModel, float_mode
 from ..torch._record import CONTAINER
 from ._match import (
@@ -172,6 +174,7 @@ class TorchCapture:
     def __init__(self, module, sites: list[Site], onnx_model: onnx.ModelProto, quant: bool):
         self.module, self.quant = module.eval(), quant
         self.names = _input_names(onnx_model)
+        self.signature = _call_signature(onnx_model)
         # site -> (the quantizer attributes whose calls it is, which call in execution order)
         self.where: dict[str, tuple[tuple[str, ...], int]] = {}
         if isinstance(module, QuantModel):
@@ -192,12 +195,16 @@ class TorchCapture:
 
             hooks.append(getattr(container, attr).register_forward_hook(hook))
         try:
+            if self.signature is not None:  # as the export was called: keywords, constants
+                args, kwargs = self.signature.call_of(feeds)
+            else:
+                args, kwargs = torch_args(feeds, self.names), {}
             with torch.no_grad():
                 if self.quant:
-                    outs = self.module(*torch_args(feeds, self.names))
+                    outs = self.module(*args, **kwargs)
                 else:
                     with float_mode(self.module):
-                        outs = self.module(*torch_args(feeds, self.names))
+                        outs = self.module(*args, **kwargs)
         finally:
             for h in hooks:
                 h.remove()
@@ -225,6 +232,17 @@ class TorchCapture:
             if site is not None and site not in found:
                 found[site] = leaf.detach()
         return {k: v.double().numpy() for k, v in found.items()}
+
+
+def _call_signature(model: onnx.ModelProto) -> CallSignature | None:
+    """The call quantbridge's export recorded in ``model`` (GPT-2's ``use_cache=False``, keyword
+    inputs), or None for a file without the record: its inputs go positionally, in graph order."""
+    if not any(p.key == SIGNATURE_KEY for p in model.metadata_props):
+        return None
+    try:
+        return CallSignature(model)
+    except ValueError:  # an output type that cannot be imported: the positional call still works
+        return None
 
 
 def _input_names(model: onnx.ModelProto) -> list[str]:

@@ -10,6 +10,7 @@ shapes.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ..optables import INTEGER_OPS
 from ..torch import QuantModel
 from ._match import has_blocked_weights
 
+PLAIN_VALUES = (bool, int, float, str, type(None))  # a call's non-tensor values, as Python types
 _ELEM = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64}
 
 
@@ -75,7 +77,7 @@ def load_subject(model: Any, label: str, inputs: Any) -> Subject:
     if isinstance(model, onnx.ModelProto):
         return Subject(model.graph.name or label, model, onnx_form(model), tag=label)
     if isinstance(model, QuantModel):
-        proto = to_onnx(model, torch_args(inputs, None))
+        proto = to_onnx(model, _quantmodel_call(model, inputs))
         return Subject(type(model).__name__, proto, "qdq", model, tag=label)
     if isinstance(model, torch.nn.Module):
         return Subject(type(model).__name__, torch=model, tag=label)
@@ -83,6 +85,35 @@ def load_subject(model: Any, label: str, inputs: Any) -> Subject:
         f"compare takes ONNX paths, onnx.ModelProto, QuantModel or torch.nn.Module; got "
         f"{type(model).__name__}"
     )
+
+
+def _quantmodel_call(model: QuantModel, inputs: Any) -> Any:
+    """The example call a QuantModel is exported with: a dict of inputs as the keywords it was
+    captured with (a plain value the capture saw, GPT-2's ``use_cache=False``, filled in when the
+    inputs lack it), or positionally in its ``forward``'s order; arrays become tensors."""
+    spec = (getattr(model, "qb_capture", None) or {}).get("inputs")
+    if not isinstance(inputs, Mapping) or spec is None:
+        return torch_args(inputs, None)
+    if not spec["kwargs"]:  # captured positionally: the dict in the forward's parameter order
+        names = list(inspect.signature(model.forward).parameters)[: len(spec["args"])]
+        return torch_args(inputs, names if set(names) <= set(inputs) else None)
+    call = {k: _as_torch(v) for k, v in inputs.items()}
+    for name, entry in spec["kwargs"].items():
+        if name not in call and "value" in entry:
+            call[name] = entry["value"]
+    return {k: call[k] for k in [*spec["kwargs"], *call] if k in call}
+
+
+def _as_torch(x: Any) -> Any:
+    return x if type(x) in PLAIN_VALUES else torch.as_tensor(np.asarray(x))
+
+
+def array_inputs(inputs: Any) -> Any:
+    """``inputs`` without the plain values of a call (``use_cache=False``): those are constants of
+    an exported graph, not arrays to feed it."""
+    if isinstance(inputs, Mapping):
+        return {k: v for k, v in inputs.items() if type(v) not in PLAIN_VALUES}
+    return inputs
 
 
 def read_inputs(inputs: Any) -> Any:

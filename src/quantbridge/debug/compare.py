@@ -21,7 +21,7 @@ from ._match import Site, find_sites, has_blocked_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
-from ._subject import Subject, feeds, load_subject, read_inputs
+from ._subject import Subject, array_inputs, feeds, load_subject, read_inputs
 
 # preferred reference engines, best first (the node-by-node reference of the quantized file)
 _REFERENCES = ("ort-ref", "integer", "ort", "ort-qop", "torch-quant", "openvino")
@@ -123,6 +123,7 @@ def compare(
     subjects = [load_subject(a, "a", data)]
     if b is not None:
         subjects.append(load_subject(b, "b", data))
+    data = array_inputs(data)  # plain values (use_cache=False) were for the QuantModels' export
     quantized = [s for s in subjects if s.quantized]
     if not quantized:
         raise ValueError(

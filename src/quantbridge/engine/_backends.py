@@ -5,11 +5,11 @@ returning the graph outputs in graph order. Sessions know nothing of torch or of
 signature (``_signature`` does that).
 
 * ``onnxruntime``: CPU, or CUDA where ``CUDAExecutionProvider`` is available (``device="auto"``,
-  the default; ``"cpu"`` / ``"cuda"`` to choose). ``threads`` sets intra-op threads;
+  the default; ``"cpu"`` / ``"cuda"`` / ``"cuda:N"`` to choose, in any case, or a ``torch.device``). ``threads`` sets intra-op threads;
   ``providers=[...]`` passes an explicit provider list; ``optimization="all"|"extended"|"basic"|
   "disable"`` the graph optimization level (default: all, as ORT's own default); ``config={}``
   adds session config entries (``{"session.intra_op.allow_spinning": "0"}``).
-* ``openvino``: ``device="CPU"`` (any OpenVINO device name), ``threads`` sets
+* ``openvino``: ``device="CPU"`` (any OpenVINO device name, in any case), ``threads`` sets
   ``INFERENCE_NUM_THREADS``, ``hint="LATENCY"|"THROUGHPUT"`` the performance hint; ``config={}``
   adds raw OpenVINO properties. On CPU and GPU the float arithmetic runs in float32
   (``INFERENCE_PRECISION_HINT="f32"``): OpenVINO's own default there is bf16 on CPUs with
@@ -87,16 +87,18 @@ class OrtSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     @staticmethod
-    def _providers(ort, device: str) -> list[str]:
+    def _providers(ort, device: str) -> list:
+        device = ort_device(device)
         available = ort.get_available_providers()
         cuda = "CUDAExecutionProvider" in available
-        if device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={device!r}: use 'auto', 'cpu' or 'cuda'")
-        if device == "cuda" and not cuda:
+        if device.startswith("cuda") and not cuda:
             raise ValueError(
-                f"device='cuda': this onnxruntime has no CUDAExecutionProvider (it has "
+                f"device={device!r}: this onnxruntime has no CUDAExecutionProvider (it has "
                 f"{', '.join(available)}); pip install onnxruntime-gpu, or use device='cpu'"
             )
+        if device.startswith("cuda:"):
+            index = int(device.partition(":")[2])
+            return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
         if device == "cuda" or (device == "auto" and cuda):
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
@@ -114,7 +116,7 @@ class OpenVinoSession:
     def __init__(self, model: bytes, threads: int | None, options: dict):
         ov = _import(self.engine)
         _check_options(self.engine, options, self.OPTIONS)
-        self.device = str(options.get("device", "CPU"))
+        self.device = openvino_device(options.get("device", "CPU"))
         config = {"PERFORMANCE_HINT": str(options.get("hint", "LATENCY"))}
         base = self.device.split(":")[0].split(".")[0]
         if base in ("CPU", "GPU"):  # float32 as the file says, not the device's bf16 / f16
@@ -137,6 +139,42 @@ class OpenVinoSession:
         with self.lock:
             result = self.request.infer(feeds, share_inputs=True, share_outputs=False)
             return [np.asarray(result[o]) for o in self.outputs]
+
+
+def ort_device(device: Any) -> str:
+    """ONNX Runtime's ``device`` as ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``, from any
+    spelling torch users write (``"CPU"``, ``"cuda:0"``, ``torch.device("cpu")``)."""
+    text = str(device).strip().lower()
+    base, colon, index = text.partition(":")
+    if base == "cuda" and colon and index.isdigit():
+        return f"cuda:{int(index)}"
+    if text not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={device!r}: use 'auto', 'cpu' or 'cuda' (or 'cuda:N')")
+    return text
+
+
+def openvino_device(device: Any) -> str:
+    """OpenVINO's device name (``"CPU"``, ``"GPU.1"``, ``"AUTO:GPU,CPU"``: OpenVINO spells them in
+    capitals) from any case or a ``torch.device``; CUDA is not an OpenVINO device."""
+    text = str(device).strip().upper()
+    if text.split(":")[0] == "CUDA":
+        raise ValueError(
+            f"device={device!r}: OpenVINO runs on Intel CPUs, GPUs and NPUs, not CUDA; use "
+            "device='CPU' (or 'GPU' for an Intel GPU), or engine='onnxruntime' with device='cuda'"
+        )
+    return text
+
+
+_DEVICES = {"onnxruntime": ort_device, "openvino": openvino_device}
+
+
+def normalized_options(engine: str, options: dict) -> dict:
+    """``options`` with ``device`` in the engine's own spelling (a ``torch.device`` becomes its
+    string, so the options stay JSON for ``qb.save``); ValueError for a device it cannot be."""
+    options = dict(options)
+    if "device" in options:
+        options["device"] = _DEVICES[engine_name(engine)](options["device"])
+    return options
 
 
 ENGINES: dict[str, Callable[[bytes, int | None, dict], Any]] = {

@@ -34,7 +34,7 @@ from ..onnx import float_to_onnx, to_onnx
 from ..torch import QuantModel, float_mode
 from ..torch._batches import inputs_from_spec
 from ..torch._model import FLOAT_SWITCHES
-from ._backends import check_options, engine_name, make_session
+from ._backends import check_options, engine_name, make_session, normalized_options
 from ._signature import CallSignature
 
 QUANTIZED, FLOAT = True, False
@@ -78,8 +78,9 @@ class EngineModel(nn.Module):
         super().__init__()
         self.training = False
         self.engine = engine_name(engine)
-        self.threads, self.options = threads, dict(options or {})
-        check_options(self.engine, self.options)
+        self.threads = threads
+        check_options(self.engine, dict(options or {}))
+        self.options = normalized_options(self.engine, options or {})
         self.source_class = source_class
         self._forms = dict(forms)
         self._sessions: dict[bool, Any] = {}
@@ -242,9 +243,18 @@ def to_engine(
     """
     engine = engine_name(engine)
     check_options(engine, options)  # before the export: a typo should not cost a trace
+    options = normalized_options(engine, options)
+    captured = (model.qb_capture or {}).get("dynamic") if isinstance(model, QuantModel) else None
+    if dynamic == "all" and captured in ("batch", "none"):
+        # the captured graph fixed the other sizes (reshapes, positions): the export gave
+        # [batch, 8] for dynamic="all" and no word of it (measured on BERT, GPT-2, a CNN)
+        raise ValueError(
+            f"to_engine(dynamic='all'): this QuantModel was quantized with dynamic={captured!r}, "
+            "so its graph has every other size fixed; quantize with dynamic='all' to vary "
+            "sequence lengths or image sizes"
+        )
     if dynamic is None:
-        capture = model.qb_capture if isinstance(model, QuantModel) else {}
-        dynamic = (capture or {}).get("dynamic", "batch")
+        dynamic = captured or "batch"
     export = {"dynamic": dynamic, "opset": opset}
     if isinstance(model, QuantModel):
         forms = _quantmodel_forms(model, _example(model, example_inputs), export)

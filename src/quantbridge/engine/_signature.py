@@ -48,6 +48,10 @@ class GraphInput:
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
             for d in tensor.shape.dim
         ]
+        try:
+            self.torch_dtype: torch.dtype | None = torch.from_numpy(np.empty(0, self.dtype)).dtype
+        except TypeError:  # a string input: no torch tensor can feed it
+            self.torch_dtype = None
 
     def describe(self) -> str:
         dims = ", ".join("?" if d is None else str(d) for d in self.dims)
@@ -178,7 +182,7 @@ class CallSignature:
         wanted = order[:n_args] + names
         lacking = [n for n in wanted if n not in given]
         if lacking:
-            raise self._error(f"missing input {lacking[0]!r}", TypeError)
+            raise self._error(f"missing input {lacking[0]!r}{self._baked(lacking[0])}", TypeError)
         extra = sorted(given - set(wanted))
         if extra:
             raise self._error(
@@ -186,6 +190,20 @@ class CallSignature:
                 TypeError,
             )
         return tuple(bound[n] for n in order[:n_args]), {k: bound[k] for k in names}
+
+    def _baked(self, name: str) -> str:
+        """For a parameter the export took as a plain value (``use_cache=False``), the hint to
+        pass that value; else ''."""
+        if self.in_spec is None:
+            return ""
+        args, kwargs = pytree.tree_unflatten(self.leaves, self.in_spec)
+        order = [n for n, _ in self.parameters]
+        entry = kwargs.get(name)
+        if entry is None and name in order and order.index(name) < len(args):
+            entry = args[order.index(name)]
+        if isinstance(entry, dict) and "constant" in entry:
+            return f" (the export baked in {name}={entry['constant']!r}: pass that value)"
+        return ""
 
     # -- inputs ---------------------------------------------------------------------------------
     def feeds(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
@@ -218,16 +236,20 @@ class CallSignature:
                 f"{graph_input.describe()}",
                 TypeError,
             )
-        array = value.detach()
-        if array.device.type != "cpu":
-            array = array.cpu()
-        array = array.numpy(force=False) if array.is_contiguous() else array.contiguous().numpy()
-        if array.dtype != graph_input.dtype:
+        # dtype and device are checked on the tensor: numpy has no bfloat16 and a meta tensor no
+        # data, and torch's own errors for them name neither the input nor the fix
+        if value.dtype != graph_input.torch_dtype:
             raise self._error(
                 f"input {name!r} is {_describe_value(value)}; expected "
                 f"{graph_input.describe()} (convert it with .to(torch.{graph_input.dtype.name}))",
                 TypeError,
             )
+        if value.device.type == "meta":
+            raise self._error(f"input {name!r} is on the meta device (no data); pass real values")
+        array = value.detach()
+        if array.device.type != "cpu":
+            array = array.cpu()
+        array = array.numpy(force=False) if array.is_contiguous() else array.contiguous().numpy()
         dims = graph_input.dims
         fixed_ok = all(
             not isinstance(d, int) or d == n for d, n in zip(dims, array.shape, strict=False)
@@ -241,11 +263,37 @@ class CallSignature:
                     " (the export fixed the batch size: quantize with dynamic='batch', or "
                     "export the file with a dynamic batch axis, to vary it)"
                 )
+            elif array.ndim == len(dims) and wrong:  # a sequence length, an image size
+                fix = (
+                    f" (the export fixed dimension {wrong[0]} at {dims[wrong[0]]}: quantize with "
+                    "dynamic='all' and make the engine model again, or export the file with that "
+                    "axis dynamic, to vary it)"
+                )
             raise self._error(
                 f"input {name!r} has shape {list(array.shape)}; expected "
                 f"{graph_input.describe()}{fix}"
             )
         return array
+
+    def call_of(self, feeds: dict[str, Any]) -> tuple[tuple, dict]:
+        """The torch call ``(args, kwargs)`` that ``feeds`` came from (the inverse of ``feeds``):
+        each graph input's array as a tensor, each plain value as the export baked it in (a
+        foreign file: the arrays positionally, in graph order)."""
+        leaves: list[Any] = []
+        for e in self.leaves:
+            if "input" in e:
+                leaves.append(torch.as_tensor(np.asarray(feeds[e["input"]])))
+            elif "constant" in e:
+                leaves.append(e["constant"])
+            else:
+                raise ValueError(
+                    f"the export baked in {e['constant_repr']}, which cannot be rebuilt from "
+                    "arrays; call the torch model itself"
+                )
+        if self.in_spec is None:
+            return tuple(leaves), {}
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        return tuple(args), dict(kwargs)
 
     # -- outputs --------------------------------------------------------------------------------
     def outputs(self, arrays: list[np.ndarray], device: torch.device | None = None) -> Any:

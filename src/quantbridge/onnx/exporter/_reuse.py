@@ -180,7 +180,7 @@ def _build(module: torch.fx.GraphModule) -> torch.export.ExportedProgram:
         if node.op == "placeholder":
             env[node] = graph.placeholder(node.name)
             env[node].meta = dict(node.meta)
-            specs.append(gs.InputSpec(gs.InputKind.USER_INPUT, _arg(env[node]), None))
+            specs.append(gs.InputSpec(gs.InputKind.USER_INPUT, _user_arg(env[node]), None))
         elif node.op == "get_attr":
             env[node] = lifted[node.target]
         elif node.op == "call_module" and node.target == _GUARDS:
@@ -298,6 +298,16 @@ def _non_persistent(module: torch.nn.Module) -> set[str]:
 
 def _arg(node: torch.fx.Node) -> gs.TensorArgument:
     return gs.TensorArgument(name=node.name)
+
+
+def _user_arg(node: torch.fx.Node) -> gs.TensorArgument | gs.ConstantArgument:
+    """A user input's argument as the trace records it: a plain value the capture saw
+    (``use_cache=False``, ``None``) is a constant of the program, not a tensor input (as a
+    tensor it became an int64 ONNX graph input that a later call could not feed)."""
+    val = node.meta.get("val")
+    if isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _arg(node)
+    return gs.ConstantArgument(name=node.name, value=val)
 
 
 def _lift(graph: torch.fx.Graph, fake_mode, prefix: str, name: str, tensor: torch.Tensor):
