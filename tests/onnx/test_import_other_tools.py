@@ -216,3 +216,32 @@ def test_qonnx_forms_without_a_qdq_form_are_refused_naming_the_node(tmp_path):
             ValueError, match=r"QONNX node 'xd' \(op Quant\): rounding_mode FLOOR.*export_onnx_qcdq"
         ):
             call(path)
+
+
+def test_ort_nhwc_qlinear_conv_is_refused_naming_the_node(tmp_path):
+    """ORT_ENABLE_ALL saves convolutions as com.microsoft QLinearConv(channels_last=1) between
+    Transposes (NHWC). Before: import failed in capture ("expected input[N, 8, 8, 3] to have 3
+    channels") and lower with a numpy matmul shape error."""
+    inits = [_const(k, v, t) for k, v, t in [
+        ("s", 0.05, np.float32), ("z", 128, np.uint8), ("w", np.ones((4, 3, 3, 3)), np.int8),
+        ("ws", 0.01, np.float32), ("wz", 0, np.int8)]]  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 3, 1]),
+        helper.make_node("QLinearConv", ["qt", "s", "z", "w", "ws", "wz", "s", "z"], ["c"],
+                         name="conv_nhwc", domain="com.microsoft", channels_last=1,
+                         kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c"], ["ct"], perm=[0, 3, 1, 2]),
+        helper.make_node("DequantizeLinear", ["ct", "s", "z"], ["y"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "nhwc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    for call in (qb.import_onnx, qb.lower):
+        with pytest.raises(ValueError, match=r"conv_nhwc.*channels_last=1 is ONNX Runtime's NHWC"):
+            call(str(tmp_path / "m.onnx"))

@@ -46,8 +46,17 @@ def _float_attrs(ctx: Normaliser, node: onnx.NodeProto) -> dict:
     return {k: v for k, v in ctx.attrs(node).items() if k not in _DROPPED_ATTRS}
 
 
+CHANNELS_LAST_FIX = (
+    "channels_last=1 is ONNX Runtime's NHWC layout (ORT_ENABLE_ALL's layout transformation, "
+    "saved through SessionOptions.optimized_model_filepath); import the QDQ file it was made "
+    "from, or save the optimized model at ORT_ENABLE_EXTENDED"
+)
+
+
 @rule("QLinearConv")
 def _qlinear_conv(ctx: Normaliser, node: onnx.NodeProto) -> None:
+    if ctx.attrs(node).get("channels_last", 0):
+        raise ValueError(f"{ctx.where(node)}: {CHANNELS_LAST_FIX}")
     x = _operand(ctx, node, 0, 1, 2)
     w = _operand(ctx, node, 3, 4, 5, axis=0)
     inputs = [x, w]
