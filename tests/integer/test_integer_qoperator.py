@@ -333,8 +333,8 @@ def test_unknown_contrib_op_is_named_with_the_fix():
     "node, message",
     [(_ms("QLinearGlobalAveragePool", ["q", "s", "z", "s", "z"], "gap_nhwc", channels_last=1),
       r"QLinearGlobalAveragePool 'gap_nhwc': channels_last=1"),
-     (_ms("QLinearSoftmax", ["q", "s", "z", "s", "z"], "sm_old", opset=11),
-      r"QLinearSoftmax 'sm_old': opset-11 Softmax semantics in an opset-17 model"),
+     (_ms("QLinearSoftmax", ["q", "s", "z", "s", "z"], "sm_old", opset=11, axis=0),
+      r"QLinearSoftmax 'sm_old': opset-11 Softmax semantics at axis 0 in an opset-17 model"),
     ],
 )  # fmt: skip
 def test_refused_forms_name_the_node(node, message):

@@ -21,6 +21,7 @@ import onnx
 import torch
 
 from ..onnx import to_onnx
+from ..onnx._qonnx import qonnx_to_qcdq
 from ..optables import INTEGER_OPS
 from ..torch import QuantModel
 from ._match import has_blocked_weights
@@ -66,7 +67,7 @@ def _load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         raise ValueError(f"{os.fspath(path)}: not an ONNX model ({type(e).__name__})") from None
     if not model.HasField("graph"):
         raise ValueError(f"{os.fspath(path)}: not an ONNX model (no graph)")
-    return model
+    return qonnx_to_qcdq(model)  # QONNX's Quant (Brevitas, FINN): ONNX Runtime runs its QCDQ form
 
 
 def load_subject(model: Any, label: str, inputs: Any) -> Subject:

@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from ...onnx._load import parse_onnx
+from ...onnx._qonnx import qonnx_to_qcdq
 from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from ...onnx.passes import unfold, unfoldable_ops
@@ -58,6 +59,10 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         raise FileNotFoundError(f"no ONNX file at {os.fspath(src)!r}")
     else:
         model = parse_onnx(lambda: onnx.load(os.fspath(src)), repr(os.fspath(src)))
+    try:
+        model = qonnx_to_qcdq(model)  # QONNX's Quant op (Brevitas, FINN) as Q -> Clip -> DQ
+    except ValueError as e:
+        raise LoweringError(str(e)) from e
     try:
         model = unfold(model)
     except ValueError as e:

@@ -151,6 +151,9 @@ def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> lis
         return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi), x.bound, x.accumulator)]
     if node.op_type == "Clip" and isinstance(x, QValue) and x.integer:
         return [_clamp_codes(b, node, x.tensor, lo, hi)]
+    if node.op_type == "Clip" and isinstance(x, Const) and x.array.dtype.kind in "iu":
+        # integer weight codes -> Clip -> DequantizeLinear (Brevitas's QCDQ export): the codes
+        return [Const(np.clip(x.array, lo, hi).astype(x.array.dtype))]
     composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))
     if composed is None:
         raise LoweringError(f"{describe_node(node)}: input is not a quantized tensor")

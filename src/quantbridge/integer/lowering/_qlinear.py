@@ -72,6 +72,12 @@ def _pad(ins: list[Value | None], n: int) -> list[Value | None]:
 @register_lowering("QLinearConv")
 def _qlinear_conv(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x, xs, xz, w, ws, wz, ys, yz, bias = _pad(ins, 9)
+    if any(a.name == "channels_last" and a.i for a in node.attribute):
+        raise LoweringError(
+            f"{describe_node(node)}: channels_last=1 is ONNX Runtime's NHWC layout "
+            "(ORT_ENABLE_ALL's layout transformation); lower the QDQ file it was made from, or "
+            "save the optimized model at ORT_ENABLE_EXTENDED"
+        )
     x_scale, x_zero = float(_one(node, xs, "x_scale")), int(_one(node, xz, "x_zero_point"))
     xt = int_operand(b, node, x, x_scale, x_zero)
     w_scale = np.asarray(as_const(node, ws, "w_scale"))

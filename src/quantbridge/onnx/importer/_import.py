@@ -47,6 +47,7 @@ from torch import nn
 from ...optables import is_quantized_op
 from ...torch._model import QuantModel
 from .._load import parse_onnx
+from .._qonnx import qonnx_to_qcdq
 from . import (  # noqa: F401 - registries
     _cast,
     _dynamic,
@@ -105,7 +106,7 @@ def import_onnx(
     node that would pin such a dimension to the example's size. ``example_inputs`` gives the
     sizes to try (default 2 for the batch, 64 + i for other free dimensions).
     """
-    proto = _load(model)
+    proto = qonnx_to_qcdq(_load(model))  # QONNX's Quant op (Brevitas, FINN) as Q -> Clip -> DQ
     if is_quantized(proto):
         proto = widen_float16(proto)  # ModelOpt's float16 graphs, read as float32 (warns)
         proto = fold_constant_quantize(proto)  # float weights quantized at run time: their codes

@@ -1,6 +1,11 @@
 """QDQ rules of the normalisation (Cases 1-4 of ``_quantized``): QuantizeLinear,
 DequantizeLinear, and Clip on integer tensors (narrow and sub-8-bit grids).
 
+Case 4b: a Clip of an integer constant (Brevitas's QCDQ export writes each weight as
+``int8 codes -> Clip(lo, hi) -> DequantizeLinear``, ``[-7, 7]`` for 4-bit narrow-range weights)
+clips the codes and narrows the grid the DequantizeLinear reads them on, so a fine-tuned weight
+stays on the file's grid.
+
 Blocked quantization (opset 21 ``block_size``: group-wise int4 / uint4 / int8 / uint8 weights, as
 ONNX Runtime's ``MatMulNBitsQuantizer`` in QDQ format and ModelOpt's int4 modes write them) is
 imported for constants: a DequantizeLinear of integer codes (Case 2) and a QuantizeLinear of a
@@ -12,7 +17,7 @@ import numpy as np
 import onnx
 
 from ...numerics import quantize
-from ._qparams import onnx_type_of
+from ._qparams import INTEGER_TYPES, onnx_type_of, type_range
 from ._quantized import SITE_OP, Normaliser, rule
 
 
@@ -54,6 +59,8 @@ def _dequantize_linear(ctx: Normaliser, node: onnx.NodeProto) -> None:
     )
     qp = ctx.qparams(node, y, 1, 2, attrs.get("axis", 1), codes_type if block_size else None,
                      block_size)  # fmt: skip
+    if y in ctx.const_bounds:  # Case 4b
+        qp = qp.narrowed(*ctx.const_bounds[y], ctx.where(node))
     if y in ctx.consts:  # Case 2
         source = ctx.read(node, y, qp)
         if source != out:  # the same integers dequantized before: one more name for them
@@ -77,12 +84,12 @@ def _block_size(ctx: Normaliser, node: onnx.NodeProto, attrs: dict, x: str) -> i
     return block_size
 
 
-@rule("Clip", quantized=False)
-def _clip(ctx: Normaliser, node: onnx.NodeProto) -> None:
-    site = ctx.grid(node.input[0])
-    if site is None:  # a float Clip
-        ctx.default(node)
-        return
+def _integer_codes(ctx: Normaliser, x: str) -> bool:
+    codes = ctx.consts.get(x)
+    return codes is not None and (x in ctx.const_types or onnx_type_of(codes) in INTEGER_TYPES)
+
+
+def _clip_bounds(ctx: Normaliser, node: onnx.NodeProto, qmin: int, qmax: int) -> tuple[int, int]:
     bounds = [ctx.const(i) if i else None for i in list(node.input[1:3])]
     attrs = ctx.attrs(node)
     if ctx.opset < 11:
@@ -91,11 +98,31 @@ def _clip(ctx: Normaliser, node: onnx.NodeProto) -> None:
         b is None and i < len(node.input) - 1 and node.input[i + 1] for i, b in enumerate(bounds)
     ):
         raise ValueError(f"{ctx.where(node)}: integer Clip bounds must be constants")
-    qp = site.qparams
-    lo = qp.qmin if len(bounds) < 1 or bounds[0] is None else int(bounds[0])
-    hi = qp.qmax if len(bounds) < 2 or bounds[1] is None else int(bounds[1])
-    narrow = qp.narrowed(lo, hi, ctx.where(node))
+    lo = qmin if len(bounds) < 1 or bounds[0] is None else int(bounds[0])
+    hi = qmax if len(bounds) < 2 or bounds[1] is None else int(bounds[1])
+    return lo, hi
+
+
+@rule("Clip", quantized=False)
+def _clip(ctx: Normaliser, node: onnx.NodeProto) -> None:
     x, out = node.input[0], node.output[0]
+    if _integer_codes(ctx, x):  # Case 4b: integer weight codes -> Clip -> DQ
+        codes = ctx.consts[x]
+        qmin, qmax = type_range(ctx.const_types.get(x) or onnx_type_of(codes))
+        lo, hi = _clip_bounds(ctx, node, qmin, qmax)
+        if x in ctx.const_bounds:  # a Clip of clipped codes
+            lo, hi = max(lo, ctx.const_bounds[x][0]), min(hi, ctx.const_bounds[x][1])
+        ctx.consts[out] = np.clip(codes, lo, hi).astype(codes.dtype)
+        if x in ctx.const_types:
+            ctx.const_types[out] = ctx.const_types[x]
+        ctx.const_bounds[out] = (lo, hi)
+        return
+    site = ctx.grid(x)
+    if site is None:  # a float Clip
+        ctx.default(node)
+        return
+    qp = site.qparams
+    narrow = qp.narrowed(*_clip_bounds(ctx, node, qp.qmin, qp.qmax), ctx.where(node))
     producer = ctx.nodes[-1] if ctx.nodes else None
     only_reader = ctx.readers.get(x, 0) == 1
     if (

@@ -46,8 +46,17 @@ def _float_attrs(ctx: Normaliser, node: onnx.NodeProto) -> dict:
     return {k: v for k, v in ctx.attrs(node).items() if k not in _DROPPED_ATTRS}
 
 
+CHANNELS_LAST_FIX = (
+    "channels_last=1 is ONNX Runtime's NHWC layout (ORT_ENABLE_ALL's layout transformation, "
+    "saved through SessionOptions.optimized_model_filepath); import the QDQ file it was made "
+    "from, or save the optimized model at ORT_ENABLE_EXTENDED"
+)
+
+
 @rule("QLinearConv")
 def _qlinear_conv(ctx: Normaliser, node: onnx.NodeProto) -> None:
+    if ctx.attrs(node).get("channels_last", 0):
+        raise ValueError(f"{ctx.where(node)}: {CHANNELS_LAST_FIX}")
     x = _operand(ctx, node, 0, 1, 2)
     w = _operand(ctx, node, 3, 4, 5, axis=0)
     inputs = [x, w]
@@ -94,12 +103,37 @@ def _qlinear_unary(ctx: Normaliser, node: onnx.NodeProto) -> None:
     attrs = ctx.attrs(node)
     if attrs.get("channels_last", 0):
         raise ValueError(f"{ctx.where(node)}: channels_last=1 is not supported")
-    if node.op_type == "QLinearSoftmax" and attrs.get("opset", ctx.opset) >= 13 > ctx.opset:
-        raise ValueError(
-            f"{ctx.where(node)}: opset-13 Softmax semantics in an opset-{ctx.opset} model"
-        )
+    if node.op_type == "QLinearSoftmax":
+        return _qlinear_softmax(ctx, node, attrs)
     x = _operand(ctx, node, 0, 1, 2)
     _output(ctx, node, _UNARY[node.op_type], [x], 3, 4, **_float_attrs(ctx, node))
+
+
+def _qlinear_softmax(ctx: Normaliser, node: onnx.NodeProto, attrs: dict) -> None:
+    """QLinearSoftmax's ``opset`` attribute gives its Softmax semantics, not the model's (ONNX
+    Runtime's qlinear_softmax.cc): below 13 the input is flattened to 2-D at ``axis`` (softmax
+    over all dimensions from ``axis`` on), from 13 ``axis`` is one dimension. A missing ``axis``
+    is -1 at every opset: the contrib schema's default fills it before the kernel's opset-12
+    default of 1 is reached (measured, ORT 1.32: ORT's quantizer writes an opset-12 Softmax as
+    QLinearSoftmax(opset=12) with no axis, and ORT computes it over the last axis, not as the
+    float model does). Opset-12 semantics at another axis in an opset >= 13 model are written
+    ``Flatten(axis) -> Softmax(-1) -> Reshape(Shape(x))``, their definition."""
+    semantics = int(attrs.get("opset", ctx.opset))
+    axis = int(attrs.get("axis", -1))
+    if semantics >= 13 > ctx.opset and axis != -1:
+        raise ValueError(
+            f"{ctx.where(node)}: opset-{semantics} Softmax semantics (one axis, {axis}) in an "
+            f"opset-{ctx.opset} model; re-export the model at opset >= 13"
+        )
+    x = _operand(ctx, node, 0, 1, 2)
+    if axis == -1 or (semantics < 13) == (ctx.opset < 13):
+        _output(ctx, node, "Softmax", [x], 3, 4, axis=axis)
+        return
+    flat, soft, shape = (f"{node.output[0]}_qb_{k}" for k in ("flat", "softmax", "shape"))
+    ctx.emit("Flatten", [x], [flat], name=f"{node.name}/flatten", axis=axis)
+    ctx.emit("Softmax", [flat], [soft], name=f"{node.name}/softmax", axis=-1)
+    ctx.emit("Shape", [x], [shape], name=f"{node.name}/shape")
+    _output(ctx, node, "Reshape", [soft, shape], 3, 4)
 
 
 @rule("QLinearConcat")

@@ -143,6 +143,7 @@ class Normaliser:
         self.unsupported: dict[str, str] = {}  # op type -> first node
         self._dequantized: dict[tuple, str] = {}
         self.const_types: dict[str, int] = {}  # integer constants computed here (Q of a weight)
+        self.const_bounds: dict[str, tuple[int, int]] = {}  # integer constant -> Clip (Case 4b)
         self.dynamic: dict[str, tuple[str, str]] = {}  # DynamicQuantizeLinear y -> (scale, zp)
         self.absorbed: set[str] = set()  # outputs of nodes a rule rewrote with an earlier node
         self.pending: dict[str, onnx.NodeProto] = {}  # Gather of an integer table (Case 5b)

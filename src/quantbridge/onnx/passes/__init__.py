@@ -2,6 +2,8 @@
 ``openvino_layout``: a QDQ model with Q/DQ pairs only where OpenVINO runs int8 (``_openvino``).
 ``UnfoldQOperator`` (``unfold``): ONNX Runtime's contrib QOperator ops (QLinearAdd, QGemm, ...)
 back to ``DQ -> float op -> Q``, their definition (``_unfold``, whose docstring numbers its cases).
+``qonnx_to_qcdq``: QONNX's ``Quant`` op (Brevitas ``export_qonnx``, FINN) as Q -> Clip -> DQ
+(``onnx/_qonnx``); import, fold and lower apply it first.
 
 A pass is stateless and follows one contract, ``Pass()(model) -> PassResult(model, modified)``.
 Fold handlers live in a registry keyed by op type (``@register_fold("Conv")``, ``_registry``).
@@ -13,6 +15,7 @@ Rewrite cases of ``FoldQOperator`` (each labelled ``# Case n`` where it is imple
    A per-channel weight DQ moves below a Transpose by transposing the stored integers.
 2. ``M -> Q`` becomes ``Q -> M`` for the same ops.
 3. ``DQ -> Q`` with the same parameters cancels (the readers of Q read DQ's input).
+   (3b, 3c in ``_normalize``: a Q in front of a Relu/Clip; a Clip of integer constant codes.)
 4. ``Conv`` -> ``QLinearConv`` (grouped and depthwise included).
 5. ``Gemm`` -> ``QGemm`` (com.microsoft).
 6. ``MatMul`` -> ``QLinearMatMul``.
@@ -33,6 +36,7 @@ ONNX Runtime itself runs the op in float between the Q/DQ (e.g. a spatial Reduce
 most one output step at float rounding ties.
 """
 
+from .._qonnx import qonnx_to_qcdq
 from ._fold import FoldQOperator, PassResult, check_foldable, fold
 from ._normalize import INTEGER_DATA_MOVEMENT
 from ._openvino import openvino_layout
@@ -48,6 +52,7 @@ __all__ = [
     "fold",
     "foldable_ops",
     "openvino_layout",
+    "qonnx_to_qcdq",
     "register_fold",
     "unfold",
     "unfoldable_ops",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from .._load import parse_onnx
+from .._qonnx import qonnx_to_qcdq
 from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import widen_float16
 from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they register folds)
@@ -139,6 +140,12 @@ def _to_model(model: onnx.ModelProto, g: GraphView) -> onnx.ModelProto:
     del graph.node[:], graph.initializer[:], graph.value_info[:]
     graph.node.extend(_topological(nodes, available))
     graph.initializer.extend(inits)
+    # an initializer listed as a graph input (IR < 4 style; Brevitas's dynamo export lifts every
+    # constant so) whose initializer the fold dropped is no input of the folded model
+    dropped = {i.name for i in model.graph.initializer} - {t.name for t in inits}
+    kept = [i for i in graph.input if i.name not in dropped]
+    del graph.input[:]
+    graph.input.extend(kept)
     if any(n.domain == MS_DOMAIN for n in nodes) and all(
         o.domain != MS_DOMAIN for o in out.opset_import
     ):
@@ -167,7 +174,7 @@ def fold(
         raise TypeError(f"fold expects a path or an onnx.ModelProto, got {type(src).__name__}")
     # QLinearConv & co. take float32 scales: a float16 graph (ModelOpt) folds as float32 (warns)
     # a weight quantized at run time (ModelOpt: float W -> QuantizeLinear) folds as its codes
-    model = fold_constant_quantize(widen_float16(model, float_casts="identity"))
+    model = fold_constant_quantize(widen_float16(qonnx_to_qcdq(model), float_casts="identity"))
     folded = FoldQOperator()(model).model
     if dst is not None:
         onnx.save(folded, os.fspath(dst))

@@ -32,6 +32,11 @@ class QInput:
     dequantize: onnx.NodeProto
 
 
+# the integer operators (QLinearConv, QGemm, QLinearAdd ...) take 8-bit codes only: int16 and
+# int4 tensors (ORT's A16W8 / int4 QDQ, also in the com.microsoft domain) stay in QDQ form
+EIGHT_BIT = frozenset({TensorProto.INT8, TensorProto.UINT8})
+
+
 @dataclass(frozen=True)
 class QOutput:
     """The QuantizeLinear that quantizes a node's output, and the absorbed activation if any."""
@@ -54,7 +59,7 @@ def q_input(g: GraphView, tensor: str, per_tensor: bool = True) -> QInput | None
     if dq is None:
         return None
     params = g.qparams(dq)
-    if params is None or (per_tensor and not params.per_tensor):
+    if params is None or (per_tensor and not params.per_tensor) or params.dtype not in EIGHT_BIT:
         return None
     return QInput(dq.input[0], params, dq)
 
@@ -70,7 +75,7 @@ def q_output(g: GraphView, node: onnx.NodeProto) -> QOutput | None:
     if user is None or user.op_type != "QuantizeLinear" or user.input[0] == "":
         return None
     params = g.qparams(user)
-    if params is None or not params.per_tensor:
+    if params is None or not params.per_tensor or params.dtype not in EIGHT_BIT:
         return None
     if activation is not None and not absorbed(g, activation, params):
         return None

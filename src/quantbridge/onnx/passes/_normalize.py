@@ -9,6 +9,9 @@ select elements; MaxPool takes a maximum, and its padding is the type's minimum 
 ``Q`` is non-decreasing and elementwise, so ``Q(M(x)) == M(Q(x))`` for the same ops; and
 ``Q(DQ(q)) == q`` for the same parameters (``round(q - z) + z = q``, inside the range).
 
+Case 3c (``_clip_constant_codes``): a Clip of integer constant codes with constant bounds is
+the clipped constant (exact: it is evaluated once, on the integers the file holds).
+
 Case 3b (``_quantize_before_activation``): ``op -> Relu/Clip -> Q`` where Q does not absorb the
 activation (``_match.absorbed``: a signed grid after a Relu, as NVIDIA ModelOpt writes) becomes
 ``op -> Q -> DQ -> Relu/Clip -> Q`` with the output Q's parameters, so that ``op -> Q`` folds
@@ -175,6 +178,23 @@ def _quantize_before_activation(g: GraphView, q: onnx.NodeProto) -> Rewrite | No
     return Rewrite(remove=[act], add=[new_q, new_dq, new_act])
 
 
+# Case 3c
+def _clip_constant_codes(g: GraphView, clip: onnx.NodeProto) -> Rewrite | None:
+    """Case 3c: ``integer constant -> Clip(constant bounds)`` (Brevitas's QCDQ weights:
+    ``int8 codes -> Clip(-7, 7) -> DQ``) becomes the clipped constant, named as Clip's output."""
+    init = g.initializers.get(clip.input[0]) if clip.input else None
+    if init is None or clip.output[0] in g.outputs or g.opset < 11:
+        return None
+    codes = numpy_helper.to_array(init)
+    names = [*clip.input[1:3], "", ""][:2]
+    if codes.dtype.kind not in "iu" or any(t and t not in g.initializers for t in names):
+        return None
+    lo, hi = (numpy_helper.to_array(g.initializers[t]) if t else None for t in names)
+    clipped = codes.clip(lo, hi) if lo is not None or hi is not None else codes
+    init = numpy_helper.from_array(clipped.astype(codes.dtype), clip.output[0])
+    return Rewrite(remove=[clip], add=[], initializers=[init])
+
+
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
@@ -187,6 +207,8 @@ def _first_rewrite(g: GraphView) -> Rewrite | None:
             )
         elif n.op_type in INTEGER_DATA_MOVEMENT and n.input:
             rewrite = _sink_dequantize(g, n)
+        elif n.op_type == "Clip":
+            rewrite = _clip_constant_codes(g, n)
         if rewrite is not None:
             return rewrite
     return None

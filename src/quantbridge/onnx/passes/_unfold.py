@@ -8,7 +8,8 @@ Rewrite cases (each labelled ``# Case n`` below):
 1. ``QLinearAdd`` / ``QLinearMul`` -> ``DQ(a), DQ(b) -> Add / Mul -> Q``.
 2. ``QLinearSigmoid`` / ``QLinearLeakyRelu`` / ``QLinearSoftmax`` / ``QLinearAveragePool`` /
    ``QLinearGlobalAveragePool`` -> ``DQ -> op (same attributes) -> Q``; ``channels_last=1`` is
-   refused, QLinearSoftmax's ``opset`` attribute must give the model's Softmax semantics.
+   refused; QLinearSoftmax's ``opset`` attribute must give the model's Softmax semantics unless
+   ``axis`` is -1 (or missing: the schema's default), where both semantics agree.
 3. ``QLinearConcat`` -> ``DQ(x_i) -> Concat -> Q``.
 4. ``QGemm`` -> ``DQ(A), DQ(B) [per column], DQ(C: int32, scale A_scale x B_scale) -> Gemm
    [-> Q]`` (no ``y_scale``: a float output); ``alpha`` must be 1.
@@ -172,14 +173,15 @@ def _one_operand(ctx: _Context, node: onnx.NodeProto) -> list[onnx.NodeProto]:
     # Case 2
     attrs = _no_channels_last(node, attributes(node))
     if node.op_type == "QLinearSoftmax":
+        # a missing axis is the contrib schema's -1 at every opset (importer/_qoperator.py)
         semantics = int(attrs.pop("opset", ctx.opset))
-        if (semantics >= 13) != (ctx.opset >= 13):
+        attrs["axis"] = int(attrs.get("axis", -1))
+        if attrs["axis"] != -1 and (semantics >= 13) != (ctx.opset >= 13):
             raise ValueError(
-                f"{label(node)}: opset-{semantics} Softmax semantics in an opset-{ctx.opset} "
-                "model (the axis default and the 2-D flattening changed at opset 13); "
+                f"{label(node)}: opset-{semantics} Softmax semantics at axis {attrs['axis']} "
+                f"in an opset-{ctx.opset} model (the 2-D flattening changed at opset 13); "
                 "re-quantize the model with its own opset"
             )
-        attrs.setdefault("axis", -1 if semantics >= 13 else 1)
     dx, x = _dq(ctx, node, 0, 0, 1, 2)
     float_op = QOPERATOR_FLOAT_OPS[node.op_type]
     return _unary(ctx, node, float_op, [x], [dx], 3, 4, [_arg(node, 4), _arg(node, 2)], **attrs)
