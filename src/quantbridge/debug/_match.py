@@ -24,6 +24,7 @@ reported and the rest is compared.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ._gain import elementwise_gain
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -52,7 +54,8 @@ class Site:
     inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
-    gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|
+    gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
+    # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
     @property
     def quantized(self) -> bool:
@@ -125,15 +128,18 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
         )
     nodes = {n.output[0]: n for n in graph.node if n.output}
-    out = [
-        Site(**{
-            **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
-            "inputs": _upstream(nodes[s.name], sites, producer)[0],
-            "unit_gain": _upstream(nodes[s.name], sites, producer)[1],
-            **_product(nodes[s.name], sites, producer, consts),
-        })
-        for s in sites.values()
-    ]  # fmt: skip
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
+    out = []
+    for s in sites.values():
+        node = nodes[s.name]
+        inputs, unit_gain = _upstream(node, sites, producer)
+        known = {"inputs": inputs, "unit_gain": unit_gain}
+        # a product, else a chain of elementwise ops of one site (GELU, Sigmoid ...): its slope
+        known.update(
+            _product(node, sites, producer, consts)
+            or elementwise_gain(node, sites, producer, consts, opset)
+        )
+        out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}
     for o in graph.output:
         if o.name not in held:
@@ -249,9 +255,26 @@ def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | No
     else:
         source, op, layer = "", node.op_type, node.name
     if scale_name not in seen_scales:  # the recorded quantizer owns the first Q of its scale
-        layer = names.get(scale_name, layer)
+        layer = _label(names.get(scale_name), layer)
     seen_scales.add(scale_name)
     return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
+
+
+# torch calls that compute nothing (a quantizer is named after the fx node it reads)
+_NO_OP_CALL = re.compile(r"(to|contiguous|clone|detach|float|type_as|alias|_to_copy)(_\d+)?")
+
+
+def _label(quantizer: str | None, node: str) -> str:
+    """The site's layer: its quantizer's name; where that names a call that computes nothing
+    (``encoder/to`` after ``x.transpose(1, 2).to(dtype)``), the quantizer's module and the
+    ONNX node computing the tensor instead (``encoder/transpose``)."""
+    if not quantizer:
+        return node
+    module, _, call = quantizer.rpartition("/")
+    if not _NO_OP_CALL.fullmatch(call) or not node:
+        return quantizer
+    op = node.removeprefix("node_")
+    return f"{module}/{op}" if module else op
 
 
 def _dynamic_site(node, producer, order) -> Site:

@@ -1,0 +1,179 @@
+"""compare's credit for an error carried through an elementwise chain (``debug/_gain``): a
+1-step input difference through a GELU and requantized is "rounding", not a first divergence
+(wav2vec2 in OpenVINO against ONNX Runtime named a false divergence right after a GELU), and
+each op's slope bound equals the one computed here independently, in closed form."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from debug_models import conv_1x1_qdq
+from onnx import helper, numpy_helper
+
+import quantbridge as qb
+from quantbridge.debug._match import find_sites
+
+SQRT2 = math.sqrt(2.0)
+
+
+def _gelu_nodes(x: str, out: str) -> tuple[list, list]:
+    """The exporter's decomposed GELU: x * (0.5 * (1 + erf(x / sqrt 2)))."""
+    inits = [numpy_helper.from_array(np.float32(v), n)
+             for n, v in (("g_sqrt2", SQRT2), ("g_one", 1.0), ("g_half", 0.5))]  # fmt: skip
+    nodes = [
+        helper.make_node("Div", [x, "g_sqrt2"], ["g_d"]),
+        helper.make_node("Erf", ["g_d"], ["g_e"]),
+        helper.make_node("Add", ["g_e", "g_one"], ["g_a"]),
+        helper.make_node("Mul", ["g_half", "g_a"], ["g_h"]),
+        helper.make_node("Mul", [x, "g_h"], [out], name="node_gelu"),
+    ]
+    return nodes, inits
+
+
+def test_a_tie_carried_through_a_gelu_and_a_transpose_is_rounding():
+    # the tie model (1-step differences between ort-ref and integer at odd input codes, see
+    # test_known_disagreement), then GELU and a Transpose, requantized on a 4x finer step: up to
+    # 1.13 * 4 steps apart there, all of it carried. Before, no credit through the GELU: a
+    # "divergence" at the requantization.
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    gelu, inits = _gelu_nodes(out, "gelu")
+    model.graph.initializer.extend(
+        inits + [numpy_helper.from_array(np.float32(0.05), "s_fine"),
+                 numpy_helper.from_array(np.uint8(0), "z_fine")]
+    )  # fmt: skip
+    model.graph.node.extend(gelu + [
+        helper.make_node("Transpose", ["gelu"], ["tr"], perm=[0, 1, 3, 2], name="node_transpose"),
+        helper.make_node("QuantizeLinear", ["tr", "s_fine", "z_fine"], ["fq"], name="fine"),
+        helper.make_node("DequantizeLinear", ["fq", "s_fine", "z_fine"], ["fine_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "fine_out"
+    # quantbridge's export record names the quantizer after the fx node it reads, here a no-op
+    # ``.to(dtype)`` after the transpose (wav2vec2's pos_conv_embed: "encoder/to")
+    record = {"encoder/to_2": {"scale": "s_fine", "kind": "activation"}}
+    helper.set_model_props(model, {"quantbridge.quantizers": json.dumps(record)})
+    onnx.checker.check_model(model, full_check=True)
+    x = np.arange(64, dtype=np.float32).reshape(1, 1, 8, 8) * np.float32(0.1)
+    r = qb.compare(model, inputs={"x": x}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    by_name = {t["name"]: t for t in r.tensors}
+    tie, fine = by_name["yq"]["pairs"][0], by_name["fq"]["pairs"][0]
+    assert tie["max_lsb"] == pytest.approx(1.0)  # the premise: a 1-step tie upstream
+    # the GELU's slope between neighbouring codes of yq (step 0.2, codes 0..255 from 0),
+    # in closed form: x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2
+    v = np.arange(256) * 0.2
+    gelu_v = v * (1 + np.array([math.erf(t / SQRT2) for t in v])) / 2
+    slope = np.abs(np.diff(gelu_v)).max() / 0.2
+    assert fine["carried_lsb"] == pytest.approx(slope * 0.2 / 0.05, rel=1e-4)  # float32 eval
+    assert fine["max_lsb"] > 2, fine  # the premise: beyond one step here
+    assert fine["class"] == "rounding", fine
+    assert r.first_divergence is None
+    # the label names the op computing the tensor, not the no-op call (was "encoder/to_2")
+    assert by_name["fq"]["layer"] == "encoder/transpose"
+
+
+def _phi(x):
+    return math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+
+
+def _sig(x):
+    return 1 / (1 + math.exp(-x))
+
+
+# op -> (ONNX nodes from "u" to "y", its function in closed form, its slope bound on the whole
+# line: derived in the comment)
+CASES = {
+    # d/dx x Phi(x) = Phi(x) + x phi(x); its derivative phi(x) (2 - x^2) is 0 at x = sqrt 2
+    "gelu": (
+        None,
+        lambda x: x * (1 + math.erf(x / SQRT2)) / 2,
+        0.5 * (1 + math.erf(1.0)) + SQRT2 * _phi(SQRT2),
+    ),
+    # d/dx x s(x) = s (1 + x (1 - s)); its derivative s (1 - s) (2 + x (1 - 2 s)) is 0 at
+    # x = 2.3994 (numerically), where the slope is 1.0998
+    "silu": (
+        [helper.make_node("Sigmoid", ["u"], ["s"]), helper.make_node("Mul", ["u", "s"], ["y"])],
+        lambda x: x * _sig(x),
+        1.0998,
+    ),
+    # s' = s (1 - s) <= 1/4 at 0
+    "sigmoid": ([helper.make_node("Sigmoid", ["u"], ["y"])], _sig, 0.25),
+    "tanh": ([helper.make_node("Tanh", ["u"], ["y"])], math.tanh, 1.0),  # 1 - tanh^2 <= 1
+    # x (x + 3) / 6 on [-3, 3]: slope (2x + 3) / 6, 3/2 at x = 3
+    "hardswish": (
+        [helper.make_node("HardSwish", ["u"], ["y"])],
+        lambda x: x * min(max(x + 3, 0), 6) / 6,
+        1.5,
+    ),
+    # torch's hardsigmoid: alpha 1/6, beta 1/2: slope 1/6 inside [-3, 3]
+    "hardsigmoid": (
+        [helper.make_node("HardSigmoid", ["u"], ["y"], alpha=1 / 6, beta=0.5)],
+        lambda x: min(max(x / 6 + 0.5, 0), 1),
+        1 / 6,
+    ),
+    "leakyrelu": (
+        [helper.make_node("LeakyRelu", ["u"], ["y"], alpha=0.1)],
+        lambda x: x if x > 0 else 0.1 * x,
+        1.0,
+    ),
+    "erf": ([helper.make_node("Erf", ["u"], ["y"])], math.erf, 2 / math.sqrt(math.pi)),
+    # exp has no bound on the line: on the codes' range, its value at the top
+    "exp": ([helper.make_node("Exp", ["u"], ["y"])], math.exp, None),
+}
+
+
+def _chain_model(nodes, extra=()) -> onnx.ModelProto:
+    """x -> Q(0.03, zero point 128) -> DQ = u -> nodes -> y -> Q(0.01) -> DQ."""
+    inits = [numpy_helper.from_array(np.float32(0.03), "s_u"),
+             numpy_helper.from_array(np.uint8(128), "z_u"),
+             numpy_helper.from_array(np.float32(0.01), "s_y"),
+             numpy_helper.from_array(np.int8(0), "z_y"), *extra]  # fmt: skip
+    body = [
+        helper.make_node("QuantizeLinear", ["x", "s_u", "z_u"], ["uq"]),
+        helper.make_node("DequantizeLinear", ["uq", "s_u", "z_u"], ["u"]),
+        *nodes,
+        helper.make_node("QuantizeLinear", ["y", "s_y", "z_y"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "s_y", "z_y"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        body, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [4])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_each_elementwise_ops_slope_bound(op):
+    nodes, f, line_bound = CASES[op]
+    inits = []
+    if nodes is None:
+        nodes, inits = _gelu_nodes("u", "y")
+    model = _chain_model(nodes, inits)
+    site = {s.name: s for s in find_sites(model)}["yq"]
+    assert site.inputs == ("uq",)
+    # independent: the closed form on every code of u (x = (k - 128) * 0.03, k = 0..255)
+    v = (np.arange(256) - 128) * 0.03
+    fv = np.array([f(t) for t in v])
+    expected = np.abs(np.diff(fv)).max() / 0.03
+    # the chain is evaluated in float32: differences of values up to e^3.8 = 45 carry ~4e-6
+    assert site.gain == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    if line_bound is not None:  # the codes span [-3.84, 3.81] with 0.03 steps: the maximum
+        # is there, within the slope's change over one step (f'' * 0.03)
+        assert site.gain == pytest.approx(line_bound, abs=0.01)
+        assert site.gain <= line_bound + 1e-4
+    else:
+        assert site.gain == pytest.approx(math.exp(v[-1]), rel=0.02)  # exp's slope at the top
+
+
+def test_a_chain_with_a_per_channel_constant_gets_no_slope():
+    scale = numpy_helper.from_array(np.full(4, 2.0, np.float32), "c4")
+    model = _chain_model([helper.make_node("Mul", ["u", "c4"], ["t"]),
+                          helper.make_node("Erf", ["t"], ["y"])], [scale])  # fmt: skip
+    site = {s.name: s for s in find_sites(model)}["yq"]
+    assert site.gain is None
