@@ -177,3 +177,37 @@ def test_a_chain_with_a_per_channel_constant_gets_no_slope():
                           helper.make_node("Erf", ["t"], ["y"])], [scale])  # fmt: skip
     site = {s.name: s for s in find_sites(model)}["yq"]
     assert site.gain is None
+
+
+def test_a_tie_carried_through_a_matmul_of_two_activations_is_rounding():
+    # the tie model's output times itself by MatMul (attention's Q K^T reads two quantized
+    # activations; wav2vec2 OV vs ORT named such a MatMul the first divergence, 2 steps on 0.05%
+    # of values, its inputs 1 step apart): the bound |da| @ |a| + |a| @ |da| + |da| @ |da|
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.float32(0.1), "s_mm"),
+        numpy_helper.from_array(np.uint8(0), "z_mm"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("MatMul", [out, out], ["mm"]),
+        helper.make_node("QuantizeLinear", ["mm", "s_mm", "z_mm"], ["mm_q"], name="mm"),
+        helper.make_node("DequantizeLinear", ["mm_q", "s_mm", "z_mm"], ["mm_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "mm_out"
+    onnx.checker.check_model(model, full_check=True)
+    # codes 0..15: products summed over 8 stay below 8 * 1.6^2 = 20.5, 205 steps of 0.1
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    mm = {t["name"]: t["pairs"][0] for t in r.tensors}["mm_q"]
+    # the bound recomputed independently (test_known_disagreement's product test: node by node
+    # rounds float32(q * 0.1f) / 0.2f, the integer program q / 2 to even)
+    q = codes.reshape(8, 8).astype(np.int64)
+    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
+    da = np.abs(a - np.rint(q / 2.0) * 0.2)
+    bound = float((da @ np.abs(a) + np.abs(a) @ da + da @ da).max())
+    assert mm["carried_lsb"] == pytest.approx(bound / 0.1, rel=1e-5)
+    assert mm["max_lsb"] > 1, mm  # the premise: beyond one step
+    assert mm["class"] == "rounding", mm
+    assert r.first_divergence is None

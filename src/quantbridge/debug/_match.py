@@ -54,6 +54,7 @@ class Site:
     inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
+    matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
     gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
     # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
@@ -194,15 +195,18 @@ def _upstream(
 
 
 def _product(node: onnx.NodeProto, sites: dict, producer: dict, consts: dict) -> dict:
-    """For a QuantizeLinear of a Mul of two sites: ``factors`` (their names); of a Mul or Div of
+    """For a QuantizeLinear of a Mul or MatMul of two sites: ``factors`` (their names; ``matmul``
+    for a MatMul); of a Mul or Div of
     one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
     error a product can carry is bounded by its factors' errors (``compare._carried``), where no
     other op stands between them and the QuantizeLinear."""
     p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
-    if p is None or p.op_type not in ("Mul", "Div") or len(p.input) != 2:
+    if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
         return {}
     kinds = [_operand(t, sites, producer, consts) for t in p.input]
     named = [k for k in kinds if isinstance(k, str)]
+    if p.op_type == "MatMul":  # attention's Q K^T, P V: the same bound, summed over k
+        return {"factors": tuple(named), "matmul": True} if len(named) == 2 else {}
     if p.op_type == "Mul" and len(named) == 2:
         return {"factors": tuple(named)}
     const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
