@@ -362,6 +362,26 @@ def match_quantizers(
     return found
 
 
+def recorded_calls(sites: list[Site], points: list, model: onnx.ModelProto) -> dict:
+    """Site name -> ((quantizer attribute,), which of its calls), from the export record's
+    ``"sites"`` (the QuantizeLinear each call of a quantizer became, ``onnx/exporter/
+    _merged_calls``): exact where the optimizer merged identical calls into one tensor (Llama's
+    per-layer rotary ``cos.unsqueeze(1)``, four calls, three tensors), which the scale
+    initializer's call count cannot pair. The first call of a merged tensor is taken (the
+    others computed the same values)."""
+    record = {}
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZERS_KEY:
+            record = json.loads(prop.value)
+    names = {s.name for s in sites}
+    found: dict[str, tuple[tuple[str, ...], int]] = {}
+    for p in points:
+        for k, site in enumerate(record.get(p.name, {}).get("sites", ())):
+            if p.kind == "activation" and site in names and site not in found:
+                found[site] = ((p.attr,), k)
+    return found
+
+
 def quantizer_scales(model: onnx.ModelProto) -> dict[str, str]:
     """Quantizer name -> scale initializer, from quantbridge's export record."""
     for prop in model.metadata_props:

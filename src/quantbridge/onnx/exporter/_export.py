@@ -55,6 +55,7 @@ from ..passes import openvino_layout
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._io_names import io_names_of, keep_source_names
+from ._merged_calls import pop_calls
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
 from ._record import record_quantizers
@@ -182,7 +183,9 @@ def float_to_onnx(
             "QuantModel with quantbridge.export"
         )
     call = as_call(example_inputs, 0)
-    return _trace(model, call, DEFAULT_OPSET if opset is None else opset, dynamic)
+    proto = _trace(model, call, DEFAULT_OPSET if opset is None else opset, dynamic)
+    pop_calls(proto)  # no quantizer here
+    return proto
 
 
 def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):

@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from ..._version import __version__
 from ...torch._model import QuantModel
 from ...torch._placement import CONTAINER
+from ._merged_calls import pop_calls
 
 
 def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
@@ -23,14 +24,20 @@ def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
     QuantizeLinear read the one initializer left of that value. Such a quantizer is recorded
     with that initializer when exactly one activation scale initializer holds its step (bitwise),
     so several quantizers may name one initializer (``debug.compare`` pairs their calls); its
-    entry says ``"merged": true`` (the initializer is named after another quantizer)."""
+    entry says ``"merged": true`` (the initializer is named after another quantizer).
+
+    Each activation quantizer's ``"sites"``: the QuantizeLinear output each of its calls became,
+    in the order of its calls (``_merged_calls``), where every call has one; the optimizer's
+    merging of identical calls (Llama's per-layer rotary unsqueeze) made several calls, of one
+    or several quantizers, one tensor."""
     names = {init.name for init in model.graph.initializer}
     steps = _activation_steps(model)
     container = getattr(qmodel, CONTAINER)
+    calls = pop_calls(model)
     record = {}
     for p in qmodel.qb_points:
-        for suffix in ("scale", "export_scale"):
-            cand = f"{CONTAINER}.{p.attr}.{suffix}"
+        sites = [calls[c] for c in _scale_names(p.attr) if c in calls]
+        for cand in _scale_names(p.attr):
             if cand in names:
                 record[p.name] = {"kind": p.kind, "scale": cand, "module": p.module}
                 break
@@ -42,6 +49,8 @@ def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
                 record[p.name] = {
                     "kind": p.kind, "scale": same[0], "module": p.module, "merged": True
                 }  # fmt: skip
+        if p.name in record and p.kind == "activation" and sites and all(sites[0]):
+            record[p.name]["sites"] = sites[0]  # the QuantizeLinear of each call, in order
     props = {
         "quantbridge.recipe": qmodel.qb_recipe.to_json(),
         "quantbridge.quantizers": json.dumps(record, sort_keys=True),
@@ -51,6 +60,10 @@ def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
         entry.key, entry.value = k, v
     model.producer_name = "quantbridge"
     model.producer_version = __version__  # torch's exporter wrote its own version there
+
+
+def _scale_names(attr: str) -> tuple[str, str]:
+    return f"{CONTAINER}.{attr}.scale", f"{CONTAINER}.{attr}.export_scale"
 
 
 def _bits(value) -> bytes:
