@@ -211,3 +211,19 @@ def test_a_tie_carried_through_a_matmul_of_two_activations_is_rounding():
     assert mm["max_lsb"] > 1, mm  # the premise: beyond one step
     assert mm["class"] == "rounding", mm
     assert r.first_divergence is None
+
+
+@pytest.mark.parametrize(
+    "quantizer, node, label",
+    [
+        ("encoder/to_2", "node_transpose_2", "encoder/transpose_2"),
+        ("ff.intermediate_dropout/dropout_3", "node_gelu_3", "ff.intermediate_dropout/gelu_3"),
+        ("contiguous", "node_permute", "permute"),
+        ("encoder/linear_4", "node_linear_4", "encoder/linear_4"),  # a real op: its own name
+        (None, "node_add", "node_add"),  # no record: the ONNX node
+    ],
+)
+def test_a_quantizer_named_after_a_no_op_call_is_labelled_by_the_op(quantizer, node, label):
+    from quantbridge.debug._match import _label
+
+    assert _label(quantizer, node) == label

@@ -264,8 +264,10 @@ def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | No
     return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
 
 
-# torch calls that compute nothing (a quantizer is named after the fx node it reads)
-_NO_OP_CALL = re.compile(r"(to|contiguous|clone|detach|float|type_as|alias|_to_copy)(_\d+)?")
+# torch calls that compute nothing in eval mode (a quantizer is named after the fx node it reads)
+_NO_OP_CALL = re.compile(
+    r"(to|contiguous|clone|detach|float|type_as|alias|_to_copy|dropout|identity)(_\d+)?"
+)
 
 
 def _label(quantizer: str | None, node: str) -> str:
