@@ -129,3 +129,46 @@ def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
     if y.shape != x.shape or not np.all(np.isfinite(y)):
         return None
     return float(np.abs(np.diff(y)).max() / site.scale)
+
+
+def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear ``node`` reading ``x @ W`` (+ a constant bias): a MatMul of one site
+    ``x`` by a constant ``W`` (a DequantizeLinear of integer weights, possibly transposed, as the
+    exporter writes a Linear), or a Gemm: ``{"factors": (x,), "weight": |W|}``; else ``{}``. The
+    error it carries is at most ``|dx| @ |W|`` element by element (``compare._carried``): exact
+    for the input's own differences, so a 1-step difference on a few inputs is credited only as
+    far as the weights they meet can carry it. ``operand(t)``: a site's name, a constant's
+    value, or None (``_match._operand``)."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = producer.get(node.input[0])
+    if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
+        kinds = [operand(t) for t in p.input]
+        const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
+        p = producer.get(p.input[1 - const[0]]) if len(const) == 1 else None
+    if p is None or p.op_type not in ("MatMul", "Gemm") or len(p.input) < 2:
+        return {}
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    if attrs.get("transA", 0):
+        return {}
+    x, w = operand(p.input[0]), _constant(p.input[1], producer, operand)
+    if not isinstance(x, str) or w is None or w.ndim != 2:
+        return {}
+    if attrs.get("transB", 0):
+        w = w.T
+    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)) * abs(attrs.get("alpha", 1.0))}
+
+
+def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
+    """``t``'s constant value, through Transposes (a Linear's weight as the exporter writes it)."""
+    value = operand(t)
+    if isinstance(value, np.ndarray):
+        return value
+    p = producer.get(t)
+    if p is None or p.op_type != "Transpose":
+        return None
+    inner = _constant(p.input[0], producer, operand)
+    if inner is None:
+        return None
+    perm = next((list(a.ints) for a in p.attribute if a.name == "perm"), None)
+    return np.transpose(inner, perm)

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
-from ._gain import elementwise_gain
+from ._gain import elementwise_gain, linear_weight
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -55,6 +55,8 @@ class Site:
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
     matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
+    # a MatMul / Gemm of one site (factors[0]) by a constant: |W| ([K, N]), ``_gain.linear_weight``
+    weight: np.ndarray | None = field(default=None, compare=False, repr=False)
     gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
     # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
@@ -139,6 +141,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
         known.update(
             _product(node, sites, producer, consts)
             or elementwise_gain(node, sites, producer, consts, opset)
+            or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
         )
         out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}

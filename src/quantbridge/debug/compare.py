@@ -259,6 +259,12 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
         return carried.get(s.inputs[0], 0.0) * s.gain
     if s.unit_gain:
         return sum(carried.get(i, 0.0) for i in s.inputs)
+    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|
+        try:
+            bound = np.matmul(diffs[s.factors[0]], s.weight)
+        except ValueError:  # shapes that do not broadcast: no credit
+            return 0.0
+        return float(bound.max()) if bound.size else 0.0
     if s.factors and all(f in diffs for f in s.factors):
         (a, b), (da, db) = (ref_values[f] for f in s.factors), (diffs[f] for f in s.factors)
         mul = np.matmul if s.matmul else np.multiply  # a MatMul sums the products over k
