@@ -321,6 +321,14 @@ def test_dynamic_all_from_a_batch_capture_is_refused_with_the_fix(qmodel):
         qb.to_engine(qmodel, "onnxruntime", dynamic="all")
 
 
+def test_export_dynamic_all_from_a_batch_capture_is_refused_with_the_fix(qmodel, data, tmp_path):
+    # regression: qb.export wrote a file with every non-batch size fixed, without a word
+    x, mask = data
+    with pytest.raises(ValueError, match=r"export\(dynamic='all'\): .*dynamic='batch'.*quantize"):
+        qb.export(qmodel, tmp_path / "m.onnx", {"x": x, "mask": mask}, dynamic="all")
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_an_engine_that_is_not_installed_names_the_pip_extra(monkeypatch):
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Relu", ["a"], ["r"])],

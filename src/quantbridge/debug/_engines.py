@@ -48,6 +48,7 @@ from ._match import (
     match_quantizers,
     match_sources,
     quantizer_scales,
+    recorded_calls,
 )
 from ._subject import Subject, torch_args
 
@@ -177,9 +178,12 @@ class TorchCapture:
         self.signature = _call_signature(onnx_model)
         # site -> (the quantizer attributes whose calls it is, which call in execution order)
         self.where: dict[str, tuple[tuple[str, ...], int]] = {}
+        self.exact: dict[str, tuple[tuple[str, ...], int]] = {}  # the record's own pairing
         if isinstance(module, QuantModel):
             scales = quantizer_scales(onnx_model)
             self.where = match_quantizers(sites, module.qb_points, scales)
+            self.exact = recorded_calls(sites, module.qb_points, onnx_model)
+            self.where.update(self.exact)
         self.output_sites = _output_sites(onnx_model, sites)
 
     def run(self, feeds: dict[str, np.ndarray]) -> Values:
@@ -225,7 +229,11 @@ class TorchCapture:
             site: merged[attrs][k]
             for site, (attrs, k) in self.where.items()
             if k < len(merged[attrs])
-            and (len(merged[attrs]) == sites_of[attrs] or (k == 0 and len(attrs) == 1))
+            and (
+                site in self.exact
+                or len(merged[attrs]) == sites_of[attrs]
+                or (k == 0 and len(attrs) == 1)
+            )
         }
         leaves = torch.utils._pytree.tree_leaves(outs)
         for site, leaf in zip(self.output_sites, leaves, strict=False):

@@ -24,13 +24,15 @@ reported and the rest is compared.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ._gain import elementwise_gain, linear_weight
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -52,7 +54,11 @@ class Site:
     inputs: tuple[str, ...] = ()  # the sites it is computed from (through float ops)
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
-    gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|
+    matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
+    # a MatMul / Gemm of one site (factors[0]) by a constant: |W| ([K, N]), ``_gain.linear_weight``
+    weight: np.ndarray | None = field(default=None, compare=False, repr=False)
+    gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
+    # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
     @property
     def quantized(self) -> bool:
@@ -125,15 +131,19 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
         )
     nodes = {n.output[0]: n for n in graph.node if n.output}
-    out = [
-        Site(**{
-            **s.__dict__, "aliases": tuple(aliases.get(s.name, ())),
-            "inputs": _upstream(nodes[s.name], sites, producer)[0],
-            "unit_gain": _upstream(nodes[s.name], sites, producer)[1],
-            **_product(nodes[s.name], sites, producer, consts),
-        })
-        for s in sites.values()
-    ]  # fmt: skip
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
+    out = []
+    for s in sites.values():
+        node = nodes[s.name]
+        inputs, unit_gain = _upstream(node, sites, producer)
+        known = {"inputs": inputs, "unit_gain": unit_gain}
+        # a product, else a chain of elementwise ops of one site (GELU, Sigmoid ...): its slope
+        known.update(
+            _product(node, sites, producer, consts)
+            or elementwise_gain(node, sites, producer, consts, opset)
+            or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
+        )
+        out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}
     for o in graph.output:
         if o.name not in held:
@@ -188,15 +198,18 @@ def _upstream(
 
 
 def _product(node: onnx.NodeProto, sites: dict, producer: dict, consts: dict) -> dict:
-    """For a QuantizeLinear of a Mul of two sites: ``factors`` (their names); of a Mul or Div of
+    """For a QuantizeLinear of a Mul or MatMul of two sites: ``factors`` (their names; ``matmul``
+    for a MatMul); of a Mul or Div of
     one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
     error a product can carry is bounded by its factors' errors (``compare._carried``), where no
     other op stands between them and the QuantizeLinear."""
     p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
-    if p is None or p.op_type not in ("Mul", "Div") or len(p.input) != 2:
+    if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
         return {}
     kinds = [_operand(t, sites, producer, consts) for t in p.input]
     named = [k for k in kinds if isinstance(k, str)]
+    if p.op_type == "MatMul":  # attention's Q K^T, P V: the same bound, summed over k
+        return {"factors": tuple(named), "matmul": True} if len(named) == 2 else {}
     if p.op_type == "Mul" and len(named) == 2:
         return {"factors": tuple(named)}
     const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
@@ -249,9 +262,28 @@ def _site(node, slots, consts, producer, names, order, seen_scales) -> Site | No
     else:
         source, op, layer = "", node.op_type, node.name
     if scale_name not in seen_scales:  # the recorded quantizer owns the first Q of its scale
-        layer = names.get(scale_name, layer)
+        layer = _label(names.get(scale_name), layer)
     seen_scales.add(scale_name)
     return Site(node.output[0], order, op, layer, step, zero, elem, source, scale_name)
+
+
+# torch calls that compute nothing in eval mode (a quantizer is named after the fx node it reads)
+_NO_OP_CALL = re.compile(
+    r"(to|contiguous|clone|detach|float|type_as|alias|_to_copy|dropout|identity)(_\d+)?"
+)
+
+
+def _label(quantizer: str | None, node: str) -> str:
+    """The site's layer: its quantizer's name; where that names a call that computes nothing
+    (``encoder/to`` after ``x.transpose(1, 2).to(dtype)``), the quantizer's module and the
+    ONNX node computing the tensor instead (``encoder/transpose``)."""
+    if not quantizer:
+        return node
+    module, _, call = quantizer.rpartition("/")
+    if not _NO_OP_CALL.fullmatch(call) or not node:
+        return quantizer
+    op = node.removeprefix("node_")
+    return f"{module}/{op}" if module else op
 
 
 def _dynamic_site(node, producer, order) -> Site:
@@ -332,6 +364,26 @@ def match_quantizers(
         if attr is not None and attr not in used:
             found[s.name] = ((attr,), 0)
             used.add(attr)
+    return found
+
+
+def recorded_calls(sites: list[Site], points: list, model: onnx.ModelProto) -> dict:
+    """Site name -> ((quantizer attribute,), which of its calls), from the export record's
+    ``"sites"`` (the QuantizeLinear each call of a quantizer became, ``onnx/exporter/
+    _merged_calls``): exact where the optimizer merged identical calls into one tensor (Llama's
+    per-layer rotary ``cos.unsqueeze(1)``, four calls, three tensors), which the scale
+    initializer's call count cannot pair. The first call of a merged tensor is taken (the
+    others computed the same values)."""
+    record = {}
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZERS_KEY:
+            record = json.loads(prop.value)
+    names = {s.name for s in sites}
+    found: dict[str, tuple[tuple[str, ...], int]] = {}
+    for p in points:
+        for k, site in enumerate(record.get(p.name, {}).get("sites", ())):
+            if p.kind == "activation" and site in names and site not in found:
+                found[site] = ((p.attr,), k)
     return found
 
 

@@ -247,19 +247,29 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
 
 
 def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
-    """The largest error ``s`` can carry from its input sites (``classify``'s ``carried``): an
-    Add's two input errors add up (every op in between in ``UNIT_GAIN_OPS``); a product
-    ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element by
-    element (``a``, ``b`` the reference's values); a site times a constant ``c`` by ``|c|``
-    times its input's error; other ops that may amplify an error get no credit."""
-    if s.unit_gain:
-        return sum(carried.get(i, 0.0) for i in s.inputs)
+    """The largest error ``s`` can carry from its input sites (``classify``'s ``carried``): a
+    site times a constant ``c`` by ``|c|`` times its input's error, an elementwise chain of one
+    site (GELU, SiLU, Sigmoid, Exp ...) by its slope bound over that site's codes (``_gain``)
+    times it; an Add's two input errors add up (every op in between in ``UNIT_GAIN_OPS``); a
+    product ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element
+    by element (``a``, ``b`` the reference's values), a MatMul ``a @ b`` by the same with each
+    product a matrix product (``|a @ b - a' @ b'| <= |da| @ |b| + |a| @ |db| + |da| @ |db|``);
+    other ops that may amplify an error get no credit."""
     if s.gain is not None and len(s.inputs) == 1:
         return carried.get(s.inputs[0], 0.0) * s.gain
+    if s.unit_gain:
+        return sum(carried.get(i, 0.0) for i in s.inputs)
+    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|
+        try:
+            bound = np.matmul(diffs[s.factors[0]], s.weight)
+        except ValueError:  # shapes that do not broadcast: no credit
+            return 0.0
+        return float(bound.max()) if bound.size else 0.0
     if s.factors and all(f in diffs for f in s.factors):
         (a, b), (da, db) = (ref_values[f] for f in s.factors), (diffs[f] for f in s.factors)
+        mul = np.matmul if s.matmul else np.multiply  # a MatMul sums the products over k
         try:
-            bound = np.abs(b) * da + np.abs(a) * db + da * db
+            bound = mul(da, np.abs(b)) + mul(np.abs(a), db) + mul(da, db)
         except ValueError:  # shapes that do not broadcast: no credit
             return 0.0
         return float(bound.max()) if bound.size else 0.0

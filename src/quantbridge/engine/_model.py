@@ -33,7 +33,7 @@ from torch import nn
 from ..onnx import float_to_onnx, to_onnx
 from ..torch import QuantModel, float_mode
 from ..torch._batches import inputs_from_spec
-from ..torch._model import FLOAT_SWITCHES
+from ..torch._model import FLOAT_SWITCHES, check_dynamic
 from ._backends import check_options, engine_name, make_session, normalized_options
 from ._signature import CallSignature
 
@@ -244,15 +244,8 @@ def to_engine(
     engine = engine_name(engine)
     check_options(engine, options)  # before the export: a typo should not cost a trace
     options = normalized_options(engine, options)
+    check_dynamic(model, dynamic, "to_engine")  # before the export: it costs a trace
     captured = (model.qb_capture or {}).get("dynamic") if isinstance(model, QuantModel) else None
-    if dynamic == "all" and captured in ("batch", "none"):
-        # the captured graph fixed the other sizes (reshapes, positions): the export gave
-        # [batch, 8] for dynamic="all" and no word of it (measured on BERT, GPT-2, a CNN)
-        raise ValueError(
-            f"to_engine(dynamic='all'): this QuantModel was quantized with dynamic={captured!r}, "
-            "so its graph has every other size fixed; quantize with dynamic='all' to vary "
-            "sequence lengths or image sizes"
-        )
     if dynamic is None:
         dynamic = captured or "batch"
     export = {"dynamic": dynamic, "opset": opset}

@@ -26,19 +26,15 @@ are computed by the same ``numerics`` functions torch used.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
 from ..._platform import safe_weight_bound, u8s8_saturates
-from ..._version import __version__
 from ...torch._batches import as_call
 from ...torch._capture import (
     dynamic_shapes,
@@ -49,7 +45,7 @@ from ...torch._capture import (
 )
 from ...torch._deadline import CaptureTimeout, capture_budget, deadline
 from ...torch._export_ops import code_extremes, export_mode
-from ...torch._model import QuantModel
+from ...torch._model import QuantModel, check_dynamic
 from ...torch._placement import CONTAINER
 from ...torch._progress import stage
 from ...torch._qat import folded_copy
@@ -59,8 +55,10 @@ from ..passes import openvino_layout
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._io_names import io_names_of, keep_source_names
+from ._merged_calls import pop_calls
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
+from ._record import record_quantizers
 from ._relu_quant import relu_into_quantize
 from ._reuse import reused_program
 from ._torch_onnx import export_program
@@ -139,6 +137,7 @@ def to_onnx(
             f"export expects the QuantModel returned by quantbridge.quantize, got "
             f"{type(qmodel).__name__}"
         )
+    check_dynamic(qmodel, dynamic, "export")
     opset = _choose_opset(qmodel, opset)
     messages = slow_form_warnings(qmodel)
     if opset >= PACKED_4BIT_OPSET and _has_4bit_weights(qmodel):
@@ -165,7 +164,7 @@ def to_onnx(
     untranspose_blocked_weights(model)  # group-wise weights as [K, N]: ORT fuses MatMulNBits
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
-    _record(model, qmodel)
+    record_quantizers(model, qmodel)
     return model
 
 
@@ -184,7 +183,9 @@ def float_to_onnx(
             "QuantModel with quantbridge.export"
         )
     call = as_call(example_inputs, 0)
-    return _trace(model, call, DEFAULT_OPSET if opset is None else opset, dynamic)
+    proto = _trace(model, call, DEFAULT_OPSET if opset is None else opset, dynamic)
+    pop_calls(proto)  # no quantizer here
+    return proto
 
 
 def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
@@ -328,65 +329,6 @@ def _name_dynamic_dims(model: onnx.ModelProto) -> None:
                 d.dim_value = int(d.dim_param)
             elif d.dim_param:
                 d.dim_param = _SYMBOL.sub(lambda m: names.get(m.group(0), m.group(0)), d.dim_param)
-
-
-def _record(model: onnx.ModelProto, qmodel: QuantModel) -> None:
-    """Metadata: the recipe, and which quantizer became which ONNX scale initializer.
-
-    The exporter merges equal constants: an activation quantizer whose step equals another's
-    (a split group on the common grid, every hard-swish clamp's fixed 6/255 step) has its
-    QuantizeLinear read the one initializer left of that value. Such a quantizer is recorded
-    with that initializer when exactly one activation scale initializer holds its step (bitwise),
-    so several quantizers may name one initializer (``debug.compare`` pairs their calls); its
-    entry says ``"merged": true`` (the initializer is named after another quantizer)."""
-    names = {init.name for init in model.graph.initializer}
-    steps = _activation_steps(model)
-    container = getattr(qmodel, CONTAINER)
-    record = {}
-    for p in qmodel.qb_points:
-        for suffix in ("scale", "export_scale"):
-            cand = f"{CONTAINER}.{p.attr}.{suffix}"
-            if cand in names:
-                record[p.name] = {"kind": p.kind, "scale": cand, "module": p.module}
-                break
-        else:
-            q = getattr(container, p.attr)
-            scale = q.current_scale() if p.kind == "activation" and q.enabled else None
-            same = [] if scale is None or scale.numel() != 1 else steps.get(_bits(scale), [])
-            if len(same) == 1:
-                record[p.name] = {
-                    "kind": p.kind, "scale": same[0], "module": p.module, "merged": True
-                }  # fmt: skip
-    props = {
-        "quantbridge.recipe": qmodel.qb_recipe.to_json(),
-        "quantbridge.quantizers": json.dumps(record, sort_keys=True),
-    }
-    for k, v in props.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = k, v
-    model.producer_name = "quantbridge"
-    model.producer_version = __version__  # torch's exporter wrote its own version there
-
-
-def _bits(value) -> bytes:
-    return np.asarray(
-        value.detach().cpu() if torch.is_tensor(value) else value, np.float32
-    ).tobytes()
-
-
-def _activation_steps(model: onnx.ModelProto) -> dict[bytes, list[str]]:
-    """One-element scale initializers of activation QuantizeLinear nodes (their input is not a
-    constant), by their float32 bits."""
-    inits = {i.name: i for i in model.graph.initializer}
-    found: dict[bytes, list[str]] = {}
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
-            arr = numpy_helper.to_array(inits[n.input[1]])
-            names = found.setdefault(_bits(arr.reshape(-1)[:1]) if arr.size == 1 else b"", [])
-            if arr.size == 1 and n.input[1] not in names:
-                names.append(n.input[1])
-    found.pop(b"", None)
-    return found
 
 
 def float_weights(model: onnx.ModelProto) -> list[str]:

@@ -27,6 +27,7 @@ ONNX Runtime outputs.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import operator
 from typing import Any
@@ -36,6 +37,7 @@ import torch
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
 from ._lazy_registry import lazy_registry
+from ._merged_calls import CALLS_KEY, calls_after, quantize_calls
 from ._optimize import first_output_filtered
 from ._promotion import promotion_needed
 from ._signature import record_signature
@@ -89,10 +91,21 @@ def export_program(
             verbose=False,
         )
         keep_tiny_constants(onnx_program.model)
-        with first_output_filtered():  # the same rewrites, without quadratic matching
-            onnx_program.optimize()
-        model = onnx_program.model_proto
+        model = _optimized(onnx_program)
     record_signature(model, program, module.forward)
+    return model
+
+
+def _optimized(onnx_program: Any) -> onnx.ModelProto:
+    """torch's optimizer on ``onnx_program``; the model records which QuantizeLinear each
+    quantizer call became (``_merged_calls``: the optimizer merges identical ones)."""
+    before = quantize_calls(onnx_program.model.graph)
+    with first_output_filtered():  # the same rewrites, without quadratic matching
+        onnx_program.optimize()
+    model = onnx_program.model_proto
+    names = {n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    entry = model.metadata_props.add()
+    entry.key, entry.value = CALLS_KEY, json.dumps(calls_after(before, names))
     return model
 
 
@@ -143,9 +156,7 @@ def _fast(program: torch.export.ExportedProgram, opset: int) -> onnx.ModelProto 
         onnx_program = _core._exported_program_to_onnx_program(program, registry=registry)
         onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
         keep_tiny_constants(onnx_program.model)
-        with first_output_filtered():  # the same rewrites, without quadratic matching
-            onnx_program.optimize()
-        return onnx_program.model_proto
+        return _optimized(onnx_program)
     except Exception as e:  # the public path is the reference: never fail where it would not
         log.debug("ONNX fast path failed (%s); using torch.onnx.export", e)
         return None

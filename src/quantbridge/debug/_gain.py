@@ -1,0 +1,174 @@
+"""The slope bound of an elementwise float chain between two quantized tensors (``compare``'s
+credit for an error carried through a GELU, a SiLU, an Exp ...).
+
+A site ``s`` whose ``QuantizeLinear`` reads ``f(u)``, ``u`` one quantized site read through its
+``DequantizeLinear`` and ``f`` a chain of elementwise ops with scalar constants (the exporter's
+decomposed GELU ``x * 0.5 * (1 + erf(x / sqrt 2))``, ``x * sigmoid(x)``, ``HardSwish``, ``Exp``
+...), possibly with element-selecting ops (``Transpose``, ``Reshape``, ``Slice`` ...) in between,
+can differ between two engines by at most ``L * e``, ``e`` the largest difference of ``u`` and
+``L`` the largest slope of ``f`` between two neighbouring codes of ``u``:
+``L = max_k |f(x_{k+1}) - f(x_k)| / step``, ``x_k = (k - zero_point) * step`` over every code of
+``u``. Both engines read ``u`` as codes on that grid, and a difference of ``j`` codes is a sum of
+``j`` neighbouring steps, so ``L`` bounds every pair of codes: it is the exact bound for the
+values ``u`` can take, whatever the op, including value-dependent slopes (``Exp`` on ``u``'s
+range) and jumps. ``f`` is evaluated with ONNX's reference evaluator (float32, like the
+engines). Element-selecting ops commute with an elementwise ``f`` whose constants are scalars:
+they are evaluated as ``Identity``. For reference, the slopes over the whole real line:
+ReLU, Clip, Tanh 1; LeakyRelu max(1, |alpha|); Sigmoid 1/4; HardSigmoid alpha (torch: 1/6);
+GELU ``max d/dx x Phi(x) = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) = 1.1289``; SiLU ``1.0998`` (at
+x = 2.3994); HardSwish ``3/2`` (at x = 3); Softplus 1; Erf ``2 / sqrt pi``
+(``tests/debug/test_compare_gain.py`` checks them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# ops that move or select elements of their first input (they commute with an elementwise f)
+SELECTING_OPS = frozenset(
+    {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Identity",
+     "DepthToSpace", "SpaceToDepth", "Tile", "Expand", "GatherElements", "GatherND"}
+)  # fmt: skip
+# elementwise float ops (all inputs broadcast together, output element i from inputs' element i)
+ELEMENTWISE_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
+     "Log", "Erf", "Tanh", "Sigmoid", "HardSigmoid", "HardSwish", "Relu", "LeakyRelu", "Clip",
+     "Elu", "Selu", "Celu", "Gelu", "Mish", "Softplus", "Softsign", "Sin", "Cos", "PRelu"}
+)  # fmt: skip
+_LIMIT = 64  # nodes in one chain; a longer one gets no credit
+_MAX_CODES = 1 << 16
+
+
+def elementwise_gain(
+    node: onnx.NodeProto, sites: dict, producer: dict, consts: dict, opset: int
+) -> dict:
+    """For a QuantizeLinear ``node`` reading ``f(u)`` as above: ``{"inputs": (u,), "gain": L}``;
+    else ``{}``. ``sites``: name -> Site (``u`` needs a scalar step), ``producer``: tensor ->
+    node, ``consts``: constant tensors."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    chain: list[onnx.NodeProto] = []
+    leaf: set[str] = set()  # DequantizeLinear outputs of the one input site
+    used_consts: dict[str, np.ndarray] = {}
+    source: set[str] = set()
+    todo, seen = [node.input[0]], set()
+    while todo:
+        t = todo.pop()
+        if not t or t in seen:
+            continue
+        seen.add(t)
+        if t in consts:
+            if np.asarray(consts[t]).size != 1:
+                return {}  # a per-channel constant: f differs along an axis
+            used_consts[t] = np.asarray(consts[t])
+            continue
+        p = producer.get(t)
+        if p is None:
+            return {}  # a graph input other than a site
+        if p.op_type == "DequantizeLinear" and p.input[0] in sites:
+            leaf.add(t)
+            source.add(p.input[0])
+            continue
+        if p.op_type in SELECTING_OPS:
+            todo.append(p.input[0])
+        elif p.op_type in ELEMENTWISE_OPS:
+            todo.extend(p.input)
+        else:
+            return {}
+        chain.append(p)
+        if len(chain) > _LIMIT or len(source) > 1:
+            return {}
+    if len(source) != 1 or all(n.op_type in SELECTING_OPS for n in chain):
+        return {}
+    (u,) = source
+    site = sites[u]
+    if site.scale is None or not site.scale > 0:
+        return {}
+    gain = _slope(chain, leaf, used_consts, node.input[0], site, opset)
+    return {"inputs": (u,), "gain": gain} if gain is not None else {}
+
+
+def _codes(site) -> np.ndarray:
+    """Every value ``site`` can take: its codes, dequantized (float32, like the engines)."""
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(site.elem_type))
+    if info.max - info.min + 1 > _MAX_CODES:
+        return np.zeros(0, np.float32)
+    k = np.arange(info.min, info.max + 1, dtype=np.float64)
+    return ((k - site.zero_point) * site.scale).astype(np.float32)
+
+
+def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
+    """``max |f(x_{k+1}) - f(x_k)| / step`` over the codes of ``site``; None where ``f`` is not
+    finite there or the chain does not evaluate."""
+    from onnx.reference import ReferenceEvaluator
+
+    x = _codes(site)
+    if x.size < 2:
+        return None
+    nodes = []
+    for n in reversed(chain):  # the walk went outputs -> inputs
+        ins = ["x" if i in leaf else i for i in n.input]
+        if n.op_type in SELECTING_OPS:
+            nodes.append(helper.make_node("Identity", ins[:1], list(n.output[:1])))
+        else:
+            nodes.append(helper.make_node(n.op_type, ins, list(n.output), domain=n.domain))
+            nodes[-1].attribute.extend(n.attribute)
+    inits = [numpy_helper.from_array(v.reshape(()), k) for k, v in used_consts.items()]
+    graph = helper.make_graph(
+        nodes, "f", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        (y,) = ReferenceEvaluator(model).run(None, {"x": x})
+    except Exception:  # noqa: BLE001  (an op the evaluator lacks: no credit, as before)
+        return None
+    y = np.asarray(y, np.float64).reshape(-1)
+    if y.shape != x.shape or not np.all(np.isfinite(y)):
+        return None
+    return float(np.abs(np.diff(y)).max() / site.scale)
+
+
+def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear ``node`` reading ``x @ W`` (+ a constant bias): a MatMul of one site
+    ``x`` by a constant ``W`` (a DequantizeLinear of integer weights, possibly transposed, as the
+    exporter writes a Linear), or a Gemm: ``{"factors": (x,), "weight": |W|}``; else ``{}``. The
+    error it carries is at most ``|dx| @ |W|`` element by element (``compare._carried``): exact
+    for the input's own differences, so a 1-step difference on a few inputs is credited only as
+    far as the weights they meet can carry it. ``operand(t)``: a site's name, a constant's
+    value, or None (``_match._operand``)."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = producer.get(node.input[0])
+    if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
+        kinds = [operand(t) for t in p.input]
+        const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
+        p = producer.get(p.input[1 - const[0]]) if len(const) == 1 else None
+    if p is None or p.op_type not in ("MatMul", "Gemm") or len(p.input) < 2:
+        return {}
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    if attrs.get("transA", 0):
+        return {}
+    x, w = operand(p.input[0]), _constant(p.input[1], producer, operand)
+    if not isinstance(x, str) or w is None or w.ndim != 2:
+        return {}
+    if attrs.get("transB", 0):
+        w = w.T
+    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)) * abs(attrs.get("alpha", 1.0))}
+
+
+def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
+    """``t``'s constant value, through Transposes (a Linear's weight as the exporter writes it)."""
+    value = operand(t)
+    if isinstance(value, np.ndarray):
+        return value
+    p = producer.get(t)
+    if p is None or p.op_type != "Transpose":
+        return None
+    inner = _constant(p.input[0], producer, operand)
+    if inner is None:
+        return None
+    perm = next((list(a.ints) for a in p.attribute if a.name == "perm"), None)
+    return np.transpose(inner, perm)
