@@ -68,6 +68,9 @@ class QValue:
     # a bound on sum |q - z| along the last axis when one is known (softmax probabilities:
     # 2**15 + K/2), tighter than K * max|q - z| for the accumulator of a MatMul reading it
     row_sum: int | None = None
+    # a softmax of scores masked with -inf: its keep mask. A row with none kept is 0 / 0 = NaN
+    # in float (ONNX Runtime), uniform in the program; IsNaN reads those rows off it (_nonfinite)
+    nan_keep: QTensor | None = None
 
 
 Realize = Callable[["Builder", QTensor, int, int], None]
@@ -124,6 +127,7 @@ class MaskedScores:
     scores: Value
     keep: QTensor
     node: str
+    nan_rows: bool = False  # the fill is -inf: a row with none kept is NaN in float
 
 
 Value = (Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise | IndexValue
