@@ -47,6 +47,7 @@ from ._core import (
     attrs_of,
     describe_node,
     node_name,
+    realize_bounded,
     register_lowering,
 )
 from ._eltwise import SumPending
@@ -208,12 +209,7 @@ def _layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTen
     bound = v.bound if isinstance(v, Pending) else None
     if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)
-    top = 2**15 - 1
-    out = b.tensor(node_name(node) + "_input", np.int16, bound / top, 0)
-    lo = -top if v.lo == -math.inf else max(-top, int(np.rint(v.lo / out.scale)))
-    hi = top if v.hi == math.inf else min(top, int(np.rint(v.hi / out.scale)))
-    v.realize(b, out, lo, max(lo, hi))
-    return out
+    return realize_bounded(b, node_name(node) + "_input", v)
 
 
 @register_lowering("LayerNormalization")
