@@ -17,7 +17,7 @@ def _step(prog, name: str) -> float:
     return boundary.tensor.scale
 
 
-def test_mean_of_a_final_layer_norm(qdq_graph, node_by_node):
+def test_mean_of_a_final_layer_norm(qdq_graph, node_by_node, three_emitters, tmp_path):
     """HF Swin: ``last_hidden_state = LayerNorm(x)`` and ``pooler_output = mean over tokens of
     it`` (Transpose -> ReduceMean), both float outputs. Before: "ReduceMean: its input is an
     unquantized float result" with the default and the int8 recipe alike (2026-12-02). The norm
@@ -42,18 +42,22 @@ def test_mean_of_a_final_layer_norm(qdq_graph, node_by_node):
     assert got[pooled].shape == ref_pooled.shape == (2, 8)
     assert np.abs(got[pooled].astype(np.float64) - ref_pooled).max() <= step
     assert np.abs(got[normed].astype(np.float64) - ref_normed).max() <= _step(prog, normed)
+    three_emitters(prog, {"x": x}, tmp_path)
 
 
 @pytest.mark.parametrize("op", ["AveragePool", "GlobalAveragePool"])
-def test_average_pool_of_a_silu(qdq_graph, node_by_node, op):
+def test_average_pool_of_a_silu(qdq_graph, node_by_node, three_emitters, tmp_path, op):
     """HF EfficientNet: ``AveragePool(x * sigmoid(x))`` of the last block's SiLU, a float output
     (the SiLU has no QuantizeLinear: only the pool reads it). Before: "AveragePool: its input is
     an unquantized float function" (2026-12-02). The SiLU is a table from the 8-bit codes onto
     the int16 grid of its largest value ``max |silu(s (q - z))|`` (half a step of rounding);
-    the pool's bound is that value, so its output step is the same: within one step of ORT."""
+    the pool's bound is that value, so its output step is the same: within one step of ORT.
+    The padded 3 x 3 windows (padding excluded) check the integer ONNX's int16 window sums
+    (two byte-wise ConvInteger sums, padded with their zero points)."""
     g = qdq_graph((2, 4, 6, 6), scale=0.04, zero=100)
     silu = g.node("Mul", [g.x, g.node("Sigmoid", [g.x])])
-    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]} if op == "AveragePool" else {}
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    attrs = attrs if op == "AveragePool" else {}
     pooled = g.node(op, [silu], **attrs)
     model = g.model(pooled)
     x = np.random.default_rng(2).normal(0, 2, (2, 4, 6, 6)).astype(np.float32)
@@ -65,6 +69,7 @@ def test_average_pool_of_a_silu(qdq_graph, node_by_node, op):
     assert step == pytest.approx(np.max(np.abs(r / (1 + np.exp(-r)))) / 32767, rel=4e-5)
     assert got.shape == ref.shape
     assert np.abs(got.astype(np.float64) - ref).max() <= step
+    three_emitters(prog, {"x": x}, tmp_path)
 
 
 def test_refused_float_output_says_what_quantize_outputs_covers(qdq_graph):
