@@ -108,9 +108,11 @@ def test_refusals_name_the_node_and_the_fix(qdq_graph):
     masked = g.node("Softmax", [g.node("Add", [half, mask])])
     with pytest.raises(qb.LoweringError, match="Add .*operands must be quantized tensors"):
         qb.lower(g.model(g.quant(masked, 1 / 256, 0)))
-    g = qdq_graph((2, 4, 8))  # a float sum read by an op that needs codes (was a KeyError)
-    total = g.node("Add", [g.x, g.quant(g.node("Relu", [g.x]), 0.05, 0)])
-    pooled = g.node("ReduceMean", [total, g.const(np.array([-1], np.int64))])
+    # a float result with no bound read by an op that needs codes (a SumPending was a KeyError;
+    # a mean of a bounded sum now lowers: test_integer_float_averages)
+    g = qdq_graph((2, 4, 8))
+    product = g.node("MatMul", [g.x, g.weight((8, 8), axis=1)])
+    pooled = g.node("ReduceMean", [product, g.const(np.array([-1], np.int64))])
     with pytest.raises(qb.LoweringError, match="ReduceMean .*unquantized float result"):
         qb.lower(g.model(g.quant(pooled, 0.05, 128)))
 

@@ -27,11 +27,17 @@ def _compare(g: _Graph, step, ins: list[str], out: str) -> None:
     g.op("Cast", [g.op(step.attrs["fn"], [g.i64(x) for x in ins])], out, to=U8)
 
 
+# the types ONNX Runtime's Where has a CPU kernel for (int8 / int16 codes select in int32)
+WHERE_TYPES = {U8, TensorProto.INT32, TensorProto.INT64}
+
+
 @_register("where")
 def _where(g: _Graph, step, ins: list[str], out: str) -> None:
     to = _out_type(g, step)
     cond = g.op("Cast", [ins[0]], to=BOOL)
-    g.op("Where", [cond, *(g.op("Cast", [x], to=to) for x in ins[1:])], out)
+    wide = to if to in WHERE_TYPES else TensorProto.INT32
+    y = g.op("Where", [cond, *(g.op("Cast", [x], to=wide) for x in ins[1:])])
+    g.op("Cast", [y], out, to=to)
 
 
 @_register("cast")

@@ -68,6 +68,9 @@ class QValue:
     # a bound on sum |q - z| along the last axis when one is known (softmax probabilities:
     # 2**15 + K/2), tighter than K * max|q - z| for the accumulator of a MatMul reading it
     row_sum: int | None = None
+    # a softmax of scores masked with -inf: its keep mask. A row with none kept is 0 / 0 = NaN
+    # in float (ONNX Runtime), uniform in the program; IsNaN reads those rows off it (_nonfinite)
+    nan_keep: QTensor | None = None
 
 
 Realize = Callable[["Builder", QTensor, int, int], None]
@@ -124,6 +127,7 @@ class MaskedScores:
     scores: Value
     keep: QTensor
     node: str
+    nan_rows: bool = False  # the fill is -inf: a row with none kept is NaN in float
 
 
 Value = (Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise | IndexValue
@@ -205,6 +209,24 @@ class Builder:
                 f"(int{self.accumulator_bits})"
             )
         return accumulator_multiplier_bits(bound)
+
+
+# a bounded float result that no QuantizeLinear follows is realized on symmetric int16 codes:
+# 2**-15 of its bound is far below the 8-bit steps of every quantized tensor before it, and int16
+# keeps the C and integer-ONNX types the program already uses
+BOUNDED_BITS = 16
+
+
+def realize_bounded(b: Builder, name: str, v: Pending) -> QTensor:
+    """``v`` (``v.bound`` set) realized on a symmetric int16 grid of step ``reach / 32767``,
+    ``reach`` its bound narrowed by a Relu / Clip after it: half a step of error per element."""
+    top = 2 ** (BOUNDED_BITS - 1) - 1
+    reach = min(v.bound, max(abs(v.lo), abs(v.hi)))
+    out = b.tensor(name, np.int16, (reach if reach > 0 else 1.0) / top, 0)
+    lo = -top if v.lo == -math.inf else max(-top, int(np.rint(v.lo / out.scale)))
+    hi = top if v.hi == math.inf else min(top, int(np.rint(v.hi / out.scale)))
+    v.realize(b, out, lo, max(lo, hi))
+    return out
 
 
 def held(dtype: np.dtype) -> np.dtype:

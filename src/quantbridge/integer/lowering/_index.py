@@ -40,6 +40,7 @@ from ._core import (
     register_lowering,
 )
 from ._movement import _const_indices, moved
+from ._nonfinite import select_constant
 from ._qdq import rescale_sum
 
 ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
@@ -125,22 +126,31 @@ def _fill(v: Value | None) -> bool:
             and float(v.array.reshape(())) <= MASK_FILL)  # fmt: skip
 
 
+def _nan_rows(fill: Value | None) -> bool:
+    """A -inf fill: a softmax row with every score masked is 0 / 0 = NaN in float."""
+    return bool(np.isneginf(np.asarray(fill.array, np.float64)).all())
+
+
 @register_lowering("Where")
 def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     """On integer / bool tensors: a ``where`` step. ``Where(mask, -inf, scores)`` and
     ``Where(keep, scores, -inf)`` on quantized scores: ``MaskedScores`` for the Softmax after it
     (a ``Not`` step makes ``keep`` from ``mask``)."""
     cond, x, y = ins
+    selected = select_constant(b, node, ins)
+    if selected is not None:
+        return [selected]
     if _fill(x) or _fill(y):
         keep = _operand(b, node, cond)
+        nan_rows = _nan_rows(x if _fill(x) else y)
         if isinstance(keep, Const):  # a causal mask of static shape: a program constant
             kept = np.asarray(keep.array).astype(bool)
             kept = ~kept if _fill(x) else kept
             t = b.constant(node_name(node) + "_keep", kept.astype(np.uint8), 1.0, 0)
-            return [MaskedScores(y if _fill(x) else x, t, node_name(node))]
+            return [MaskedScores(y if _fill(x) else x, t, node_name(node), nan_rows)]
         if _fill(x):  # Where(mask, -inf, scores): keep where the mask is false
             keep = _integer_step(b, node, [keep], "logic", bool, None, True, fn="Not")[0]
-        return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node))]
+        return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node), nan_rows)]
     if all(isinstance(v, QValue) and not v.integer for v in (x, y)):
         return [_select_quantized(b, node, cond, x, y)]
     if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
@@ -180,7 +190,7 @@ def additive_mask(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
         if (isinstance(mask, MaskedScores) and isinstance(mask.scores, Const)
                 and not np.any(mask.scores.array)
                 and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
-            return MaskedScores(scores, mask.keep, node_name(node))
+            return MaskedScores(scores, mask.keep, node_name(node), mask.nan_rows)
     return None
 
 

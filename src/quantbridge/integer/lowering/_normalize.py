@@ -47,6 +47,7 @@ from ._core import (
     attrs_of,
     describe_node,
     node_name,
+    realize_bounded,
     register_lowering,
 )
 from ._eltwise import SumPending
@@ -129,9 +130,9 @@ def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: SumPending) -> tuple[Q
 
 @register_lowering("Softmax")
 def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    v, keep = ins[0], []
+    v, keep, nan_keep = ins[0], [], None
     if isinstance(v, MaskedScores):  # masked scores get weight exactly 0 (as exp(-inf))
-        v, keep = v.scores, [v.keep]
+        v, keep, nan_keep = v.scores, [v.keep], (v.keep if v.nan_rows else None)
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
@@ -161,7 +162,7 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
     b.step("softmax", name, [source, *keep], out, table=table)
     # each p_j <= e_j 2**15 / S + 1/2: a row sums to at most 2**15 + K/2
-    return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2)]
+    return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2, nan_keep=nan_keep)]
 
 
 def _normalized_length(b: Builder, node: onnx.NodeProto, axis: int) -> tuple[int, tuple]:
@@ -208,12 +209,7 @@ def _layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTen
     bound = v.bound if isinstance(v, Pending) else None
     if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)
-    top = 2**15 - 1
-    out = b.tensor(node_name(node) + "_input", np.int16, bound / top, 0)
-    lo = -top if v.lo == -math.inf else max(-top, int(np.rint(v.lo / out.scale)))
-    hi = top if v.hi == math.inf else min(top, int(np.rint(v.hi / out.scale)))
-    v.realize(b, out, lo, max(lo, hi))
-    return out
+    return realize_bounded(b, node_name(node) + "_input", v)
 
 
 @register_lowering("LayerNormalization")

@@ -12,8 +12,10 @@
   (``Boundary.to_float``; the ONNX and C emitters output the codes). A float output of an
   integer kernel whose real range is bounded by its own constants (a final LayerNormalization:
   ``|y_i| <= |gamma_i| sqrt(N) + |beta_i|``, ``Pending.bound``; nn.TransformerEncoder ends with
-  one) or by its input's range (an average pool / mean: a backbone's pooled features) is realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
-  dequantized outside it; ``OUTPUT_BITS`` says why 16 bits. A float output written by a weighted
+  one) or by its input's range (an average pool / mean: a backbone's pooled features, of codes
+  or of a bounded float result: Swin's mean of its final layer norm, EfficientNet's of a SiLU) is
+  realized inside the program on a symmetric int16 grid of scale ``bound / 32767`` and
+  dequantized outside it; ``_core.BOUNDED_BITS`` says why 16 bits. A float output written by a weighted
   layer (Conv, ConvTranspose, Gemm, MatMul with no QuantizeLinear after it: classification
   logits of ``Recipe(quantize_outputs=False)``) ends the program at the layer's int32
   accumulator, bias included (identity requantization: multiplier 1, shift 0), and its float32
@@ -42,13 +44,10 @@ from ._core import (
     QValue,
     Value,
     node_name,
+    realize_bounded,
 )
 
 FLOAT_OUTPUTS = ("refuse", "dequantize")
-# A bounded float output (a final layer norm) is realized on int16 codes: 2**-15 of its bound
-# (~6e-4 for N=384, gamma ~1) is far below the 8-bit steps of every quantized tensor before it,
-# and int16 keeps the C and integer-ONNX types the program already uses.
-OUTPUT_BITS = 16
 
 
 def with_input_shapes(
@@ -92,13 +91,7 @@ def _float_table(v: Elementwise) -> np.ndarray:
 def _bounded_output(b: Builder, name: str, v: Pending) -> Boundary:
     """A bounded float result realized on a symmetric int16 grid covering ``[-bound, bound]``
     (narrowed by a Relu / Clip after it), dequantized outside the program."""
-    top = 2 ** (OUTPUT_BITS - 1) - 1
-    reach = min(v.bound, max(abs(v.lo), abs(v.hi)))
-    out = b.tensor(name, np.int16, (reach if reach > 0 else 1.0) / top, 0)
-    lo = -top if v.lo == -np.inf else max(-top, int(np.rint(v.lo / out.scale)))
-    hi = top if v.hi == np.inf else min(top, int(np.rint(v.hi / out.scale)))
-    v.realize(b, out, lo, max(lo, hi))
-    return Boundary(name, out, True)
+    return Boundary(name, realize_bounded(b, name, v), True)
 
 
 def _accumulator_output(b: Builder, name: str, v: Pending) -> Boundary | None:
@@ -161,9 +154,11 @@ def graph_outputs(
             f"graph output{'s' if len(floats) > 1 else ''} {names} "
             f"{'are' if len(floats) > 1 else 'is'} not quantized: computed in float after the "
             "last quantized tensor, which an integer-only program cannot do. Quantize the output: "
-            "end the graph with QuantizeLinear -> DequantizeLinear (qb.quantize places an output "
-            "quantizer with recipe='int8' or any Recipe(quantize_outputs=True), unless a rule "
-            "skips the last layer; quantize_onnx quantizes a "
+            "end the graph with QuantizeLinear -> DequantizeLinear (qb.quantize with "
+            "recipe='int8' or any Recipe(quantize_outputs=True) quantizes an output written by a "
+            "weighted or arithmetic layer (conv, linear, matmul, add, mul, cat) unless a rule "
+            "skips it, not one written by another float op (a norm, a pool, an activation): "
+            "quantize that value in the model or the ONNX file; quantize_onnx quantizes a "
             "final Sigmoid/Softmax head with --int8-head)"
             + (
                 "; or lower with float_outputs='dequantize' (`--float-outputs dequantize`): "

@@ -1,8 +1,15 @@
 """Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
 requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
-and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline)."""
+and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline).
+
+An average reads codes, or a float result that no QuantizeLinear follows, realized first on
+symmetric int16 codes (``_averaged_input``): a bounded one (a layer norm, a residual sum, Swin's
+pooler) on its bound's grid, a function of 8-bit codes (EfficientNet's SiLU before its pool) as a
+table onto the grid of its largest value."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -10,6 +17,7 @@ import onnx
 from ...numerics import fixed_point_multipliers
 from .._program import QTensor
 from ._core import (
+    BOUNDED_BITS,
     Builder,
     Const,
     Elementwise,
@@ -21,9 +29,11 @@ from ._core import (
     code_range,
     describe_node,
     node_name,
+    realize_bounded,
     register_lowering,
 )
 from ._movement import moved
+from ._qdq import table_step
 from ._rms import mean_of_squares
 
 
@@ -92,6 +102,24 @@ def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -
     return [moved(b, node, x, op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
 
 
+def _averaged_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+    """The codes an average reads (module docstring): half an int16 step of error per element
+    for a float result, so the mean is within one int16 step of its float value."""
+    if isinstance(v, Pending) and v.bound is not None and math.isfinite(v.bound) and v.bound > 0:
+        return realize_bounded(b, node_name(node) + "_input", v)
+    if isinstance(v, Elementwise) and v.source.bits <= 8:
+        codes = np.arange(v.source.qmin, v.source.qmax + 1, dtype=np.int64)
+        with np.errstate(all="ignore"):
+            real = np.asarray(v.fn((codes - v.source.zero_point) * np.float64(v.source.scale)))
+        reach = float(np.max(np.abs(real))) if np.isfinite(real).all() else 0.0
+        if reach > 0:
+            top = 2 ** (BOUNDED_BITS - 1) - 1
+            out = b.tensor(node_name(node) + "_input", np.int16, reach / top, 0)
+            table_step(b, v.node, v.source, v.fn, out, -top, top)
+            return out
+    return as_activation(node, v)
+
+
 def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
     name = node_name(node)
     bound = float(code_range(x, x.zero_point) * counts.max())
@@ -125,7 +153,7 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
+    x = _averaged_input(b, node, ins[0])
     window = _window(node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
     return [_averaging(b, node, x, "avgpool", counts, **window)]
@@ -141,7 +169,7 @@ def _reduce(b: Builder, node: onnx.NodeProto, x: QTensor, axes: list[int], keepd
 
 @register_lowering("GlobalAveragePool")
 def _global_average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
+    x = _averaged_input(b, node, ins[0])
     rank = len(b.shapes.get(node.input[0]) or ())
     if rank < 3:
         raise LoweringError(f"{describe_node(node)}: needs the input's rank (shape inference)")
@@ -159,5 +187,5 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
     squares = mean_of_squares(b, node, ins[0], axes, bool(a.get("keepdims", 1)))
     if squares is not None:  # RMSNorm's mean(x**2)
         return [squares]
-    x = as_activation(node, ins[0])
+    x = _averaged_input(b, node, ins[0])
     return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
