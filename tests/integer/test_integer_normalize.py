@@ -220,3 +220,55 @@ def test_rms_norm_lowers(qdq_graph, layerwise, three_emitters, tmp_path):
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 3 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def _group_norm(g, groups: int, silu: bool):
+    """torch's ``nn.GroupNorm(groups, C)`` as exported: ``Reshape(N, G, -1) ->
+    InstanceNormalization(ones, zeros) -> Reshape(N, C, H, W) -> Mul(gamma) -> Add(beta)``,
+    then (UNet blocks) ``x * Sigmoid(x)`` with no QuantizeLinear in between."""
+    n, c, h, w = 2, 6, 4, 5
+    rows = g.node("Reshape", [g.x, g.const(np.array([n, groups, -1], np.int64))])
+    ones, zeros = np.ones(groups, np.float32), np.zeros(groups, np.float32)
+    norm = g.node("InstanceNormalization", [rows, g.const(ones), g.const(zeros)], epsilon=1e-5)
+    back = g.node("Reshape", [norm, g.const(np.array([n, c, h, w], np.int64))])
+    gamma = g.rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32)
+    beta = g.rng.normal(0, 0.3, (c, 1, 1)).astype(np.float32)
+    y = g.node("Add", [g.node("Mul", [back, g.const(gamma)]), g.const(beta)])
+    if silu:
+        y = g.node("Mul", [y, g.node("Sigmoid", [y])])
+    return g.quant(y, 0.03, 20 if silu else 128)
+
+
+@pytest.mark.parametrize("silu", [False, True], ids=["group_norm", "group_norm_silu"])
+def test_group_norm_lowers(silu, qdq_graph, layerwise, three_emitters, tmp_path):
+    """GroupNorm (UNet / diffusion blocks, WavLM's feature extractor, PoolFormer); before: "no
+    integer lowering: InstanceNormalization" (2026-12-02). One layer norm step per group row
+    with the per-channel gamma / beta folded in (one rounding at the QuantizeLinear, as the
+    LayerNormalization test: within 1 LSB of ORT's float32). With the SiLU, the normalized value
+    is first realized on int16 codes of step bound / 32767 (here bound = 1.5 sqrt(40) + 0.9,
+    step 3e-4, half of it per element: 0.005 of the 0.03 output step), then a 65536-entry
+    table: still within 1 LSB."""
+    g = qdq_graph((2, 6, 4, 5), scale=0.05, zero=128)
+    model = g.model(_group_norm(g, 3, silu))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 6, 4, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"layernorm", "reshape"} <= set(prog.op_counts())
+    assert ("lut" in prog.op_counts()) == silu
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_instance_norm_with_a_per_channel_affine(qdq_graph, layerwise, three_emitters, tmp_path):
+    """``nn.InstanceNorm2d(affine=True)``: rows of H W codes, scale / bias per channel in the
+    layer norm step's multipliers (a period of C rows): within 1 LSB of ORT."""
+    g = qdq_graph((2, 3, 4, 4), scale=0.05, zero=128)
+    scale = g.const(g.rng.uniform(-1.5, 1.5, 3).astype(np.float32))
+    bias = g.const(g.rng.normal(0, 0.3, 3).astype(np.float32))
+    model = g.model(g.quant(g.node("InstanceNormalization", [g.x, scale, bias]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(8).normal(0, 2, (2, 3, 4, 4)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert set(prog.op_counts()) == {"layernorm"}
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

@@ -46,6 +46,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._groupnorm import Normalized, as_codes, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic
 from ._linear import add_bias
 from ._qdq import rescale_sum
@@ -180,6 +181,8 @@ def _clamp_codes(b: Builder, node: onnx.NodeProto, t: QTensor, lo: float, hi: fl
 @register_lowering(*[op for op in UNARY if op != "Relu"])
 def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fn = UNARY[node.op_type](attrs_of(node))
+    if isinstance(ins[0], Normalized):  # GroupNorm -> SiLU: on int16 codes (_groupnorm)
+        ins = [as_codes(b, ins[0])]
     if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
         return [compose_row(ins[0], fn)]
     composed = _compose(node, ins[:1], fn)
@@ -210,6 +213,10 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    ins = settled(b, ins)
+    folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
+    if folded is not None:
+        return [folded]
     rows = [v for v in ins if isinstance(v, RowSquares)]
     scalars = [v for v in ins if isinstance(v, Const) and np.size(v.array) == 1]
     if len(rows) == 1 and len(scalars) == 1 and len(ins) == 2:  # RMSNorm: + eps, 1 / ...

@@ -41,10 +41,16 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._groupnorm import Normalized, reshaped
+
+_FLAT_ORDER = ("reshape", "flatten", "squeeze", "unsqueeze", "identity")  # keep the flat order
 
 
 def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dict) -> Value:
     name = node_name(node)
+    if isinstance(v, Normalized) and op in _FLAT_ORDER:  # a group norm's Reshape back
+        moved_shape = KERNELS[op](attrs, np.broadcast_to(np.int8(0), v.shape)).shape
+        return reshaped(v, name, moved_shape)
     if isinstance(v, IntInput):  # an integer graph input (a mask): moved as integers
         v = index_input(b, v)
     if isinstance(v, QValue | IndexValue):

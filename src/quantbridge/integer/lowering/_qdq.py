@@ -99,11 +99,12 @@ def table_step(
     b: Builder, node: str, source: QTensor, fn, out: QTensor, qmin: int, qmax: int
 ) -> None:
     """An exact lookup table: ``table[q - qmin] = quantize(fn(s (q - z)))`` in float64 for each
-    of the 2**bits codes of an 8-bit ``source``."""
-    if source.bits > 8:
+    of the 2**bits codes of an 8-bit ``source``, or of an int16 one (65536 entries: a group
+    norm realized on int16 codes before its SiLU, ``_groupnorm``)."""
+    if source.bits > 16:
         raise LoweringError(
             f"{node}: an elementwise function of a {source.bits}-bit tensor needs a "
-            f"{2**source.bits}-entry table; only 8-bit inputs are lowered to tables"
+            f"{2**source.bits}-entry table; only 8- and 16-bit inputs are lowered to tables"
         )
     codes = np.arange(source.qmin, source.qmax + 1, dtype=np.int64)
     with np.errstate(all="ignore"):
