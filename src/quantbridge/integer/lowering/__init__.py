@@ -29,7 +29,18 @@ from ...onnx.importer._fp16 import widen_float16
 from ...onnx.passes import unfold, unfoldable_ops
 from ...onnx.passes._graph import MS_DOMAIN
 from .._program import IntegerProgram
-from . import _einsum, _eltwise, _index, _linear, _movement, _normalize, _pool, _qdq, _qlinear  # noqa: F401  (registry)
+from . import (  # noqa: F401  (registry)
+    _einsum,
+    _eltwise,
+    _index,
+    _linear,
+    _movement,
+    _normalize,
+    _pool,
+    _qdq,
+    _qlinear,
+    _resize,
+)
 from ._core import (
     LOWERINGS,
     Builder,

@@ -263,7 +263,6 @@ MOVEMENTS = {
     "Squeeze": ("squeeze", _axes),
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
-    "Resize": ("resize_nearest", _resize_attrs),
     "GatherND": ("gather_nd", lambda n, i, a: _gather_nd_attrs(n, i, a)),
     "GatherElements": (
         "gather_elements",
