@@ -47,7 +47,7 @@ from ._core import (
     register_lowering,
 )
 from ._groupnorm import Normalized, as_codes, fold_affine, settled
-from ._index import additive_mask, integer_arithmetic
+from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import add_bias
 from ._qdq import rescale_sum
 from ._rms import RowSquares
@@ -335,6 +335,8 @@ def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     axis = int(attrs_of(node)["axis"])
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic: Shape -> Concat -> Expand
         return [Const(np.concatenate([v.array for v in ins], axis=axis))]
+    if any(isinstance(v, IndexValue | IntInput) for v in ins):  # index pairs, not codes
+        return integer_concat(b, node, ins)
     parts = [_operand(b, node, v) for v in ins]
     name = node_name(node)
 

@@ -192,12 +192,6 @@ def _const_indices(node, v: Value | None) -> np.ndarray:
     return v.array.astype(np.int64)
 
 
-def _gather_nd_attrs(node, ins, a) -> dict[str, Any]:
-    if a.get("batch_dims", 0):
-        raise LoweringError(f"{describe_node(node)}: batch_dims > 0 is not lowered")
-    return {"indices": _const_indices(node, ins[1])}
-
-
 def _axes(node, ins, a) -> dict[str, Any]:
     axes = _ints(node, ins[1], "axes") if len(ins) > 1 else a.get("axes")
     return {"axes": None if axes is None else tuple(axes)}
@@ -263,7 +257,6 @@ MOVEMENTS = {
     "Squeeze": ("squeeze", _axes),
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
-    "GatherND": ("gather_nd", lambda n, i, a: _gather_nd_attrs(n, i, a)),
     "GatherElements": (
         "gather_elements",
         lambda n, i, a: {"indices": _const_indices(n, i[1]), "axis": int(a.get("axis", 0))},
