@@ -222,10 +222,11 @@ def test_rms_norm_lowers(qdq_graph, layerwise, three_emitters, tmp_path):
     three_emitters(prog, feeds, tmp_path)
 
 
-def _group_norm(g, groups: int, silu: bool):
+def _group_norm(g, groups: int, act: str):
     """torch's ``nn.GroupNorm(groups, C)`` as exported: ``Reshape(N, G, -1) ->
     InstanceNormalization(ones, zeros) -> Reshape(N, C, H, W) -> Mul(gamma) -> Add(beta)``,
-    then (UNet blocks) ``x * Sigmoid(x)`` with no QuantizeLinear in between."""
+    then (UNet blocks) ``x * Sigmoid(x)`` or (wav2vec2's feature extractor) the exact GELU
+    ``x * (1 + erf(x / sqrt 2)) * 0.5``, with no QuantizeLinear in between."""
     n, c, h, w = 2, 6, 4, 5
     rows = g.node("Reshape", [g.x, g.const(np.array([n, groups, -1], np.int64))])
     ones, zeros = np.ones(groups, np.float32), np.zeros(groups, np.float32)
@@ -234,26 +235,30 @@ def _group_norm(g, groups: int, silu: bool):
     gamma = g.rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32)
     beta = g.rng.normal(0, 0.3, (c, 1, 1)).astype(np.float32)
     y = g.node("Add", [g.node("Mul", [back, g.const(gamma)]), g.const(beta)])
-    if silu:
+    if act == "silu":
         y = g.node("Mul", [y, g.node("Sigmoid", [y])])
-    return g.quant(y, 0.03, 20 if silu else 128)
+    if act == "gelu":
+        erf = g.node("Erf", [g.node("Div", [y, g.const(np.float32(np.sqrt(2)))])])
+        y = g.node("Mul", [g.node("Mul", [y, g.node("Add", [erf, g.const(np.float32(1))])]),
+                           g.const(np.float32(0.5))])  # fmt: skip
+    return g.quant(y, 0.03, 20 if act else 128)
 
 
-@pytest.mark.parametrize("silu", [False, True], ids=["group_norm", "group_norm_silu"])
-def test_group_norm_lowers(silu, qdq_graph, layerwise, three_emitters, tmp_path):
+@pytest.mark.parametrize("act", ["", "silu", "gelu"])
+def test_group_norm_lowers(act, qdq_graph, layerwise, three_emitters, tmp_path):
     """GroupNorm (UNet / diffusion blocks, WavLM's feature extractor, PoolFormer); before: "no
     integer lowering: InstanceNormalization" (2026-12-02). One layer norm step per group row
     with the per-channel gamma / beta folded in (one rounding at the QuantizeLinear, as the
-    LayerNormalization test: within 1 LSB of ORT's float32). With the SiLU, the normalized value
+    LayerNormalization test: within 1 LSB of ORT's float32). With a SiLU / GELU, the value
     is first realized on int16 codes of step bound / 32767 (here bound = 1.5 sqrt(40) + 0.9,
     step 3e-4, half of it per element: 0.005 of the 0.03 output step), then a 65536-entry
     table: still within 1 LSB."""
     g = qdq_graph((2, 6, 4, 5), scale=0.05, zero=128)
-    model = g.model(_group_norm(g, 3, silu))
+    model = g.model(_group_norm(g, 3, act))
     feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 6, 4, 5)).astype(np.float32)}
     prog = qb.lower(model)
     assert {"layernorm", "reshape"} <= set(prog.op_counts())
-    assert ("lut" in prog.op_counts()) == silu
+    assert ("lut" in prog.op_counts()) == bool(act)
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
@@ -272,3 +277,22 @@ def test_instance_norm_with_a_per_channel_affine(qdq_graph, layerwise, three_emi
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_group_norm_after_a_reshape_to_a_computed_shape(qdq_graph, layerwise):
+    """torch writes ``Reshape(x, Shape(...))`` for a GroupNorm's reshape back; ONNX shape
+    inference without data propagation leaves every tensor after it without static dims, and a
+    second GroupNorm was refused ("the input shape must be static", a UNet block, 2026-12-02).
+    ``lower`` now infers shapes with ``data_prop``: the next group norm lowers, within 1 LSB."""
+    g = qdq_graph((2, 6, 4, 5), scale=0.05, zero=128)
+    same = g.quant(g.node("Reshape", [g.x, g.node("Shape", [g.x])]), 0.05, 128)
+    rows = g.node("Reshape", [same, g.const(np.array([2, 3, -1], np.int64))])
+    ones, zeros = g.const(np.ones(3, np.float32)), g.const(np.zeros(3, np.float32))
+    norm = g.node("InstanceNormalization", [rows, ones, zeros])
+    back = g.node("Reshape", [norm, g.node("Shape", [same])])
+    model = g.model(g.quant(back, 0.03, 128))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 6, 4, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert "layernorm" in prog.op_counts()
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1

@@ -46,7 +46,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._groupnorm import Normalized, as_codes, fold_affine, settled
+from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import add_bias
 from ._qdq import rescale_sum
@@ -217,6 +217,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
     if folded is not None:
         return [folded]
+    ins = as_operands(b, ins)
     rows = [v for v in ins if isinstance(v, RowSquares)]
     scalars = [v for v in ins if isinstance(v, Const) and np.size(v.array) == 1]
     if len(rows) == 1 and len(scalars) == 1 and len(ins) == 2:  # RMSNorm: + eps, 1 / ...

@@ -7,11 +7,11 @@ codes with a per-element affine ``gamma``, ``beta`` of a flat period ``P n`` (th
 batch item: a group's channels each repeat over H W elements, and groups differ), so:
 
 * a Reshape / Flatten / Squeeze / Unsqueeze keeps it (the flat order does not change);
-* a Mul / Add / Sub by a float constant that is the same for every batch item folds into
-  ``gamma`` / ``beta`` (the group norm's own affine): one ``layernorm`` step, one rounding, at
-  the QuantizeLinear;
-* a float function of it (UNet / diffusion blocks: ``GroupNorm -> SiLU``, no QuantizeLinear in
-  between) reads it realized once on a symmetric int16 grid of step ``bound / 32767``
+* a Mul / Add / Sub / Div by a float constant that is the same for every batch item folds into
+  ``gamma`` / ``beta`` (the group norm's own affine) when that op is its only reader: one
+  ``layernorm`` step, one rounding, at the QuantizeLinear;
+* any other op on it (UNet / diffusion blocks: ``GroupNorm -> SiLU``, GELU, a residual Add; no
+  QuantizeLinear in between) reads it realized once on a symmetric int16 grid of step ``bound / 32767``
   (``bound >= |gamma| sqrt(n - 1) + |beta|``, exact: no element saturates) through a
   65536-entry table; the extra rounding is at most ``bound / 65534`` real units per element.
 """
@@ -62,11 +62,13 @@ def reshaped(v: Normalized, name: str, shape: tuple) -> Normalized:
 def fold_affine(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> Normalized | None:
     """``Normalized op c`` (Mul / Add / Sub, either order) with ``c`` a float constant that
     repeats every batch item, as a new ``Normalized``; else None."""
-    if node.op_type not in ("Mul", "Add", "Sub") or len(ins) != 2:
+    if node.op_type not in ("Mul", "Add", "Sub", "Div") or len(ins) != 2:
         return None
     i = next((j for j, v in enumerate(ins) if isinstance(v, Normalized)), None)
     c = ins[1 - i] if i is not None else None
-    if not isinstance(c, Const) or c.array.dtype.kind != "f":
+    if not isinstance(c, Const) or c.array.dtype.kind != "f" or (node.op_type == "Div" and i):
+        return None
+    if b.readers.get(node.input[i], 0) > 1:  # GELU's x * (1 + erf(x / sqrt 2)): read twice
         return None
     v: Normalized = ins[i]
     shape = v.shape
@@ -81,6 +83,8 @@ def fold_affine(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> No
     k, gamma, beta = rows[0], v.gamma, v.beta
     if node.op_type == "Mul":
         gamma, beta = gamma * k, beta * k
+    elif node.op_type == "Div":
+        gamma, beta = gamma / k, beta / k
     elif node.op_type == "Add":
         beta = beta + k
     elif i == 0:  # x - c
@@ -105,3 +109,9 @@ def settled(b: Builder, ins: list[Value | None]) -> list[Value | None]:
     SiLU's ``x * sigmoid(x)`` reads the same int16 tensor twice."""
     return [as_codes(b, v) if isinstance(v, Normalized) and v.node in b.realized else v
             for v in ins]  # fmt: skip
+
+
+def as_operands(b: Builder, ins: list[Value | None]) -> list[Value | None]:
+    """Operands with each ``Normalized`` realized as its int16 codes: an op that its affine
+    does not absorb (GELU's ``x / sqrt 2``, a residual ``x + norm(x)``) reads those."""
+    return [as_codes(b, v) if isinstance(v, Normalized) else v for v in ins]
