@@ -27,22 +27,44 @@ from ._movement import moved
 from ._rms import mean_of_squares
 
 
-def _window(node: onnx.NodeProto) -> dict:
+def _window(b: Builder, node: onnx.NodeProto) -> dict:
     a = attrs_of(node)
     kernel = tuple(a["kernel_shape"])
     auto_pad = a.get("auto_pad", b"NOTSET")
-    if len(kernel) != 2 or a.get("ceil_mode", 0) or auto_pad not in (b"NOTSET", "NOTSET"):
-        raise LoweringError(
-            f"{describe_node(node)}: only 2-D pools with explicit pads and ceil_mode=0 are lowered"
-        )
+    if len(kernel) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
+        raise LoweringError(f"{describe_node(node)}: only 2-D pools with explicit pads are "
+                            "lowered (export with padding=... rather than auto_pad)")  # fmt: skip
     if a.get("storage_order", 0):
         raise LoweringError(f"{describe_node(node)}: storage_order=1 is not lowered")
-    return {
+    window = {
         "kernel": kernel,
         "strides": tuple(a.get("strides", [1, 1])),
         "pads": tuple(a.get("pads", [0, 0, 0, 0])),
         "dilations": tuple(a.get("dilations", [1, 1])),
     }
+    if a.get("ceil_mode", 0):
+        window["pads"] = _ceil_pads(b, node, window)
+    return window
+
+
+def _ceil_pads(b: Builder, node: onnx.NodeProto, window: dict) -> tuple[int, ...]:
+    """``ceil_mode=1`` as ``ceil_mode=0`` with more padding at the end of each axis: the output
+    has ``ceil((n + pads - dk) / s) + 1`` positions, less the last when it would start in the
+    end padding (ONNX, torch). The extra cells pad as the pool's own pads do (a sum adds 0
+    there, a max ignores them) and the averaging counts leave them out (``_counts``)."""
+    pads = list(window["pads"])
+    for i, (k, s, d) in enumerate(zip(window["kernel"], window["strides"], window["dilations"],
+                                      strict=True)):  # fmt: skip
+        n = b.dim(node.input[0], 2 + i)
+        if n is None:
+            raise LoweringError(f"{describe_node(node)}: ceil_mode=1 needs static spatial sizes; "
+                                "pass lower(..., input_shapes=...)")  # fmt: skip
+        span = (k - 1) * d + 1
+        out = -(-(n + pads[i] + pads[i + 2] - span) // s) + 1
+        if (out - 1) * s >= n + pads[i]:
+            out -= 1
+        pads[i + 2] += max(0, (out - 1) * s + span - (n + pads[i] + pads[i + 2]))
+    return tuple(pads)
 
 
 def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
@@ -66,7 +88,7 @@ def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(node))]
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(b, node))]
 
 
 def _reduce_axes(node: onnx.NodeProto, ins: list[Value | None], a: dict) -> list[int] | None:
@@ -110,15 +132,20 @@ def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pen
 
 def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -> np.ndarray:
     """Elements averaged at each output position: the kernel size, or (padding excluded and
-    pads present) an (OH, OW) array from the static input shape."""
+    pads present, or ``ceil_mode``'s extra end padding, never counted) an (OH, OW) array from
+    the static input shape."""
     kh, kw = window["kernel"]
-    if include_pad or not any(window["pads"]):
+    real = tuple(attrs_of(node).get("pads", [0, 0, 0, 0]))
+    pads = window["pads"]
+    if tuple(pads) == real and (include_pad or not any(pads)):
         return np.array(kh * kw, dtype=np.float64)
     h, w = b.dim(node.input[0], -2), b.dim(node.input[0], -1)
     if h is None or w is None:
         raise LoweringError(f"{describe_node(node)}: padded average pool needs a static H, W")
-    (sh, sw), (dh, dw), pads = window["strides"], window["dilations"], window["pads"]
-    ones = np.pad(np.ones((h, w)), ((pads[0], pads[2]), (pads[1], pads[3])))
+    (sh, sw), (dh, dw) = window["strides"], window["dilations"]
+    ones = np.pad(np.ones((h, w)), ((real[0], real[2]), (real[1], real[3])),
+                  constant_values=1.0 if include_pad else 0.0)  # fmt: skip
+    ones = np.pad(ones, ((0, pads[2] - real[2]), (0, pads[3] - real[3])))
     win = np.lib.stride_tricks.sliding_window_view(ones, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
     return win[::sh, ::sw, ::dh, ::dw].sum(axis=(-2, -1))
 
@@ -126,7 +153,7 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = as_activation(node, ins[0])
-    window = _window(node)
+    window = _window(b, node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
     return [_averaging(b, node, x, "avgpool", counts, **window)]
 
