@@ -181,8 +181,11 @@ def _clamp_codes(b: Builder, node: onnx.NodeProto, t: QTensor, lo: float, hi: fl
 @register_lowering(*[op for op in UNARY if op != "Relu"])
 def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fn = UNARY[node.op_type](attrs_of(node))
-    if isinstance(ins[0], Normalized):  # GroupNorm -> SiLU: on int16 codes (_groupnorm)
-        ins = [as_codes(b, ins[0])]
+    v = ins[0]
+    if isinstance(v, Normalized) or (isinstance(v, Pending) and v.bound and math.isfinite(v.bound)
+                                     and not isinstance(v, SumPending)):  # fmt: skip
+        # GroupNorm -> SiLU, ReduceSum -> Sigmoid: on int16 codes that hold every value
+        ins = [as_codes(b, v)]
     if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
         return [compose_row(ins[0], fn)]
     composed = _compose(node, ins[:1], fn)

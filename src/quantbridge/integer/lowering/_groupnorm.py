@@ -94,7 +94,7 @@ def fold_affine(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> No
     return normalized(node_name(node), gamma, beta, v.make, shape, v.source_shape)
 
 
-def as_codes(b: Builder, v: Normalized) -> QValue:
+def as_codes(b: Builder, v: Pending) -> QValue:
     """``v`` realized once on a symmetric int16 grid that holds every value it can take."""
     if v.node not in b.realized:
         top = 2**15 - 1

@@ -52,6 +52,7 @@ from ._core import (
 from ._eltwise import SumPending
 from ._groupnorm import normalized
 from ._linear import LinearPending
+from ._qdq import table_step
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
 # real units per code of scores requantized from an accumulator. Measured on
@@ -201,15 +202,26 @@ def real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarra
 
 
 def layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
-    """The codes a LayerNormalization reads. A float result with a known bound on its real
+    """The codes a LayerNormalization reads. A float function of 8-bit codes (a GELU with no
+    QuantizeLinear after it) goes through a table to int16 codes of ``max |f| / 32767``. A
+    float result with a known bound on its real
     value (pre-LN transformers and ConvNeXt normalize the float residual sum ``x + f(x)``, or a
     pooled mean, that no QuantizeLinear follows) is realized first on a symmetric int16 grid
     of step ``bound / 32767``: half a step of error per element, about ``bound / 65534``, far
     below the output step for any row whose spread is above ``bound / 1000``."""
+    top = 2**15 - 1
+    if isinstance(v, Elementwise):  # wav2vec2 / WavLM: GELU -> Transpose -> LayerNorm
+        t = v.source
+        with np.errstate(all="ignore"):
+            f = np.asarray(v.fn((np.arange(t.qmin, t.qmax + 1) - t.zero_point) * t.scale))
+        peak = float(np.abs(f).max()) if np.isfinite(f).all() else 0.0
+        if peak > 0:
+            out = b.tensor(node_name(node) + "_input", np.int16, peak / top, 0)
+            table_step(b, v.node, t, v.fn, out, -top, top)
+            return out
     bound = v.bound if isinstance(v, Pending) else None
     if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)
-    top = 2**15 - 1
     out = b.tensor(node_name(node) + "_input", np.int16, bound / top, 0)
     lo = -top if v.lo == -math.inf else max(-top, int(np.rint(v.lo / out.scale)))
     hi = top if v.hi == math.inf else min(top, int(np.rint(v.hi / out.scale)))

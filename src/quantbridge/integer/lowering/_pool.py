@@ -1,6 +1,8 @@
 """Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
 requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
-and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline)."""
+and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline), and
+ReduceSum (the same sums, requantized by ``s_x / s_y``); a reduction of a constant (ReduceL2 in
+a weight norm's ``g * v / ||v||``) is folded."""
 
 from __future__ import annotations
 
@@ -114,9 +116,11 @@ def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -
     return [moved(b, node, x, op, {"axes": axes, "keepdims": bool(a.get("keepdims", 1))})]
 
 
-def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
+def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, terms: float | None = None,
+               **attrs) -> Pending:  # fmt: skip
+    """``sum / counts`` of ``terms`` codes (default: ``counts``) per output, requantized."""
     name = node_name(node)
-    bound = float(code_range(x, x.zero_point) * counts.max())
+    bound = float(code_range(x, x.zero_point) * (terms or counts.max()))
     bits = b.check_accumulator(name, bound)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -188,3 +192,40 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
         return [squares]
     x = as_activation(node, ins[0])
     return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
+
+
+REDUCE_FOLD = {"ReduceSum": lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep),
+               "ReduceL2": lambda x, axes, keep: np.sqrt(np.sum(np.square(x), axis=axes,
+                                                                keepdims=keep))}  # fmt: skip
+
+
+@register_lowering("ReduceSum", "ReduceL2")
+def _reduce_sum(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """A constant's reduction folds (WavLM's weight-normed positional conv: ``||v||`` of its
+    float ``v``); ``ReduceSum`` of a quantized tensor is an integer sum of codes (WavLM's
+    gated relative position bias, ``sum(-1) -> Sigmoid``), bounded by ``N`` times its range."""
+    a = attrs_of(node)
+    axes = _reduce_axes(node, ins, a)
+    keep = bool(a.get("keepdims", 1))
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return [moved(b, node, ins[0], "identity", {})]
+    if isinstance(ins[0], Const):
+        x = np.asarray(ins[0].array)
+        folded = REDUCE_FOLD[node.op_type](x, tuple(axes) if axes else None, keep)
+        return [Const(np.asarray(folded, x.dtype))]
+    if node.op_type != "ReduceSum":
+        raise LoweringError(f"{describe_node(node)}: an L2 norm of activations has no integer "
+                            "lowering (only of constants: a weight norm); compute it in float "
+                            "outside the program or quantize its output after a float op")  # fmt: skip
+    if not axes:
+        raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
+    x = as_activation(node, ins[0])
+    rank = len(b.shapes.get(node.input[0]) or ())
+    axes = [ax % rank if rank else ax for ax in axes]
+    dims = [b.dim(node.input[0], ax) for ax in axes]
+    if any(d is None for d in dims):
+        raise LoweringError(f"{describe_node(node)}: summed axes {axes} need static sizes")
+    n = float(np.prod(dims))
+    total = _averaging(b, node, x, "reduce_mean", np.array(1.0), n, axes=tuple(axes),
+                       keepdims=keep)  # fmt: skip
+    return [Pending(total.node, total.realize, bound=total.bound * n)]
