@@ -41,3 +41,24 @@ def test_refused_resize_names_the_node_and_the_fix(qdq_graph):
     r = g.node("Resize", [g.x, "", scales], mode="cubic")
     with pytest.raises(qb.LoweringError, match=r"Resize 'resize_\d+': mode=cubic.*nearest"):
         qb.lower(g.model(g.quant(r, 0.05, 128)))
+
+
+def test_linear_resize_of_a_layer_norm(qdq_graph, layerwise, three_emitters, tmp_path):
+    """MobileViT folds a LayerNorm's output back to an image and resizes it with no
+    QuantizeLinear between; before: "a linear Resize is lowered on a quantized 8-bit tensor"
+    (HF MobileViT, 2026-12-02). The norm goes on int16 codes of bound / 32767 (bound = 1.5
+    sqrt(4) + 0.6 here: 1e-4 per code against a 0.03 output step), F = 7 weight bits (2x:
+    quarters, exact): within 1 LSB of ORT."""
+    g = qdq_graph((1, 3, 4, 4), scale=0.05, zero=128)
+    gamma = g.const(g.rng.uniform(0.5, 1.5, 4).astype(np.float32))
+    beta = g.const(g.rng.normal(0, 0.2, 4).astype(np.float32))
+    norm = g.node("LayerNormalization", [g.x, gamma, beta])
+    scales = g.const(np.array([1, 1, 2, 2], np.float32))
+    r = g.node("Resize", [norm, "", scales], mode="linear")
+    model = g.model(g.quant(r, 0.03, 128))
+    feeds = {"x": np.random.default_rng(1).normal(0, 2, (1, 3, 4, 4)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"layernorm", "resize_linear"} == set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

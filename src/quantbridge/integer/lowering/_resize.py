@@ -9,9 +9,13 @@ coordinate ``x = coordinate(o)`` (``half_pixel``, ``pytorch_half_pixel``, ``alig
 ``f = x - i0``. The program holds ``w1 = round(f 2**F)`` per output position (exact for the
 power-of-two scales of 2x / 4x upsampling: ``f`` in quarters / eighths; otherwise off by at
 most ``2**-(F+1)`` of a neighbour difference), sums on centered codes in int64, and
-requantizes once (one rounding, as ONNX Runtime's float Resize then QuantizeLinear)."""
+requantizes once (one rounding, as ONNX Runtime's float Resize then QuantizeLinear). A float
+result with a bound (MobileViT resizes a LayerNorm's output) is first realized on int16 codes
+of ``bound / 32767`` (``_groupnorm.as_codes``)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -31,6 +35,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._groupnorm import as_codes
 from ._movement import _movement, _resize_attrs
 
 LINEAR_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
@@ -69,9 +74,11 @@ def _resize(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     if a.get("axes") is not None or _text(a, "keep_aspect_ratio_policy", "stretch") != "stretch":
         raise LoweringError(f"{describe_node(node)}: axes / keep_aspect_ratio_policy not lowered")
     x = ins[0]
-    if not isinstance(x, QValue) or x.tensor.bits > 8:
+    if isinstance(x, Pending) and x.bound and math.isfinite(x.bound):
+        x = as_codes(b, x)  # MobileViT: LayerNorm -> fold back -> Resize: int16 codes first
+    if not isinstance(x, QValue) or x.tensor.bits > 16:
         raise LoweringError(
-            f"{describe_node(node)}: a linear Resize is lowered on a quantized 8-bit tensor "
+            f"{describe_node(node)}: a linear Resize is lowered on a quantized tensor "
             "(DequantizeLinear -> Resize -> QuantizeLinear); quantize its input (a "
             "QuantizeLinear in front of the Resize)"
         )
@@ -91,7 +98,8 @@ def _resize(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
             n_out = int(np.floor(n_in * scale))
         if not (n_out == n_in and scale == 1.0):
             resized.append((axis, int(n_in), n_out, scale))
-    # int32 sums: |q - z| 2**(K F) < 2**31 for K resized axes of 8-bit codes
+    # int32 sums: |q - z| 2**(K F) < 2**31 for K resized axes (F = 11 for 8-bit codes, 7 for
+    # int16 ones: a bounded float result, a LayerNorm's output, realized first)
     frac = (30 - code_range(t, t.zero_point).bit_length()) // max(1, len(resized))
     axes = tuple((axis, *_axis_tables(n_in, n_out, scale, coordinates, frac))
                  for axis, n_in, n_out, scale in resized)  # fmt: skip
