@@ -48,7 +48,7 @@ from ._core import (
 )
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
-from ._linear import add_bias
+from ._linear import LinearPending, add_bias
 from ._qdq import rescale_sum
 from ._rms import RowSquares
 from ._rms import compose as compose_row
@@ -244,6 +244,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return [biased]
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
+    ins = _accumulators_on_int16_grid(b, node, ins)
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
@@ -315,6 +316,26 @@ def _float_factor_on_int16_grid(node: onnx.NodeProto, ins: list[Value | None]) -
             scale = peak / 32767 if peak > 0 else 1.0
             q = quantize(c, np.float64(scale), np.float64(0), -32767, 32767)
             v = QConst(np.asarray(q).astype(np.int16), np.asarray(scale), np.asarray(0), None)
+        out.append(v)
+    return out
+
+
+def _accumulators_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list) -> list:
+    """Add / Sub of a MatMul of two activations that no QuantizeLinear follows and a quantized
+    tensor (WavLM's ``baddbmm(position_bias, q, k^T)``): the int32 accumulator realized on
+    int16 codes of one accumulator unit (exact) or, past 32767 units, of ``bound / 32767``
+    (half of that per element), then the usual rescaled sum."""
+    if node.op_type not in ("Add", "Sub") or not any(isinstance(v, QValue) for v in ins):
+        return ins
+    out = []
+    for v in ins:
+        if (isinstance(v, LinearPending) and v.acc_bound is not None
+                and v.acc_scale is not None and v.acc_scale.size == 1):  # fmt: skip
+            unit, top = float(v.acc_scale.reshape(-1)[0]), 2**15 - 1
+            codes = b.tensor(node_name(node) + "_accumulator", np.int16,
+                             max(unit, v.acc_bound * unit / top), 0)  # fmt: skip
+            v.realize(b, codes, -top, top)
+            v = QValue(codes)
         out.append(v)
     return out
 
