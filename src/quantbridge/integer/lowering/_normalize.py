@@ -52,7 +52,7 @@ from ._core import (
 from ._eltwise import SumPending
 from ._groupnorm import normalized
 from ._linear import LinearPending
-from ._qdq import table_step
+from ._qdq import elementwise_codes
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
 # real units per code of scores requantized from an accumulator. Measured on
@@ -211,14 +211,9 @@ def layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTens
     below the output step for any row whose spread is above ``bound / 1000``."""
     top = 2**15 - 1
     if isinstance(v, Elementwise):  # wav2vec2 / WavLM: GELU -> Transpose -> LayerNorm
-        t = v.source
-        with np.errstate(all="ignore"):
-            f = np.asarray(v.fn((np.arange(t.qmin, t.qmax + 1) - t.zero_point) * t.scale))
-        peak = float(np.abs(f).max()) if np.isfinite(f).all() else 0.0
-        if peak > 0:
-            out = b.tensor(node_name(node) + "_input", np.int16, peak / top, 0)
-            table_step(b, v.node, t, v.fn, out, -top, top)
-            return out
+        codes = elementwise_codes(b, node_name(node), v)
+        if codes is not None:
+            return codes
     bound = v.bound if isinstance(v, Pending) else None
     if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)

@@ -26,6 +26,7 @@ from ._core import (
     register_lowering,
 )
 from ._movement import moved
+from ._qdq import elementwise_codes
 from ._rms import mean_of_squares
 
 
@@ -162,6 +163,16 @@ def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
     return [_averaging(b, node, x, "avgpool", counts, **window)]
 
 
+def _mean_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+    """The codes a mean reads: a float function of codes (MobileViT's and EfficientNet's
+    pooled SiLU, a float output) through a table to int16 codes first (``elementwise_codes``)."""
+    if isinstance(v, Elementwise):
+        codes = elementwise_codes(b, node_name(node), v)
+        if codes is not None:
+            return codes
+    return as_activation(node, v)
+
+
 def _reduce(b: Builder, node: onnx.NodeProto, x: QTensor, axes: list[int], keepdims: bool):
     dims = [b.dim(node.input[0], a) for a in axes]
     if any(d is None for d in dims):
@@ -172,7 +183,7 @@ def _reduce(b: Builder, node: onnx.NodeProto, x: QTensor, axes: list[int], keepd
 
 @register_lowering("GlobalAveragePool")
 def _global_average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
+    x = _mean_input(b, node, ins[0])
     rank = len(b.shapes.get(node.input[0]) or ())
     if rank < 3:
         raise LoweringError(f"{describe_node(node)}: needs the input's rank (shape inference)")
@@ -190,7 +201,7 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
     squares = mean_of_squares(b, node, ins[0], axes, bool(a.get("keepdims", 1)))
     if squares is not None:  # RMSNorm's mean(x**2)
         return [squares]
-    x = as_activation(node, ins[0])
+    x = _mean_input(b, node, ins[0])
     return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
 
 

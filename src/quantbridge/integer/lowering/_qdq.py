@@ -115,6 +115,21 @@ def table_step(
     )
 
 
+def elementwise_codes(b: Builder, name: str, v: Elementwise) -> QTensor | None:
+    """A float function of 8-bit codes that a float op reads with no QuantizeLinear between
+    (wav2vec2's GELU -> LayerNorm, MobileViT's SiLU -> mean): a table to symmetric int16 codes
+    of ``max |f| / 32767`` (half of that per element); None when ``f`` is 0 or not finite."""
+    t, top = v.source, 2**15 - 1
+    with np.errstate(all="ignore"):
+        f = np.asarray(v.fn((np.arange(t.qmin, t.qmax + 1) - t.zero_point) * t.scale))
+    peak = float(np.abs(f).max()) if np.isfinite(f).all() else 0.0
+    if peak <= 0:
+        return None
+    out = b.tensor(name + "_input", np.int16, peak / top, 0)
+    table_step(b, v.node, t, v.fn, out, -top, top)
+    return out
+
+
 @register_lowering("QuantizeLinear")
 def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = ins[0]
