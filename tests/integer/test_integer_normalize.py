@@ -296,3 +296,27 @@ def test_group_norm_after_a_reshape_to_a_computed_shape(qdq_graph, layerwise):
     assert "layernorm" in prog.op_counts()
     diffs = layerwise(model, prog, feeds)
     assert max(int(d.max()) for d in diffs.values()) <= 1
+
+
+def test_poolformer_token_mixer(qdq_graph, layerwise, three_emitters, tmp_path):
+    """PoolFormer: ``n = GroupNorm(1, C)(x); pool(n) - n`` with no QuantizeLinear between;
+    before: "AveragePool: its input is an unquantized float result" (HF PoolFormer,
+    2026-12-02). ``n`` goes on int16 codes of bound / 32767 (<= 4.6e-4 here: 1.5 sqrt(100) +
+    0.1 = 15.1); the 3x3 mean of those
+    codes on its int16 grid too (the integer ONNX sums int16 codes as two exact byte sums);
+    then the difference's one rounding at the QuantizeLinear: within 1 LSB of ORT."""
+    g = qdq_graph((2, 4, 5, 5), scale=0.05, zero=128)
+    rows = g.node("Reshape", [g.x, g.const(np.array([2, 1, -1], np.int64))])
+    one, zero = g.const(np.ones(1, np.float32)), g.const(np.zeros(1, np.float32))
+    norm = g.node("InstanceNormalization", [rows, one, zero])
+    back = g.node("Reshape", [norm, g.const(np.array([2, 4, 5, 5], np.int64))])
+    gamma = g.rng.uniform(0.5, 1.5, (4, 1, 1)).astype(np.float32)
+    n = g.node("Add", [g.node("Mul", [back, g.const(gamma)]), g.const(np.float32(0.1))])
+    pool = g.node("AveragePool", [n], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0)
+    model = g.model(g.quant(g.node("Sub", [pool, n]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 4, 5, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"layernorm", "avgpool", "rescale_sum"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

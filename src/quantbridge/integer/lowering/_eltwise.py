@@ -336,6 +336,9 @@ def _accumulators_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list) -> 
                              max(unit, v.acc_bound * unit / top), 0)  # fmt: skip
             v.realize(b, codes, -top, top)
             v = QValue(codes)
+        elif (type(v) is Pending and v.bound and math.isfinite(v.bound)
+                and v.accumulator is None):  # fmt: skip
+            v = as_codes(b, v)  # PoolFormer's pool(x) - x: the pool's mean on int16 codes
         out.append(v)
     return out
 

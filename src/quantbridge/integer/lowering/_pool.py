@@ -25,6 +25,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._groupnorm import Normalized, as_codes
 from ._movement import moved
 from ._qdq import elementwise_codes
 from ._rms import mean_of_squares
@@ -157,7 +158,7 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = as_activation(node, ins[0])
+    x = _mean_input(b, node, ins[0])
     window = _window(b, node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
     return [_averaging(b, node, x, "avgpool", counts, **window)]
@@ -170,6 +171,8 @@ def _mean_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
         codes = elementwise_codes(b, node_name(node), v)
         if codes is not None:
             return codes
+    if isinstance(v, Normalized):  # PoolFormer: pool(GroupNorm(x)) - GroupNorm(x)
+        return as_codes(b, v).tensor
     return as_activation(node, v)
 
 
