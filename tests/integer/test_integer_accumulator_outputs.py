@@ -354,6 +354,28 @@ def test_pooled_float_output(qdq_graph, op):
     assert np.abs(got.astype(np.float64) - ref).max() <= step
 
 
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "ReduceMean"])
+def test_pooled_silu_float_output(qdq_graph, op):
+    """MobileViT's / EfficientNet's pooled features: the mean of a SiLU of codes with no
+    QuantizeLinear between, a float graph output (HF MobileViT, 2026-12-02: "ReduceMean: its
+    input is an unquantized float function"). The SiLU is a table to int16 codes of max |silu|
+    / 32767 (0.05 x 252 = 12.6 here: 3.8e-4 per code, half of it per element), then the mean on
+    an int16 grid of its bound (the same 12.6): within two such steps of ORT's float mean."""
+    g = qdq_graph((2, 4, 5, 5), scale=0.05, zero=3)
+    silu = g.node("Mul", [g.x, g.node("Sigmoid", [g.x])])
+    axes = [g.const(np.array([2, 3], np.int64))] if op == "ReduceMean" else []
+    model = g.model(g.node(op, [silu, *axes]))
+    x = np.random.default_rng(0).normal(2, 3, (2, 4, 5, 5)).astype(np.float32)
+    prog = qb.lower(model)
+    assert {"lut", "reduce_mean"} <= set(prog.op_counts())
+    (got,) = prog.run({"x": x}).values()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (ref,) = sess.run(None, {"x": x})
+    step = 0.05 * 252 / 32767
+    assert got.shape == ref.shape == (2, 4, 1, 1)
+    assert np.abs(got.astype(np.float64) - ref).max() <= 2 * step
+
+
 def test_residual_sum_float_output(qdq_graph):
     """A float graph output that is a residual sum ``x + f(x)`` with no QuantizeLinear after it
     (HF SigLIP's pooler: the attention-pooling head ends with ``residual + mlp(x)``, then a

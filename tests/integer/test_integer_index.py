@@ -219,3 +219,45 @@ def test_position_bias_under_a_mask(qdq_graph, layerwise, three_emitters, tmp_pa
     (got,) = prog.run(feeds).values()
     assert np.all(got[1, ..., 4:] == 0)  # masked keys: weight 0
     three_emitters(prog, feeds, tmp_path)
+
+
+@pytest.mark.parametrize("last", [0, 1])
+def test_argmax_pooling_at_the_eos_token(qdq_graph, layerwise, three_emitters, tmp_path, last):
+    """CLIP's text pooling ``hidden[arange(B), ids.argmax(-1)]`` as torch exports it: ArgMax of
+    the int64 ids, Unsqueeze, Concat with the (folded) Range, GatherND of the hidden codes by
+    those run-time pairs; plus ArgMax / ArgMin over a quantized tensor's codes (a positive
+    scale keeps the order of the real values, equal codes being equal values). Before: "no
+    integer lowering: ArgMax" (HF CLIP text, 2026-12-02). All integer: the indices and the
+    gathered codes equal ORT's exactly (0 LSB); ties (repeated ids, equal codes) pick the
+    index ``select_last_index`` asks for."""
+    g = qdq_graph((2, 6, 4), scale=0.05, zero=128)
+    g.inputs.append(helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 6]))
+    eos = g.node("ArgMax", ["ids"], axis=-1, keepdims=0, select_last_index=last)
+    rows = g.node("Unsqueeze", [g.const(np.arange(2, dtype=np.int64)), g.const(np.array([-1]))])
+    pairs = g.node("Concat", [rows, g.node("Unsqueeze", [eos, g.const(np.array([-1]))])], axis=-1)
+    pooled = g.quant(g.node("GatherND", [g.x, pairs]), 0.05, 128)
+    peak = g.node("ArgMax", [g.x], axis=1, keepdims=1, select_last_index=last)
+    low = g.node("ArgMin", [g.x], axis=-1, keepdims=0, select_last_index=last)
+    model = g.model(pooled)
+    for name in (eos, peak, low):
+        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT64, None))
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, 5, (2, 6)).astype(np.int64)  # ids repeat: ties
+    feeds = {"x": rng.normal(0, 0.3, (2, 6, 4)).astype(np.float32), "ids": ids}
+    prog = qb.lower(model)
+    assert {"arg_extreme", "int_concat", "take_nd"} <= set(prog.op_counts())
+    got = prog.run(feeds)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    for name, ref in zip(names, sess.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(got[name], ref, err_msg=name)
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) == 0
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_argmax_of_a_float_result_names_the_fix(qdq_graph):
+    g = qdq_graph((2, 6), scale=0.05, zero=128)
+    logits = g.node("MatMul", [g.x, g.weight((6, 3), axis=1)])
+    with pytest.raises(qb.LoweringError, match=r"ArgMax 'argmax_\d+': reads .*quantize_outputs"):
+        qb.lower(g.model(g.node("ArgMax", [logits], axis=-1)))

@@ -144,3 +144,24 @@ def test_scores_plus_a_position_bias(qdq_graph, layerwise, three_emitters, tmp_p
     diffs = layerwise(model, prog, feeds)
     assert max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def test_matmul_scores_plus_a_quantized_bias(qdq_graph, layerwise, three_emitters, tmp_path):
+    """WavLM's ``baddbmm(gated_position_bias, q, k^T) -> Softmax``: the scores' MatMul has no
+    QuantizeLinear; before: "Add: operands must be quantized tensors" (HF WavLM, 2026-12-02).
+    The int32 accumulator goes on int16 codes of one accumulator unit where it fits, else of
+    bound / 32767 (here 8 x 128 x 128 = 131072 units: 4 units = 0.01 real, half of it per
+    score), then the sum with the bias and the Softmax's int16 score grid: within 1 LSB of
+    ORT."""
+    g = qdq_graph((2, 2, 4, 8), scale=0.05, zero=128)
+    k = g.quant(g.node("Transpose", [g.x], perm=[0, 1, 3, 2]), 0.05, 128)
+    scores = g.node("MatMul", [g.x, k])
+    bias = g.quant(g.node("Slice", [g.x, g.const(np.array([0])), g.const(np.array([4])),
+                                    g.const(np.array([3]))]), 0.05, 128)  # fmt: skip
+    model = g.model(g.quant(g.node("Softmax", [g.node("Add", [scores, bias])]), 1 / 256, 0))
+    feeds = {"x": np.random.default_rng(3).normal(0, 1, (2, 2, 4, 8)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"matmul", "rescale_sum", "softmax"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

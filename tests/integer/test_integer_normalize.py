@@ -222,3 +222,103 @@ def test_rms_norm_lowers(qdq_graph, layerwise, three_emitters, tmp_path):
     diffs = layerwise(model, prog, feeds)
     assert len(diffs) == 3 and max(int(d.max()) for d in diffs.values()) <= 1
     three_emitters(prog, feeds, tmp_path)
+
+
+def _group_norm(g, groups: int, act: str):
+    """torch's ``nn.GroupNorm(groups, C)`` as exported: ``Reshape(N, G, -1) ->
+    InstanceNormalization(ones, zeros) -> Reshape(N, C, H, W) -> Mul(gamma) -> Add(beta)``,
+    then (UNet blocks) ``x * Sigmoid(x)`` or (wav2vec2's feature extractor) the exact GELU
+    ``x * (1 + erf(x / sqrt 2)) * 0.5``, with no QuantizeLinear in between."""
+    n, c, h, w = 2, 6, 4, 5
+    rows = g.node("Reshape", [g.x, g.const(np.array([n, groups, -1], np.int64))])
+    ones, zeros = np.ones(groups, np.float32), np.zeros(groups, np.float32)
+    norm = g.node("InstanceNormalization", [rows, g.const(ones), g.const(zeros)], epsilon=1e-5)
+    back = g.node("Reshape", [norm, g.const(np.array([n, c, h, w], np.int64))])
+    gamma = g.rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32)
+    beta = g.rng.normal(0, 0.3, (c, 1, 1)).astype(np.float32)
+    y = g.node("Add", [g.node("Mul", [back, g.const(gamma)]), g.const(beta)])
+    if act == "silu":
+        y = g.node("Mul", [y, g.node("Sigmoid", [y])])
+    if act == "gelu":
+        erf = g.node("Erf", [g.node("Div", [y, g.const(np.float32(np.sqrt(2)))])])
+        y = g.node("Mul", [g.node("Mul", [y, g.node("Add", [erf, g.const(np.float32(1))])]),
+                           g.const(np.float32(0.5))])  # fmt: skip
+    return g.quant(y, 0.03, 20 if act else 128)
+
+
+@pytest.mark.parametrize("act", ["", "silu", "gelu"])
+def test_group_norm_lowers(act, qdq_graph, layerwise, three_emitters, tmp_path):
+    """GroupNorm (UNet / diffusion blocks, WavLM's feature extractor, PoolFormer); before: "no
+    integer lowering: InstanceNormalization" (2026-12-02). One layer norm step per group row
+    with the per-channel gamma / beta folded in (one rounding at the QuantizeLinear, as the
+    LayerNormalization test: within 1 LSB of ORT's float32). With a SiLU / GELU, the value
+    is first realized on int16 codes of step bound / 32767 (here bound = 1.5 sqrt(40) + 0.9,
+    step 3e-4, half of it per element: 0.005 of the 0.03 output step), then a 65536-entry
+    table: still within 1 LSB."""
+    g = qdq_graph((2, 6, 4, 5), scale=0.05, zero=128)
+    model = g.model(_group_norm(g, 3, act))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 6, 4, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"layernorm", "reshape"} <= set(prog.op_counts())
+    assert ("lut" in prog.op_counts()) == bool(act)
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_instance_norm_with_a_per_channel_affine(qdq_graph, layerwise, three_emitters, tmp_path):
+    """``nn.InstanceNorm2d(affine=True)``: rows of H W codes, scale / bias per channel in the
+    layer norm step's multipliers (a period of C rows): within 1 LSB of ORT."""
+    g = qdq_graph((2, 3, 4, 4), scale=0.05, zero=128)
+    scale = g.const(g.rng.uniform(-1.5, 1.5, 3).astype(np.float32))
+    bias = g.const(g.rng.normal(0, 0.3, 3).astype(np.float32))
+    model = g.model(g.quant(g.node("InstanceNormalization", [g.x, scale, bias]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(8).normal(0, 2, (2, 3, 4, 4)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert set(prog.op_counts()) == {"layernorm"}
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)
+
+
+def test_group_norm_after_a_reshape_to_a_computed_shape(qdq_graph, layerwise):
+    """torch writes ``Reshape(x, Shape(...))`` for a GroupNorm's reshape back; ONNX shape
+    inference without data propagation leaves every tensor after it without static dims, and a
+    second GroupNorm was refused ("the input shape must be static", a UNet block, 2026-12-02).
+    ``lower`` now infers shapes with ``data_prop``: the next group norm lowers, within 1 LSB."""
+    g = qdq_graph((2, 6, 4, 5), scale=0.05, zero=128)
+    same = g.quant(g.node("Reshape", [g.x, g.node("Shape", [g.x])]), 0.05, 128)
+    rows = g.node("Reshape", [same, g.const(np.array([2, 3, -1], np.int64))])
+    ones, zeros = g.const(np.ones(3, np.float32)), g.const(np.zeros(3, np.float32))
+    norm = g.node("InstanceNormalization", [rows, ones, zeros])
+    back = g.node("Reshape", [norm, g.node("Shape", [same])])
+    model = g.model(g.quant(back, 0.03, 128))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 6, 4, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert "layernorm" in prog.op_counts()
+    diffs = layerwise(model, prog, feeds)
+    assert max(int(d.max()) for d in diffs.values()) <= 1
+
+
+def test_poolformer_token_mixer(qdq_graph, layerwise, three_emitters, tmp_path):
+    """PoolFormer: ``n = GroupNorm(1, C)(x); pool(n) - n`` with no QuantizeLinear between;
+    before: "AveragePool: its input is an unquantized float result" (HF PoolFormer,
+    2026-12-02). ``n`` goes on int16 codes of bound / 32767 (<= 4.6e-4 here: 1.5 sqrt(100) +
+    0.1 = 15.1); the 3x3 mean of those
+    codes on its int16 grid too (the integer ONNX sums int16 codes as two exact byte sums);
+    then the difference's one rounding at the QuantizeLinear: within 1 LSB of ORT."""
+    g = qdq_graph((2, 4, 5, 5), scale=0.05, zero=128)
+    rows = g.node("Reshape", [g.x, g.const(np.array([2, 1, -1], np.int64))])
+    one, zero = g.const(np.ones(1, np.float32)), g.const(np.zeros(1, np.float32))
+    norm = g.node("InstanceNormalization", [rows, one, zero])
+    back = g.node("Reshape", [norm, g.const(np.array([2, 4, 5, 5], np.int64))])
+    gamma = g.rng.uniform(0.5, 1.5, (4, 1, 1)).astype(np.float32)
+    n = g.node("Add", [g.node("Mul", [back, g.const(gamma)]), g.const(np.float32(0.1))])
+    pool = g.node("AveragePool", [n], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0)
+    model = g.model(g.quant(g.node("Sub", [pool, n]), 0.03, 128))
+    feeds = {"x": np.random.default_rng(7).normal(0, 2, (2, 4, 5, 5)).astype(np.float32)}
+    prog = qb.lower(model)
+    assert {"layernorm", "avgpool", "rescale_sum"} <= set(prog.op_counts())
+    diffs = layerwise(model, prog, feeds)
+    assert len(diffs) == 1 and max(int(d.max()) for d in diffs.values()) <= 1
+    three_emitters(prog, feeds, tmp_path)

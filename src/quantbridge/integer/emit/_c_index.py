@@ -88,3 +88,56 @@ def _arith(c: _Ctx, k: str, step) -> str:
     op = {"Add": "+", "Sub": "-", "Mul": "*"}[step.attrs["fn"]]
     t = c.ctype(step.output)
     return _loop(c, k, step, lambda x: f"({t}){x[0]} {op} ({t}){x[1]}")
+
+
+@_register("arg_extreme")
+def _arg_extreme(c: _Ctx, k: str, step) -> str:
+    a, shape = step.attrs, c.shapes[step.inputs[0]]
+    axis = a["axis"] % len(shape)
+    outer, n = int(np.prod(shape[:axis], dtype=np.int64)), shape[axis]
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    better = (">" if a["fn"] == "ArgMax" else "<") + ("=" if a["last"] else "")
+    x, y = c.names[step.inputs[0]], c.names[step.output]
+    return f"""    for (int o = 0; o < {outer}; o++) for (int i = 0; i < {inner}; i++) {{
+        int64_t best = (int64_t){x}[o * {n * inner} + i], at = 0;
+        for (int j = 1; j < {n}; j++) {{
+            const int64_t v = (int64_t){x}[(o * {n} + j) * {inner} + i];
+            if (v {better} best) {{ best = v; at = j; }}
+        }}
+        {y}[o * {inner} + i] = at;
+    }}
+"""
+
+
+@_register("int_concat")
+def _int_concat(c: _Ctx, k: str, step) -> str:
+    out = step.output
+    outer, total, inner = _around(c.shapes[out], step.attrs["axis"])
+    y, code, offset = c.names[out], [], 0
+    for t in step.inputs:
+        n = c.shapes[t][step.attrs["axis"] % len(c.shapes[t])]
+        code.append(f"""    for (int o = 0; o < {outer}; o++) for (int i = 0; i < {n * inner}; i++)
+        {y}[o * {total * inner} + {offset * inner} + i] = ({c.ctype(out)}){c.names[t]}[o * {n * inner} + i];
+""")  # fmt: skip
+        offset += n
+    return "".join(code)
+
+
+@_register("take_nd")
+def _take_nd(c: _Ctx, k: str, step) -> str:
+    data, indices = step.inputs
+    shape, ishape = c.shapes[data], c.shapes[indices]
+    m = ishape[-1]
+    inner = int(np.prod(shape[m:], dtype=np.int64))
+    x, idx, y = c.names[data], c.names[indices], c.names[step.output]
+    offset = "".join(
+        f"""        {{ int64_t r = (int64_t){idx}[j * {m} + {d}]; if (r < 0) r += {shape[d]};
+          at = at * {shape[d]} + r; }}
+"""
+        for d in range(m)
+    )
+    return f"""    for (int j = 0; j < {c.size(indices) // m}; j++) {{
+        int64_t at = 0;
+{offset}        for (int i = 0; i < {inner}; i++) {y}[j * {inner} + i] = {x}[at * {inner} + i];
+    }}
+"""

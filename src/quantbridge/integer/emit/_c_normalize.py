@@ -105,6 +105,8 @@ def _layernorm(c: _Ctx, k: str, step) -> str:
     c.const("int64_t", f"{k}_b", np.asarray(a["offsets"], np.int64))
     x, y = c.names[step.inputs[0]], c.names[step.output]
     req = _requant(a, "1", str(a["shift"])).format(acc="acc")
+    period = np.size(a["multipliers"]) // n  # rows before the affine repeats (a group norm)
+    j = "i" if period == 1 else f"(r % {period}) * {n} + i"
     return f"""    for (int r = 0; r < {rows}; r++) {{
         const {c.ctype(step.inputs[0])} *xr = {x} + r * {n};
         int64_t s1 = 0, s2 = 0;
@@ -118,7 +120,7 @@ def _layernorm(c: _Ctx, k: str, step) -> str:
         for (int i = 0; i < {n}; i++) {{
             const int64_t d = {n}LL * ((int64_t)xr[i] - {a["x_zero"]}) - s1;
             const int64_t t = qb_round_div(d * ((int64_t)1 << {a["k"] + a["frac"]}), root);
-            const int64_t acc = t * {k}_m[i] + {k}_b[i];
+            const int64_t acc = t * {k}_m[{j}] + {k}_b[{j}];
             {y}[r * {n} + i] = ({c.ctype(step.output)}){req};
         }}
     }}

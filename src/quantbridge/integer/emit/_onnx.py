@@ -276,24 +276,22 @@ def _avgpool(g: _Graph, step, ins: list[str], out: str) -> None:
     """Window sums as a depthwise ConvInteger with unit weights (padding adds x_zero: 0)."""
     a = step.attrs
     channels = g.shapes[step.inputs[0]][1]
-    ones = np.ones((channels, 1, *a["kernel"]), np.uint8)
+    ones = g.const(np.ones((channels, 1, *a["kernel"]), np.uint8), np.uint8)
 
-    def window_sums(x: str, xz: str) -> str:
-        return g.i64(g.op("ConvInteger", [x, g.const(ones, np.uint8), xz, g.const(0, np.uint8)],
-                          group=channels, strides=list(a["strides"]), pads=list(a["pads"]),
+    def sums(x: str, xz: str) -> str:
+        return g.i64(g.op("ConvInteger", [x, ones, xz, g.const(0, np.uint8)], group=channels,
+                          strides=list(a["strides"]), pads=list(a["pads"]),
                           dilations=list(a["dilations"]), kernel_shape=list(a["kernel"])))  # fmt: skip
 
-    if g.program.tensors[step.inputs[0]].dtype.itemsize == 1:
-        acc = window_sums(*_x_u8(g, step, ins[0], a["x_zero"]))
-    else:  # int16 codes of zero point 0 (a float result averaged): q = 256 h + l, two byte sums
-        if a["x_zero"] != 0:
-            raise ValueError("ONNX emitter: a 16-bit average pool needs zero point 0")
-        q = g.i64(ins[0])
-        low = g.op("Mod", [q, g.const(256)], fmod=0)  # 0..255
-        high = g.op("Add", [g.op("Div", [g.op("Sub", [q, low]), g.const(256)]), g.const(128)])
-        u8 = [g.op("Cast", [v], to=TensorProto.UINT8) for v in (low, high)]
-        acc = g.op("Add", [window_sums(u8[0], g.const(0, np.uint8)),
-                           g.op("Mul", [window_sums(u8[1], g.const(128, np.uint8)),
+    if np.dtype(g.program.tensors[step.inputs[0]].dtype).itemsize == 1:
+        acc = sums(*_x_u8(g, step, ins[0], a["x_zero"]))
+    else:  # int16 codes: c = 256 hi + lo, lo in [0, 255], hi in [-128, 127]; two exact sums
+        c = g.centered(ins[0], a["x_zero"])
+        lo = g.op("BitwiseAnd", [c, g.const(255)])
+        hi = g.op("Add", [g.op("Div", [g.op("Sub", [c, lo]), g.const(256)]), g.const(128)])
+        u8 = TensorProto.UINT8
+        acc = g.op("Add", [sums(g.op("Cast", [lo], to=u8), g.const(0, np.uint8)),
+                           g.op("Mul", [sums(g.op("Cast", [hi], to=u8), g.const(128, np.uint8)),
                                         g.const(256)])])  # fmt: skip
     shape = g.shapes[step.output][2:]
     g.requantize(acc, step, a["multiplier"], a["shift"], shape, out)

@@ -65,3 +65,26 @@ def _take(g: _Graph, step, ins: list[str], out: str) -> None:
 def _arith(g: _Graph, step, ins: list[str], out: str) -> None:
     to = _out_type(g, step)
     g.op(step.attrs["fn"], [g.op("Cast", [x], to=to) for x in ins], out)
+
+
+@_register("arg_extreme")
+def _arg_extreme(g: _Graph, step, ins: list[str], out: str) -> None:
+    """In int64 (ONNX Runtime's ArgMax has no 16-bit kernel)."""
+    a = step.attrs
+    g.op(a["fn"], [g.i64(ins[0])], out, axis=a["axis"], keepdims=int(a["keepdims"]),
+         select_last_index=int(a["last"]))  # fmt: skip
+
+
+@_register("int_concat")
+def _int_concat(g: _Graph, step, ins: list[str], out: str) -> None:
+    to = _out_type(g, step)
+    g.op("Concat", [g.op("Cast", [x], to=to) for x in ins], out, axis=step.attrs["axis"])
+
+
+@_register("take_nd")
+def _take_nd(g: _Graph, step, ins: list[str], out: str) -> None:
+    """Negative indices made positive first (as the numpy kernel: ``index % dim``)."""
+    m = g.shapes[step.inputs[1]][-1]
+    dims = g.const(np.asarray(g.shapes[step.inputs[0]][:m], np.int64))
+    index = g.op("Mod", [g.op("Cast", [ins[1]], to=I64), dims])
+    g.op("GatherND", [ins[0], index], out)

@@ -76,6 +76,8 @@ def _layernorm(g: _Graph, step, ins: list[str], out: str) -> None:
     root = _isqrt(g, w)
     d = g.op("Sub", [g.op("Mul", [c, g.const(n)]), s1])
     t = _round_div(g, g.op("Mul", [d, g.const(2 ** (a["k"] + a["frac"]))]), root)
+    if np.size(a["multipliers"]) != n:  # the affine repeats every P rows (a group norm)
+        t = g.op("Reshape", [t, g.const([-1, np.size(a["multipliers"])])])
     acc = g.op("Add", [g.op("Mul", [t, g.const(a["multipliers"])]), g.const(a["offsets"])])
     y = g.requantize(acc, step, 1, a["shift"], (), g.name("layernorm"))
     g.op("Reshape", [y, g.const(list(g.shapes[step.output]))], out)

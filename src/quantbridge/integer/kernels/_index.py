@@ -68,3 +68,32 @@ def cumsum(attrs, x: np.ndarray) -> np.ndarray:
 @register_kernel("take")
 def take(attrs, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take(data, indices.astype(np.int64), axis=attrs["axis"])
+
+
+@register_kernel("arg_extreme")
+def arg_extreme(attrs, x: np.ndarray) -> np.ndarray:
+    """ArgMax / ArgMin (``attrs["fn"]``) along ``axis`` as int64, the first index of the
+    extreme or, with ``last``, the last (ONNX ``select_last_index``)."""
+    axis = attrs["axis"] % x.ndim
+    y = x.astype(np.int64) * (1 if attrs["fn"] == "ArgMax" else -1)
+    if attrs["last"]:
+        i = y.shape[axis] - 1 - np.argmax(np.flip(y, axis), axis=axis)
+    else:
+        i = np.argmax(y, axis=axis)
+    return np.asarray(np.expand_dims(i, axis) if attrs["keepdims"] else i, np.int64)
+
+
+@register_kernel("int_concat")
+def int_concat(attrs, *inputs: np.ndarray) -> np.ndarray:
+    """Concat of integer tensors (CLIP's ``[arange(B), argmax]`` index pairs), in ``dtype``."""
+    return np.concatenate([x.astype(attrs["dtype"]) for x in inputs], axis=attrs["axis"])
+
+
+@register_kernel("take_nd")
+def take_nd(attrs, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """GatherND (batch_dims 0) by run-time indices: the last axis of ``indices`` addresses the
+    leading axes of ``data`` (negative indices count from the end)."""
+    idx = indices.astype(np.int64)
+    m = idx.shape[-1]
+    idx = idx % np.asarray(data.shape[:m], np.int64)
+    return np.ascontiguousarray(data[tuple(np.moveaxis(idx, -1, 0))])

@@ -75,8 +75,9 @@ def layernorm_rows(attrs, x: np.ndarray) -> np.ndarray:
 
 @register_kernel("layernorm")
 def layernorm(attrs, x: np.ndarray) -> np.ndarray:
-    t = layernorm_rows(attrs, x)
-    acc = t * np.asarray(attrs["multipliers"], np.int64) + np.asarray(attrs["offsets"], np.int64)
+    m = np.asarray(attrs["multipliers"], np.int64)  # n per row, or P n repeating every P rows
+    t = layernorm_rows(attrs, x).reshape(-1, m.size)
+    acc = t * m + np.asarray(attrs["offsets"], np.int64)
     y = requantize(acc, 1, attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"])
     return y.reshape(x.shape).astype(attrs["dtype"])
 

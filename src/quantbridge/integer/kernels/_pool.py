@@ -72,3 +72,20 @@ def reduce_mean(attrs, x: np.ndarray) -> np.ndarray:
         acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"], attrs["qmax"]
     )
     return y.astype(attrs["dtype"])
+
+
+@register_kernel("resize_linear")
+def resize_linear(attrs, x: np.ndarray) -> np.ndarray:
+    """Linear Resize: along each resized axis ``(axis, i0, i1, w1)``,
+    ``acc = acc[i0] (2**F - w1) + acc[i1] w1`` on centered codes (exact in int64; ``K`` axes
+    scale it by ``2**(K F)``), then one requantization (``lowering._resize``)."""
+    acc = x.astype(np.int64) - np.int64(attrs["x_zero"])
+    one = np.int64(1) << attrs["frac"]
+    for axis, i0, i1, w1 in attrs["axes"]:
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        w = np.asarray(w1, np.int64).reshape(shape)
+        acc = np.take(acc, i0, axis=axis) * (one - w) + np.take(acc, i1, axis=axis) * w
+    y = requantize(acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"],
+                   attrs["qmax"])  # fmt: skip
+    return y.astype(attrs["dtype"])

@@ -41,6 +41,7 @@ from . import (  # noqa: F401  (registry)
     _pool,
     _qdq,
     _qlinear,
+    _resize,
 )
 from ._core import (
     LOWERINGS,
@@ -84,10 +85,13 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+    try:  # data_prop: a Reshape to a shape computed by Shape ops (torch's GroupNorm) is known
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes only sharpen bounds; lowering reports what it lacks
-        inferred = model
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001
+            inferred = model
     g = inferred.graph
     shapes = {}
     for vi in [*g.input, *g.value_info, *g.output]:

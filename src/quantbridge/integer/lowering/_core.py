@@ -172,6 +172,7 @@ class Builder:
         self.readers: dict[str, int] = {}  # ONNX tensor -> nodes reading it (+1: graph output)
         self.opset = 21  # the model's default-domain opset (``lower`` sets it)
         self.index_inputs: dict[str, Any] = {}  # integer graph input -> its IndexValue
+        self.realized: dict[str, QTensor] = {}  # a pending value realized for a float function
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""

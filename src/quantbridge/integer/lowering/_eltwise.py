@@ -46,8 +46,9 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._index import additive_mask, integer_arithmetic
-from ._linear import add_bias
+from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
+from ._index import additive_mask, integer_arithmetic, integer_concat
+from ._linear import LinearPending, add_bias
 from ._qdq import rescale_sum
 from ._rms import RowSquares
 from ._rms import compose as compose_row
@@ -183,6 +184,11 @@ def _clamp_codes(b: Builder, node: onnx.NodeProto, t: QTensor, lo: float, hi: fl
 @register_lowering(*[op for op in UNARY if op != "Relu"])
 def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fn = UNARY[node.op_type](attrs_of(node))
+    v = ins[0]
+    if isinstance(v, Normalized) or (isinstance(v, Pending) and v.bound and math.isfinite(v.bound)
+                                     and not isinstance(v, SumPending)):  # fmt: skip
+        # GroupNorm -> SiLU, ReduceSum -> Sigmoid: on int16 codes that hold every value
+        ins = [as_codes(b, v)]
     if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
         return [compose_row(ins[0], fn)]
     composed = _compose(node, ins[:1], fn)
@@ -213,6 +219,11 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    ins = settled(b, ins)
+    folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
+    if folded is not None:
+        return [folded]
+    ins = as_operands(b, ins)
     rows = [v for v in ins if isinstance(v, RowSquares)]
     scalars = [v for v in ins if isinstance(v, Const) and np.size(v.array) == 1]
     if len(rows) == 1 and len(scalars) == 1 and len(ins) == 2:  # RMSNorm: + eps, 1 / ...
@@ -236,6 +247,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return [biased]
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
+    ins = _accumulators_on_int16_grid(b, node, ins)
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
@@ -311,6 +323,29 @@ def _float_factor_on_int16_grid(node: onnx.NodeProto, ins: list[Value | None]) -
     return out
 
 
+def _accumulators_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list) -> list:
+    """Add / Sub of a MatMul of two activations that no QuantizeLinear follows and a quantized
+    tensor (WavLM's ``baddbmm(position_bias, q, k^T)``): the int32 accumulator realized on
+    int16 codes of one accumulator unit (exact) or, past 32767 units, of ``bound / 32767``
+    (half of that per element), then the usual rescaled sum."""
+    if node.op_type not in ("Add", "Sub") or not any(isinstance(v, QValue) for v in ins):
+        return ins
+    out = []
+    for v in ins:
+        if (isinstance(v, LinearPending) and v.acc_bound is not None
+                and v.acc_scale is not None and v.acc_scale.size == 1):  # fmt: skip
+            unit, top = float(v.acc_scale.reshape(-1)[0]), 2**15 - 1
+            codes = b.tensor(node_name(node) + "_accumulator", np.int16,
+                             max(unit, v.acc_bound * unit / top), 0)  # fmt: skip
+            v.realize(b, codes, -top, top)
+            v = QValue(codes)
+        elif (type(v) is Pending and v.bound and math.isfinite(v.bound)
+                and v.accumulator is None):  # fmt: skip
+            v = as_codes(b, v)  # PoolFormer's pool(x) - x: the pool's mean on int16 codes
+        out.append(v)
+    return out
+
+
 def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
     bound = code_range(a, a.zero_point) * code_range(c, c.zero_point)
     bits = b.check_accumulator(name, bound)
@@ -331,6 +366,8 @@ def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     axis = int(attrs_of(node)["axis"])
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic: Shape -> Concat -> Expand
         return [Const(np.concatenate([v.array for v in ins], axis=axis))]
+    if any(isinstance(v, IndexValue | IntInput) for v in ins):  # index pairs, not codes
+        return integer_concat(b, node, ins)
     parts = [_operand(b, node, v) for v in ins]
     name = node_name(node)
 

@@ -8,7 +8,8 @@ reads becomes an integer program input; an op whose inputs are all constants is 
 Max / Min of shape arithmetic). ``Gather(table, ids)`` with run-time ids looks the table up in
 the program: a float table followed by its QuantizeLinear is quantized on that grid at lowering
 (exact: quantizing then gathering is gathering then quantizing), an integer one (QConst, a
-dequantized int8 table) keeps its codes.
+dequantized int8 table) keeps its codes. ArgMax / ArgMin of ids or of codes, an integer Concat
+and a GatherND by run-time indices make CLIP's pooling at the EOS token.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import onnx
 
 from ...numerics import quantize
 from .._program import QTensor
+from ..kernels import KERNELS
 from ..kernels._index import ARITH, COMPARE, LOGIC
 from ._core import (
     Builder,
@@ -321,3 +323,70 @@ def _gather(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
                              lambda d, i: np.take(d, i, axis=axis), data.array.dtype.kind == "b",
                              axis=axis)  # fmt: skip
     raise LoweringError(f"{describe_node(node)}: gathers from {_kind(data)}")
+
+
+@register_lowering("ArgMax", "ArgMin")
+def _arg_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """The index of the largest / smallest element: of integer ids (CLIP's text pooling at the
+    EOS token, ``input_ids.argmax(-1)``), or of a quantized tensor's codes, which for a
+    positive scale are in the order of its real values (equal codes: equal values)."""
+    v = ins[0]
+    a = attrs_of(node)
+    attrs = {"fn": node.op_type, "axis": int(a.get("axis", 0)),
+             "keepdims": bool(a.get("keepdims", 1)), "last": bool(a.get("select_last_index", 0))}  # fmt: skip
+    if isinstance(v, QValue) and v.tensor.scale > 0:
+        source = v.tensor
+    elif isinstance(v, IntInput | IndexValue | Const):
+        operand = _operand(b, node, v)
+        if isinstance(operand, Const):
+            return [Const(KERNELS["arg_extreme"](attrs, operand.array))]
+        source = operand.tensor
+    else:
+        raise LoweringError(
+            f"{describe_node(node)}: reads {_kind(v)}; lowered on integer ids or on a quantized "
+            "tensor (DequantizeLinear -> ArgMax): quantize its input (for logits, a "
+            "QuantizeLinear after the last layer: quantize_outputs=True)"
+        )
+    out = b.tensor(node.output[0], np.int64, 1.0, 0)
+    b.step("arg_extreme", node_name(node), [source], out, **attrs)
+    return [IndexValue(out, False)]
+
+
+def integer_concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Concat of integer tensors (CLIP: ``[arange(B), argmax(ids)]`` index pairs), called by the
+    Concat lowering when an operand is an integer tensor of the model."""
+    vs = [_operand(b, node, v) for v in ins]
+    dtype = np.result_type(*(_dtype(v) for v in vs))
+    axis = int(attrs_of(node)["axis"])
+    return _integer_step(b, node, vs, "int_concat", dtype,
+                         lambda *xs: np.concatenate(xs, axis=axis).astype(dtype),
+                         dtype == np.dtype(bool), axis=axis, dtype=held(dtype))  # fmt: skip
+
+
+@register_lowering("GatherND")
+def _gather_nd(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Constant indices: data movement (``_movement``). Run-time indices (CLIP's pooling at the
+    EOS token: ``hidden[arange(B), argmax(ids)]``): a ``take_nd`` step on the codes."""
+    data, indices = ins[0], ins[1]
+    if attrs_of(node).get("batch_dims", 0):
+        raise LoweringError(f"{describe_node(node)}: batch_dims > 0 is not lowered")
+    if isinstance(indices, Const):
+        return [moved(b, node, data, "gather_nd", {"indices": _const_indices(node, indices)})]
+    idx = _tensor(b, node, _operand(b, node, indices))
+    name = node_name(node)
+    if isinstance(data, Pending):  # a final LayerNorm's output: requantized, then gathered
+        inner = data
+
+        def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+            before = builder.like(out.name + "_before_take_nd", out)
+            inner.realize(builder, before, qmin, qmax)
+            builder.step("take_nd", name, [before, idx], out)
+
+        return [Pending(data.node, realize, data.lo, data.hi, data.bound)]
+    if not isinstance(data, QValue | IndexValue):
+        raise LoweringError(f"{describe_node(node)}: gathers from {_kind(data)} by run-time "
+                            "indices; only quantized codes or integer tensors are lowered")  # fmt: skip
+    out = b.like(node.output[0], data.tensor)
+    b.step("take_nd", name, [data.tensor, idx], out)
+    return [QValue(out, data.integer) if isinstance(data, QValue)
+            else IndexValue(out, data.logical)]  # fmt: skip

@@ -41,10 +41,16 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._groupnorm import Normalized, reshaped
+
+_FLAT_ORDER = ("reshape", "flatten", "squeeze", "unsqueeze", "identity")  # keep the flat order
 
 
 def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dict) -> Value:
     name = node_name(node)
+    if isinstance(v, Normalized) and op in _FLAT_ORDER:  # a group norm's Reshape back
+        moved_shape = KERNELS[op](attrs, np.broadcast_to(np.int8(0), v.shape)).shape
+        return reshaped(v, name, moved_shape)
     if isinstance(v, IntInput):  # an integer graph input (a mask): moved as integers
         v = index_input(b, v)
     if isinstance(v, QValue | IndexValue):
@@ -186,12 +192,6 @@ def _const_indices(node, v: Value | None) -> np.ndarray:
     return v.array.astype(np.int64)
 
 
-def _gather_nd_attrs(node, ins, a) -> dict[str, Any]:
-    if a.get("batch_dims", 0):
-        raise LoweringError(f"{describe_node(node)}: batch_dims > 0 is not lowered")
-    return {"indices": _const_indices(node, ins[1])}
-
-
 def _axes(node, ins, a) -> dict[str, Any]:
     axes = _ints(node, ins[1], "axes") if len(ins) > 1 else a.get("axes")
     return {"axes": None if axes is None else tuple(axes)}
@@ -257,8 +257,6 @@ MOVEMENTS = {
     "Squeeze": ("squeeze", _axes),
     "Unsqueeze": ("unsqueeze", _axes),
     "Slice": ("slice", _slice_attrs),
-    "Resize": ("resize_nearest", _resize_attrs),
-    "GatherND": ("gather_nd", lambda n, i, a: _gather_nd_attrs(n, i, a)),
     "GatherElements": (
         "gather_elements",
         lambda n, i, a: {"indices": _const_indices(n, i[1]), "axis": int(a.get("axis", 0))},

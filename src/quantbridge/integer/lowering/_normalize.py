@@ -51,7 +51,9 @@ from ._core import (
     register_lowering,
 )
 from ._eltwise import SumPending
+from ._groupnorm import normalized
 from ._linear import LinearPending
+from ._qdq import elementwise_codes
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
 # real units per code of scores requantized from an accumulator. Measured on
@@ -191,7 +193,7 @@ def _pre_sqrt_shift(n: int, width: int, eps_codes: float) -> tuple[int, int]:
     return k, int(e)
 
 
-def _real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarray:
+def real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarray:
     """A float constant's values, or an integer constant's dequantized values (ONNX Runtime's
     QDQ files store LayerNormalization's scale as int8 and its bias as int32, each followed by a
     DequantizeLinear; the float op reads what the DequantizeLinear computes)."""
@@ -200,29 +202,33 @@ def _real_constant(node: onnx.NodeProto, v: Value | None, what: str) -> np.ndarr
     return np.asarray(as_const(node, v, what))
 
 
-def _layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
-    """The codes a LayerNormalization reads. A float result with a known bound on its real
+def layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+    """The codes a LayerNormalization reads. A float function of 8-bit codes (a GELU with no
+    QuantizeLinear after it) goes through a table to int16 codes of ``max |f| / 32767``. A
+    float result with a known bound on its real
     value (pre-LN transformers and ConvNeXt normalize the float residual sum ``x + f(x)``, or a
     pooled mean, that no QuantizeLinear follows) is realized first on a symmetric int16 grid
     of step ``bound / 32767``: half a step of error per element, about ``bound / 65534``, far
     below the output step for any row whose spread is above ``bound / 1000``."""
+    if isinstance(v, Elementwise):  # wav2vec2 / WavLM: GELU -> Transpose -> LayerNorm
+        codes = elementwise_codes(b, node_name(node), v)
+        if codes is not None:
+            return codes
     bound = v.bound if isinstance(v, Pending) else None
     if bound is None or not math.isfinite(bound) or bound <= 0:
         return as_activation(node, v)
     return realize_bounded(b, node_name(node) + "_input", v)
 
 
-@register_lowering("LayerNormalization")
-def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    x = _layer_norm_input(b, node, ins[0])
-    a = attrs_of(node)
-    n, dims = _normalized_length(b, node, int(a.get("axis", -1)))
-    gamma = np.broadcast_to(_real_constant(node, ins[1], "scale").astype(np.float64), dims)
-    beta = (np.broadcast_to(_real_constant(node, ins[2], "bias").astype(np.float64), dims)
-            if len(ins) > 2 and ins[2] is not None else np.zeros(dims))  # fmt: skip
-    gamma, beta = gamma.reshape(-1), beta.reshape(-1)
+def layer_norm_values(
+    node: onnx.NodeProto, x: QTensor, n: int, gamma: np.ndarray, beta: np.ndarray, eps: float
+) -> tuple:
+    """``(realize, bound)`` of the integer layer norm of rows of ``n`` codes of ``x``, times
+    ``gamma`` plus ``beta`` per element. ``gamma`` / ``beta`` are flat, of a length ``P n`` that
+    repeats every ``P`` rows (``P = 1``: a LayerNormalization; a group norm's per-channel affine
+    differs per group: ``_groupnorm``). ``bound`` bounds the real output
+    (``|x_hat_i| <= sqrt(N - 1)``)."""
     width = x.qmax - x.qmin
-    eps = float(a.get("epsilon", 1e-5))
     k, e = _pre_sqrt_shift(n, width, eps / (x.scale * x.scale))
     frac = LAYERNORM_FRAC_BITS
     if (n * width).bit_length() + k + frac + 2 > 62:
@@ -239,7 +245,7 @@ def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
                 m, shift = common_shift_multipliers(np.abs(ratios), bits)
                 m = m * np.sign(ratios).astype(np.int64)
             else:
-                m, shift = np.zeros(n, np.int64), 0
+                m, shift = np.zeros(gamma.size, np.int64), 0
             offsets = np.rint(beta / out.scale * 2.0**shift)
             if np.abs(offsets).max() < 2.0**60 or bits <= 8:
                 break
@@ -251,6 +257,42 @@ def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
                      offsets=offsets.astype(np.int64), shift=int(shift),
                      out_zero=out.zero_point, qmin=qmin, qmax=qmax, dtype=out.dtype)  # fmt: skip
 
-    # |x_hat_i| <= sqrt(N - 1): a bound on the real output for a float graph output (_outputs)
-    bound = float(np.max(np.abs(gamma) * math.sqrt(n) + np.abs(beta)))
-    return [Pending(name, realize, bound=bound)]
+    return realize, float(np.max(np.abs(gamma) * math.sqrt(n) + np.abs(beta)))
+
+
+@register_lowering("LayerNormalization")
+def _layer_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    x = layer_norm_input(b, node, ins[0])
+    a = attrs_of(node)
+    n, dims = _normalized_length(b, node, int(a.get("axis", -1)))
+    gamma = np.broadcast_to(real_constant(node, ins[1], "scale").astype(np.float64), dims)
+    beta = (np.broadcast_to(real_constant(node, ins[2], "bias").astype(np.float64), dims)
+            if len(ins) > 2 and ins[2] is not None else np.zeros(dims))  # fmt: skip
+    eps = float(a.get("epsilon", 1e-5))
+    realize, bound = layer_norm_values(node, x, n, gamma.reshape(-1), beta.reshape(-1), eps)
+    # a bound on the real output for a float graph output (_outputs)
+    return [Pending(node_name(node), realize, bound=bound)]
+
+
+@register_lowering("InstanceNormalization")
+def _instance_norm(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """Each (batch, channel) row of ``n = prod(spatial)`` codes normalized by the layer norm
+    step, times ``scale[c]`` plus ``bias[c]``: a ``Normalized`` value whose affine a following
+    Mul / Add by constants (a group norm's gamma, beta) joins (``_groupnorm``)."""
+    x = layer_norm_input(b, node, ins[0])
+    shape = b.shapes.get(node.input[0])
+    if shape is None or len(shape) < 3 or any(d is None for d in shape):
+        raise LoweringError(f"{describe_node(node)}: the input shape must be static (got "
+                            f"{shape}); export with static shapes or pass "
+                            "lower(..., input_shapes=...)")  # fmt: skip
+    channels, n = int(shape[1]), int(np.prod(shape[2:], dtype=np.int64))
+    scale = np.broadcast_to(real_constant(node, ins[1], "scale").astype(np.float64), (channels,))
+    bias = np.broadcast_to(real_constant(node, ins[2], "bias").astype(np.float64), (channels,))
+    eps = float(attrs_of(node).get("epsilon", 1e-5))
+
+    def make(gamma: np.ndarray, beta: np.ndarray):
+        return layer_norm_values(node, x, n, gamma, beta, eps)
+
+    return [
+        normalized(node_name(node), np.repeat(scale, n), np.repeat(bias, n), make, shape, shape)
+    ]

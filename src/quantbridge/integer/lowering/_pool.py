@@ -1,11 +1,13 @@
 """Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
 requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
-and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline).
+and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline), and
+ReduceSum (the same sums, requantized by ``s_x / s_y``); a reduction of a constant (ReduceL2 in
+a weight norm's ``g * v / ||v||``) is folded.
 
 An average reads codes, or a float result that no QuantizeLinear follows, realized first on
 symmetric int16 codes (``_averaged_input``): a bounded one (a layer norm, a residual sum, Swin's
 pooler) on its bound's grid, a function of 8-bit codes (EfficientNet's SiLU before its pool) as a
-table onto the grid of its largest value."""
+table onto the grid of its largest value, a group norm's normalized value (PoolFormer) as its codes."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import onnx
 from ...numerics import fixed_point_multipliers
 from .._program import QTensor
 from ._core import (
-    BOUNDED_BITS,
     Builder,
     Const,
     Elementwise,
@@ -32,27 +33,50 @@ from ._core import (
     realize_bounded,
     register_lowering,
 )
+from ._groupnorm import Normalized, as_codes
 from ._movement import moved
-from ._qdq import table_step
+from ._qdq import elementwise_codes
 from ._rms import mean_of_squares
 
 
-def _window(node: onnx.NodeProto) -> dict:
+def _window(b: Builder, node: onnx.NodeProto) -> dict:
     a = attrs_of(node)
     kernel = tuple(a["kernel_shape"])
     auto_pad = a.get("auto_pad", b"NOTSET")
-    if len(kernel) != 2 or a.get("ceil_mode", 0) or auto_pad not in (b"NOTSET", "NOTSET"):
-        raise LoweringError(
-            f"{describe_node(node)}: only 2-D pools with explicit pads and ceil_mode=0 are lowered"
-        )
+    if len(kernel) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
+        raise LoweringError(f"{describe_node(node)}: only 2-D pools with explicit pads are "
+                            "lowered (export with padding=... rather than auto_pad)")  # fmt: skip
     if a.get("storage_order", 0):
         raise LoweringError(f"{describe_node(node)}: storage_order=1 is not lowered")
-    return {
+    window = {
         "kernel": kernel,
         "strides": tuple(a.get("strides", [1, 1])),
         "pads": tuple(a.get("pads", [0, 0, 0, 0])),
         "dilations": tuple(a.get("dilations", [1, 1])),
     }
+    if a.get("ceil_mode", 0):
+        window["pads"] = _ceil_pads(b, node, window)
+    return window
+
+
+def _ceil_pads(b: Builder, node: onnx.NodeProto, window: dict) -> tuple[int, ...]:
+    """``ceil_mode=1`` as ``ceil_mode=0`` with more padding at the end of each axis: the output
+    has ``ceil((n + pads - dk) / s) + 1`` positions, less the last when it would start in the
+    end padding (ONNX, torch). The extra cells pad as the pool's own pads do (a sum adds 0
+    there, a max ignores them) and the averaging counts leave them out (``_counts``)."""
+    pads = list(window["pads"])
+    for i, (k, s, d) in enumerate(zip(window["kernel"], window["strides"], window["dilations"],
+                                      strict=True)):  # fmt: skip
+        n = b.dim(node.input[0], 2 + i)
+        if n is None:
+            raise LoweringError(f"{describe_node(node)}: ceil_mode=1 needs static spatial sizes; "
+                                "pass lower(..., input_shapes=...)")  # fmt: skip
+        span = (k - 1) * d + 1
+        out = -(-(n + pads[i] + pads[i + 2] - span) // s) + 1
+        if (out - 1) * s >= n + pads[i]:
+            out -= 1
+        pads[i + 2] += max(0, (out - 1) * s + span - (n + pads[i] + pads[i + 2]))
+    return tuple(pads)
 
 
 def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
@@ -76,7 +100,7 @@ def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(node))]
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(b, node))]
 
 
 def _reduce_axes(node: onnx.NodeProto, ins: list[Value | None], a: dict) -> list[int] | None:
@@ -107,22 +131,20 @@ def _averaged_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTenso
     for a float result, so the mean is within one int16 step of its float value."""
     if isinstance(v, Pending) and v.bound is not None and math.isfinite(v.bound) and v.bound > 0:
         return realize_bounded(b, node_name(node) + "_input", v)
-    if isinstance(v, Elementwise) and v.source.bits <= 8:
-        codes = np.arange(v.source.qmin, v.source.qmax + 1, dtype=np.int64)
-        with np.errstate(all="ignore"):
-            real = np.asarray(v.fn((codes - v.source.zero_point) * np.float64(v.source.scale)))
-        reach = float(np.max(np.abs(real))) if np.isfinite(real).all() else 0.0
-        if reach > 0:
-            top = 2 ** (BOUNDED_BITS - 1) - 1
-            out = b.tensor(node_name(node) + "_input", np.int16, reach / top, 0)
-            table_step(b, v.node, v.source, v.fn, out, -top, top)
-            return out
+    if isinstance(v, Elementwise):
+        codes = elementwise_codes(b, node_name(node), v)
+        if codes is not None:
+            return codes
+    if isinstance(v, Normalized):  # PoolFormer: pool(GroupNorm(x)) - GroupNorm(x)
+        return as_codes(b, v).tensor
     return as_activation(node, v)
 
 
-def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pending:
+def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, terms: float | None = None,
+               **attrs) -> Pending:  # fmt: skip
+    """``sum / counts`` of ``terms`` codes (default: ``counts``) per output, requantized."""
     name = node_name(node)
-    bound = float(code_range(x, x.zero_point) * counts.max())
+    bound = float(code_range(x, x.zero_point) * (terms or counts.max()))
     bits = b.check_accumulator(name, bound)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -138,15 +160,20 @@ def _averaging(b, node, x: QTensor, op: str, counts: np.ndarray, **attrs) -> Pen
 
 def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -> np.ndarray:
     """Elements averaged at each output position: the kernel size, or (padding excluded and
-    pads present) an (OH, OW) array from the static input shape."""
+    pads present, or ``ceil_mode``'s extra end padding, never counted) an (OH, OW) array from
+    the static input shape."""
     kh, kw = window["kernel"]
-    if include_pad or not any(window["pads"]):
+    real = tuple(attrs_of(node).get("pads", [0, 0, 0, 0]))
+    pads = window["pads"]
+    if tuple(pads) == real and (include_pad or not any(pads)):
         return np.array(kh * kw, dtype=np.float64)
     h, w = b.dim(node.input[0], -2), b.dim(node.input[0], -1)
     if h is None or w is None:
         raise LoweringError(f"{describe_node(node)}: padded average pool needs a static H, W")
-    (sh, sw), (dh, dw), pads = window["strides"], window["dilations"], window["pads"]
-    ones = np.pad(np.ones((h, w)), ((pads[0], pads[2]), (pads[1], pads[3])))
+    (sh, sw), (dh, dw) = window["strides"], window["dilations"]
+    ones = np.pad(np.ones((h, w)), ((real[0], real[2]), (real[1], real[3])),
+                  constant_values=1.0 if include_pad else 0.0)  # fmt: skip
+    ones = np.pad(ones, ((0, pads[2] - real[2]), (0, pads[3] - real[3])))
     win = np.lib.stride_tricks.sliding_window_view(ones, ((kh - 1) * dh + 1, (kw - 1) * dw + 1))
     return win[::sh, ::sw, ::dh, ::dw].sum(axis=(-2, -1))
 
@@ -154,7 +181,7 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = _averaged_input(b, node, ins[0])
-    window = _window(node)
+    window = _window(b, node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
     return [_averaging(b, node, x, "avgpool", counts, **window)]
 
@@ -189,3 +216,40 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
         return [squares]
     x = _averaged_input(b, node, ins[0])
     return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
+
+
+REDUCE_FOLD = {"ReduceSum": lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep),
+               "ReduceL2": lambda x, axes, keep: np.sqrt(np.sum(np.square(x), axis=axes,
+                                                                keepdims=keep))}  # fmt: skip
+
+
+@register_lowering("ReduceSum", "ReduceL2")
+def _reduce_sum(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """A constant's reduction folds (WavLM's weight-normed positional conv: ``||v||`` of its
+    float ``v``); ``ReduceSum`` of a quantized tensor is an integer sum of codes (WavLM's
+    gated relative position bias, ``sum(-1) -> Sigmoid``), bounded by ``N`` times its range."""
+    a = attrs_of(node)
+    axes = _reduce_axes(node, ins, a)
+    keep = bool(a.get("keepdims", 1))
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return [moved(b, node, ins[0], "identity", {})]
+    if isinstance(ins[0], Const):
+        x = np.asarray(ins[0].array)
+        folded = REDUCE_FOLD[node.op_type](x, tuple(axes) if axes else None, keep)
+        return [Const(np.asarray(folded, x.dtype))]
+    if node.op_type != "ReduceSum":
+        raise LoweringError(f"{describe_node(node)}: an L2 norm of activations has no integer "
+                            "lowering (only of constants: a weight norm); compute it in float "
+                            "outside the program or quantize its output after a float op")  # fmt: skip
+    if not axes:
+        raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
+    x = as_activation(node, ins[0])
+    rank = len(b.shapes.get(node.input[0]) or ())
+    axes = [ax % rank if rank else ax for ax in axes]
+    dims = [b.dim(node.input[0], ax) for ax in axes]
+    if any(d is None for d in dims):
+        raise LoweringError(f"{describe_node(node)}: summed axes {axes} need static sizes")
+    n = float(np.prod(dims))
+    total = _averaging(b, node, x, "reduce_mean", np.array(1.0), n, axes=tuple(axes),
+                       keepdims=keep)  # fmt: skip
+    return [Pending(total.node, total.realize, bound=total.bound * n)]

@@ -99,11 +99,12 @@ def table_step(
     b: Builder, node: str, source: QTensor, fn, out: QTensor, qmin: int, qmax: int
 ) -> None:
     """An exact lookup table: ``table[q - qmin] = quantize(fn(s (q - z)))`` in float64 for each
-    of the 2**bits codes of an 8-bit ``source``."""
-    if source.bits > 8:
+    of the 2**bits codes of an 8-bit ``source``, or of an int16 one (65536 entries: a group
+    norm realized on int16 codes before its SiLU, ``_groupnorm``)."""
+    if source.bits > 16:
         raise LoweringError(
             f"{node}: an elementwise function of a {source.bits}-bit tensor needs a "
-            f"{2**source.bits}-entry table; only 8-bit inputs are lowered to tables"
+            f"{2**source.bits}-entry table; only 8- and 16-bit inputs are lowered to tables"
         )
     codes = np.arange(source.qmin, source.qmax + 1, dtype=np.int64)
     with np.errstate(all="ignore"):
@@ -112,6 +113,21 @@ def table_step(
     b.step(
         "lut", node, [source], out, table=np.asarray(table).astype(out.dtype), in_qmin=source.qmin
     )
+
+
+def elementwise_codes(b: Builder, name: str, v: Elementwise) -> QTensor | None:
+    """A float function of 8-bit codes that a float op reads with no QuantizeLinear between
+    (wav2vec2's GELU -> LayerNorm, MobileViT's SiLU -> mean): a table to symmetric int16 codes
+    of ``max |f| / 32767`` (half of that per element); None when ``f`` is 0 or not finite."""
+    t, top = v.source, 2**15 - 1
+    with np.errstate(all="ignore"):
+        f = np.asarray(v.fn((np.arange(t.qmin, t.qmax + 1) - t.zero_point) * t.scale))
+    peak = float(np.abs(f).max()) if np.isfinite(f).all() else 0.0
+    if peak <= 0:
+        return None
+    out = b.tensor(name + "_input", np.int16, peak / top, 0)
+    table_step(b, v.node, t, v.fn, out, -top, top)
+    return out
 
 
 @register_lowering("QuantizeLinear")
