@@ -50,7 +50,10 @@ def test_compare_weight_only_files_compares_outputs_and_lists_the_weights(fmt):
     result = qb.compare(model, inputs={"x": x}, engines=["ort-ref", "torch-quant"])
     (tensor,) = result.tensors  # the graph output: no activation is quantized
     (pair,) = tensor["pairs"]
-    assert pair["b"] == "torch-quant" and pair["class"] == "exact"  # the file's exact weights
+    # the file's exact weights: what is left is float32 summation order (torch's matmul splits K
+    # differently with 2 threads than with 1: 'rounding' then, 7e-7 measured on outputs ~1)
+    assert pair["b"] == "torch-quant" and pair["class"] in ("exact", "rounding")
+    assert pair["max_abs"] <= 1e-5 and (pair["sqnr_db"] is None or pair["sqnr_db"] > 100)
     (line,) = result.to_json()["group_wise_weights"]
     assert "4-bit" in line and "block_size=32" in line
     assert any(s.startswith("group-wise weights (1)") for s in result.summary())
