@@ -312,3 +312,20 @@ def test_int4_weights_lower(tmp_path, domain):
     onnx.save(model, tmp_path / "m.onnx")
     (lowered,) = qb.lower(str(tmp_path / "m.onnx")).run({"x": _X}).values()
     assert np.abs(lowered - _ort(tmp_path / "m.onnx", _X)).max() <= 0.1 + 1e-6
+
+
+@pytest.mark.parametrize("form", ["qonnx", "qonnx_rounding"])
+def test_inspect_reads_qonnx_quant_as_quantization(tmp_path, form):
+    """``quantbridge inspect`` listed QONNX ``Quant`` nodes as float ops. Now a QONNX file reports
+    what its QCDQ twin (Brevitas's other export of the same quantizers) reports; a form the
+    rewrite refuses (FLOOR rounding) counts its Quant nodes as neither int8 nor float."""
+    from quantbridge.onnx import inspect_model
+
+    qcdq = inspect_model(_brevitas_file(tmp_path / "qcdq.onnx", "qcdq"))
+    report = inspect_model(_brevitas_file(tmp_path / "m.onnx", form))
+    assert "Quant" not in report.float_ops and "Quant" not in report.int8_ops
+    assert report.op_counts["Quant"] == 5  # the file's own ops are listed
+    if form == "qonnx":
+        assert (report.int8_ops, report.float_ops) == (qcdq.int8_ops, qcdq.float_ops)
+        assert report.activation_quantizers == qcdq.activation_quantizers
+        assert report.form == qcdq.form == "QDQ"
