@@ -329,3 +329,38 @@ def test_inspect_reads_qonnx_quant_as_quantization(tmp_path, form):
         assert (report.int8_ops, report.float_ops) == (qcdq.int8_ops, qcdq.float_ops)
         assert report.activation_quantizers == qcdq.activation_quantizers
         assert report.form == qcdq.form == "QDQ"
+
+
+@pytest.mark.parametrize("op", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_fused_dynamic_quantization_is_named_not_called_float(tmp_path, op):
+    """ORT's quantize_dynamic saved after its graph optimisations: the only quantized ops are
+    com.microsoft DynamicQuantizeMatMul (or MatMulIntegerToFloat, here on a uint8 graph input),
+    which quantize their input with run-time scales. Before: fold and lower called the file "a
+    float model", compare found "no quantized tensor"."""
+    w = _const("w", _W1.T, np.int8)
+    inits = [w, _const("ws", 0.02, np.float32), _const("wz", 0, np.int8)]
+    if op == "DynamicQuantizeMatMul":
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])
+        node = helper.make_node(
+            op, ["x", "w", "ws", "wz"], ["y"], name="mm", domain="com.microsoft"
+        )
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.UINT8, [16, 6])
+        inits += [_const("xs", 0.05, np.float32), _const("xz", 128, np.uint8)]
+        node = helper.make_node(op, ["x", "w", "xs", "ws", "xz", "wz"], ["y"], name="mm",
+                                domain="com.microsoft")  # fmt: skip
+    graph = helper.make_graph(
+        [node], "dyn", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    where = rf"dynamic.*{op} 'mm'.*run time.*(quantize_static|quantbridge quantize)"
+    for call in (lambda: qb.fold(path, tmp_path / "f.onnx"), lambda: qb.lower(path)):
+        with pytest.raises(ValueError, match=where):
+            call()
+    feed = (_X * 10 + 128).astype(np.uint8) if op == "MatMulIntegerToFloat" else _X
+    with pytest.raises(ValueError, match=where):
+        qb.compare(path, inputs={"x": feed}, engines=["ort-ref"])

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 from ._gain import elementwise_gain, linear_weight
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -125,6 +125,21 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             sites[site.name] = site
         elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
             aliases.setdefault(node.input[0], []).append(node.output[0])
+    fused = [
+        f"{n.op_type} {n.name or n.output[0]!r}"
+        for n in graph.node
+        if n.op_type in FUSED_DYNAMIC_OPS
+    ]
+    if not sites and fused:
+        raise ValueError(
+            f"{graph.name or 'the model'} is dynamically quantized ({', '.join(fused[:3])}"
+            f"{', ...' if len(fused) > 3 else ''}: ONNX Runtime's quantize_dynamic, fused by its "
+            "graph optimisations): each op quantizes its input with a scale computed at run time "
+            "and its codes are no tensor of the file, so compare has no quantized tensor to match. "
+            "Compare quantize_dynamic's own output (saved before graph optimisations: "
+            "DynamicQuantizeLinear -> MatMulInteger, which compare matches), or a statically "
+            "quantized file (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`)"
+        )
     if not sites and not has_blocked_weights(model):  # weight-only: the outputs are compared
         raise ValueError(
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
