@@ -364,3 +364,17 @@ def test_fused_dynamic_quantization_is_named_not_called_float(tmp_path, op):
     feed = (_X * 10 + 128).astype(np.uint8) if op == "MatMulIntegerToFloat" else _X
     with pytest.raises(ValueError, match=where):
         qb.compare(path, inputs={"x": feed}, engines=["ort-ref"])
+
+
+def test_compare_pairs_the_clipped_codes_of_sub_8_bit_qcdq(tmp_path):
+    """Brevitas's 4-bit Q -> Clip -> DQ: the site is the Clip's output (what the DequantizeLinear,
+    and torch's 4-bit quantizer, read). Before: compare paired the unclipped int8 Q output with
+    torch's clipped value, a false first divergence at the input quantizer (measured 17 LSB on
+    this input, scaled so that it clips). Now torch and ORT agree: measured 5e-7 LSB (float32
+    rounding of the dequantized values), asserted 1e-3."""
+    path = _brevitas_file(tmp_path / "m.onnx", "qcdq")
+    result = qb.compare(path, inputs={"x": _X * 3}, engines=["ort-ref", "torch-quant"])
+    assert [t["name"] for t in result.tensors] == ["xc", "rc", "y"]
+    assert result.first_divergence is None
+    for t in result.tensors[:2]:
+        assert t["pairs"][0]["max_lsb"] < 1e-3
