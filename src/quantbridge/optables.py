@@ -94,6 +94,13 @@ DEQUANTIZE_TRANSPARENT_OPS: frozenset[str] = frozenset(
     {"Reshape", "Transpose", "Squeeze", "Unsqueeze"}
 )
 
+# ONNX Runtime's fused dynamic quantization (quantize_dynamic, then its graph optimisations): the op
+# quantizes its float input itself, with a scale computed from each input at run time, so the
+# codes are never a tensor of the file.
+FUSED_DYNAMIC_OPS: frozenset[str] = frozenset(
+    {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
+)
+
 # Ops ONNX Runtime runs with int8 operands and a float output when every data input comes from a
 # DequantizeLinear but no QuantizeLinear follows (MatMul -> MatMulIntegerToFloat).
 INT8_FLOAT_OUTPUT_OPS: frozenset[str] = frozenset({"MatMul"})

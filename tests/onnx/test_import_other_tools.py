@@ -275,3 +275,106 @@ def test_int16_activations_stay_in_qdq_form_when_folded(tmp_path, domain):
     qb.fold(tmp_path / "m.onnx", tmp_path / "f.onnx")
     expected = _ort(tmp_path / "m.onnx", _X)
     assert np.abs(_ort(tmp_path / "f.onnx", _X, optimize=True) - expected).max() < 1e-6
+
+
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+def test_int4_weights_lower(tmp_path, domain):
+    """ORT's A8W4 QDQ (``UseQDQContribOps`` int4 weights: com.microsoft DequantizeLinear, INT4
+    codes and per-channel INT4 zero points). Before: lower refused it, "zero point type int4 is
+    not an integer". Reference: ONNX Runtime, optimisations off (float Gemm on the dequantized
+    values, then QuantizeLinear); the integer program computes the same accumulator exactly and
+    may differ only where the requantization sits on a rounding tie: at most 1 output step
+    (measured 0)."""
+    w = _RNG.integers(-8, 8, (8, 6))
+
+    def init(name, value, dtype):
+        return helper.make_tensor(name, dtype, np.shape(value), np.ravel(value).tolist())
+
+    inits = [init(k, v, t) for k, v, t in [
+        ("s", 0.05, TensorProto.FLOAT), ("z", 128, TensorProto.UINT8), ("w", w, TensorProto.INT4),
+        ("ws", np.linspace(0.01, 0.03, 8), TensorProto.FLOAT), ("wz", [0] * 8, TensorProto.INT4),
+        ("ys", 0.1, TensorProto.FLOAT), ("yz", 120, TensorProto.UINT8)]]  # fmt: skip
+
+    def qdq(op, ins, out, **attrs):
+        return helper.make_node(op, ins, [out], domain=domain, **attrs)
+
+    nodes = [qdq("QuantizeLinear", ["x", "s", "z"], "q"), qdq("DequantizeLinear", ["q", "s", "z"], "d"),
+             qdq("DequantizeLinear", ["w", "ws", "wz"], "wd", axis=0),
+             helper.make_node("Gemm", ["d", "wd"], ["g"], transB=1),
+             qdq("QuantizeLinear", ["g", "ys", "yz"], "gq"), qdq("DequantizeLinear", ["gq", "ys", "yz"], "y")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "a8w4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "m.onnx")
+    (lowered,) = qb.lower(str(tmp_path / "m.onnx")).run({"x": _X}).values()
+    assert np.abs(lowered - _ort(tmp_path / "m.onnx", _X)).max() <= 0.1 + 1e-6
+
+
+@pytest.mark.parametrize("form", ["qonnx", "qonnx_rounding"])
+def test_inspect_reads_qonnx_quant_as_quantization(tmp_path, form):
+    """``quantbridge inspect`` listed QONNX ``Quant`` nodes as float ops. Now a QONNX file reports
+    what its QCDQ twin (Brevitas's other export of the same quantizers) reports; a form the
+    rewrite refuses (FLOOR rounding) counts its Quant nodes as neither int8 nor float."""
+    from quantbridge.onnx import inspect_model
+
+    qcdq = inspect_model(_brevitas_file(tmp_path / "qcdq.onnx", "qcdq"))
+    report = inspect_model(_brevitas_file(tmp_path / "m.onnx", form))
+    assert "Quant" not in report.float_ops and "Quant" not in report.int8_ops
+    assert report.op_counts["Quant"] == 5  # the file's own ops are listed
+    if form == "qonnx":
+        assert (report.int8_ops, report.float_ops) == (qcdq.int8_ops, qcdq.float_ops)
+        assert report.activation_quantizers == qcdq.activation_quantizers
+        assert report.form == qcdq.form == "QDQ"
+
+
+@pytest.mark.parametrize("op", ["DynamicQuantizeMatMul", "MatMulIntegerToFloat"])
+def test_fused_dynamic_quantization_is_named_not_called_float(tmp_path, op):
+    """ORT's quantize_dynamic saved after its graph optimisations: the only quantized ops are
+    com.microsoft DynamicQuantizeMatMul (or MatMulIntegerToFloat, here on a uint8 graph input),
+    which quantize their input with run-time scales. Before: fold and lower called the file "a
+    float model", compare found "no quantized tensor"."""
+    w = _const("w", _W1.T, np.int8)
+    inits = [w, _const("ws", 0.02, np.float32), _const("wz", 0, np.int8)]
+    if op == "DynamicQuantizeMatMul":
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])
+        node = helper.make_node(
+            op, ["x", "w", "ws", "wz"], ["y"], name="mm", domain="com.microsoft"
+        )
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.UINT8, [16, 6])
+        inits += [_const("xs", 0.05, np.float32), _const("xz", 128, np.uint8)]
+        node = helper.make_node(op, ["x", "w", "xs", "ws", "xz", "wz"], ["y"], name="mm",
+                                domain="com.microsoft")  # fmt: skip
+    graph = helper.make_graph(
+        [node], "dyn", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    where = rf"dynamic.*{op} 'mm'.*run time.*(quantize_static|quantbridge quantize)"
+    for call in (lambda: qb.fold(path, tmp_path / "f.onnx"), lambda: qb.lower(path)):
+        with pytest.raises(ValueError, match=where):
+            call()
+    feed = (_X * 10 + 128).astype(np.uint8) if op == "MatMulIntegerToFloat" else _X
+    with pytest.raises(ValueError, match=where):
+        qb.compare(path, inputs={"x": feed}, engines=["ort-ref"])
+
+
+def test_compare_pairs_the_clipped_codes_of_sub_8_bit_qcdq(tmp_path):
+    """Brevitas's 4-bit Q -> Clip -> DQ: the site is the Clip's output (what the DequantizeLinear,
+    and torch's 4-bit quantizer, read). Before: compare paired the unclipped int8 Q output with
+    torch's clipped value, a false first divergence at the input quantizer (measured 17 LSB on
+    this input, scaled so that it clips). Now torch and ORT agree: measured 5e-7 LSB (float32
+    rounding of the dequantized values), asserted 1e-3."""
+    path = _brevitas_file(tmp_path / "m.onnx", "qcdq")
+    result = qb.compare(path, inputs={"x": _X * 3}, engines=["ort-ref", "torch-quant"])
+    assert [t["name"] for t in result.tensors] == ["xc", "rc", "y"]
+    assert result.first_divergence is None
+    for t in result.tensors[:2]:
+        assert t["pairs"][0]["max_lsb"] < 1e-3

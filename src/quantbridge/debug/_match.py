@@ -1,7 +1,8 @@
 """The quantized tensors of a model ("sites") and how each engine's names map onto them.
 
 A site is one quantized tensor of the reference ONNX file (QDQ or QOperator form), in the graph's
-topological order: the output of a ``QuantizeLinear`` or of an integer op (``QLinearConv``,
+topological order: the output of a ``QuantizeLinear`` (of the Clip of its codes where that Clip is
+their only reader: sub-8-bit Q -> Clip -> DQ) or of an integer op (``QLinearConv``,
 ``QGemm``, ... ``optables.QOPERATOR_OUTPUT_QPARAMS`` says where its output scale is), with that
 scale and zero point. Non-quantized graph outputs are sites too (no scale). The mapping is read
 from records, never guessed from name suffixes:
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..optables import QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 from ._gain import elementwise_gain, linear_weight
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -112,12 +113,21 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     aliases: dict[str, list[str]] = {}
     seen_scales: set[str] = set()
     weights = _constant_valued(graph, consts)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+    clipped: dict[str, onnx.NodeProto] = {}  # a Clip's output site -> its QuantizeLinear
     for node in graph.node:
         slots = QOPERATOR_OUTPUT_QPARAMS.get(node.op_type)
         if node.op_type == "QuantizeLinear" and node.input[0] in weights:
             continue  # a weight quantized at run time (ModelOpt): codes, not an activation
         if slots is not None and node.output[0] not in consts:
             site = _site(node, slots, consts, producer, names, len(sites), seen_scales)
+            clip = _code_clip(node, consumers)
+            if site is not None and clip is not None:  # Q -> Clip -> DQ: the clipped codes
+                site = replace(site, name=clip.output[0])
+                clipped[site.name] = node
             if site is not None:
                 sites[site.name] = site
         elif node.op_type == "DynamicQuantizeLinear":
@@ -125,12 +135,27 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             sites[site.name] = site
         elif node.op_type == "DequantizeLinear" and node.input[0] in sites:
             aliases.setdefault(node.input[0], []).append(node.output[0])
+    fused = [
+        f"{n.op_type} {n.name or n.output[0]!r}"
+        for n in graph.node
+        if n.op_type in FUSED_DYNAMIC_OPS
+    ]
+    if not sites and fused:
+        raise ValueError(
+            f"{graph.name or 'the model'} is dynamically quantized ({', '.join(fused[:3])}"
+            f"{', ...' if len(fused) > 3 else ''}: ONNX Runtime's quantize_dynamic, fused by its "
+            "graph optimisations): each op quantizes its input with a scale computed at run time "
+            "and its codes are no tensor of the file, so compare has no quantized tensor to match. "
+            "Compare quantize_dynamic's own output (saved before graph optimisations: "
+            "DynamicQuantizeLinear -> MatMulInteger, which compare matches), or a statically "
+            "quantized file (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`)"
+        )
     if not sites and not has_blocked_weights(model):  # weight-only: the outputs are compared
         raise ValueError(
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"
         )
-    nodes = {n.output[0]: n for n in graph.node if n.output}
+    nodes = {n.output[0]: n for n in graph.node if n.output} | clipped
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     out = []
     for s in sites.values():
@@ -155,6 +180,15 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
                      inputs=ins, unit_gain=gain)
             )  # fmt: skip
     return out
+
+
+def _code_clip(node: onnx.NodeProto, consumers: dict) -> onnx.NodeProto | None:
+    """The Clip of a QuantizeLinear's codes that is their only reader (sub-8-bit QCDQ: Brevitas,
+    QONNX's Quant): the site is the clipped codes, what the DequantizeLinear and torch read."""
+    users = consumers.get(node.output[0], [])
+    if node.op_type != "QuantizeLinear" or len(users) != 1 or users[0].op_type != "Clip":
+        return None
+    return users[0]
 
 
 def _constant_valued(graph: onnx.GraphProto, consts: dict) -> set[str]:

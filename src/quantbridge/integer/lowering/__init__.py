@@ -29,6 +29,7 @@ from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from ...onnx.passes import unfold, unfoldable_ops
 from ...onnx.passes._graph import MS_DOMAIN
+from ...optables import FUSED_DYNAMIC_OPS
 from .._program import IntegerProgram
 from . import (  # noqa: F401  (registry)
     _einsum,
@@ -115,6 +116,10 @@ def _recorded_scope(model: onnx.ModelProto) -> str:
     return "all"
 
 
+_DQL = frozenset({"DynamicQuantizeLinear"})
+_DYNAMIC = FUSED_DYNAMIC_OPS | _DQL
+
+
 def _check(model: onnx.ModelProto) -> None:
     nodes = model.graph.node
     scope = _recorded_scope(model)
@@ -124,10 +129,12 @@ def _check(model: onnx.ModelProto) -> None:
             "(adds, norms, softmax ...) run in float, so it has no integer-only program; "
             "quantize with activation_scope='all' (the default) to lower it"
         )
-    dynamic = [repr(node_name(n)) for n in nodes if n.op_type == "DynamicQuantizeLinear"]
+    # a fused op (DynamicQuantizeMatMul ...) is dynamic for sure only with no Q/DQ in the file
+    dynamic_ops = _DYNAMIC if not any(n.op_type in QUANTIZATION_OPS for n in nodes) else _DQL
+    dynamic = [f"{n.op_type} {node_name(n)!r}" for n in nodes if n.op_type in dynamic_ops]
     if dynamic:
         raise LoweringError(
-            f"cannot lower dynamic quantization: DynamicQuantizeLinear {', '.join(dynamic[:3])}"
+            f"cannot lower dynamic quantization: {', '.join(dynamic[:3])}"
             f"{f' (and {len(dynamic) - 3} more)' if len(dynamic) > 3 else ''}: the activation "
             "scales and zero points are computed from each input at run time (ONNX Runtime's "
             "quantize_dynamic), so the rescales of an integer-only program would change with "

@@ -37,19 +37,41 @@ from ._core import (
 from ._rms import RowSquares
 from ._rms import realize as realize_row_squares
 
+# INT4 / UINT4 codes (ml_dtypes, as onnx reads them: opset-21 and com.microsoft Q/DQ, ORT's
+# ``UseQDQContribOps`` int4 weights) are held as int8 / uint8 with their 4-bit range.
+_FOUR_BIT = {"int4": (np.int8, -8, 7), "uint4": (np.uint8, 0, 15)}
+
+
+def widen(a: np.ndarray) -> np.ndarray:
+    """int4 / uint4 codes as int8 / uint8 (the same values); other arrays unchanged."""
+    kind = _FOUR_BIT.get(str(a.dtype))
+    return a.astype(kind[0]) if kind else a
+
 
 def qparams(node: onnx.NodeProto, scale: Value | None, zero: Value | None) -> tuple:
     """(scale array, zero point array) of a Q/DQ node; the zero point defaults to uint8 0, or
-    to ``output_dtype`` where opset 21 gives one."""
+    to ``output_dtype`` where opset 21 gives one. int4 / uint4 zero points come back as int8 /
+    uint8 (``widen``)."""
     s = np.asarray(as_const(node, scale, "scale"))
     if zero is None:
         dtype = attrs_of(node).get("output_dtype", onnx.TensorProto.UINT8) or 2
         z = np.zeros(s.shape, onnx.helper.tensor_dtype_to_np_dtype(dtype))
     else:
         z = np.asarray(as_const(node, zero, "zero point"))
+    z = widen(z)
     if not np.issubdtype(z.dtype, np.integer):
         raise LoweringError(f"{describe_node(node)}: zero point type {z.dtype} is not an integer")
     return s, z
+
+
+def _four_bit(node: onnx.NodeProto, zero: Value | None) -> tuple[int, int] | None:
+    """The code range of a Q/DQ whose zero point is int4 / uint4 (else None)."""
+    if isinstance(zero, Const) and str(zero.array.dtype) in _FOUR_BIT:
+        return _FOUR_BIT[str(zero.array.dtype)][1:]
+    dtype = attrs_of(node).get("output_dtype") if zero is None else None
+    if dtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (-8, 7) if dtype == onnx.TensorProto.INT4 else (0, 15)
+    return None
 
 
 def _scalar(node: onnx.NodeProto, s: np.ndarray, z: np.ndarray) -> tuple[float, int]:
@@ -134,10 +156,17 @@ def elementwise_codes(b: Builder, name: str, v: Elementwise) -> QTensor | None:
 def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     x = ins[0]
     s, z = qparams(node, ins[1], ins[2] if len(ins) > 2 else None)
+    four_bit = _four_bit(node, ins[2] if len(ins) > 2 else None)
     if isinstance(x, Const):
         axis = attrs_of(node).get("axis", 1) if s.size > 1 else None
-        q = quantize(np.asarray(x.array, np.float32), s, z, *_range(z.dtype), axis=axis)
+        lo, hi = four_bit or _range(z.dtype)
+        q = quantize(np.asarray(x.array, np.float32), s, z, lo, hi, axis=axis)
         return [QConst(np.asarray(q).astype(z.dtype), s, z, axis)]
+    if four_bit:
+        raise LoweringError(
+            f"{describe_node(node)}: 4-bit activations (int4 / uint4 QuantizeLinear of a computed "
+            "tensor) are not lowered; quantize activations to 8 or 16 bits (4-bit weights are)"
+        )
     scale, zero = _scalar(node, s, z)
     name = node.output[0]
     if isinstance(x, QValue) and same_grid(x.tensor, scale, zero, z.dtype):
@@ -170,10 +199,11 @@ def _dequantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]
     x = ins[0]
     s, z = qparams(node, ins[1], ins[2] if len(ins) > 2 else None)
     if isinstance(x, Const):
-        if not np.issubdtype(x.array.dtype, np.integer):
+        codes = widen(np.asarray(x.array))
+        if not np.issubdtype(codes.dtype, np.integer):
             raise LoweringError(f"{describe_node(node)}: dequantizes a float constant")
         axis = attrs_of(node).get("axis", 1) if s.size > 1 else None
-        return [QConst(x.array, s, z.astype(np.int64), axis)]
+        return [QConst(codes, s, z.astype(np.int64), axis)]
     if isinstance(x, QConst):
         return [x]
     scale, zero = _scalar(node, s, z)

@@ -32,6 +32,10 @@ When is a node "int8"? In order (the first that applies wins):
    is int8: ONNX Runtime runs it as MatMulIntegerToFloat (int8 product, float result).
 6. Everything else is float.
 
+QONNX ``Quant`` (Brevitas, FINN) is read as the Q -> Clip -> DQ it computes (``onnx/_qonnx``, as
+import / fold / lower / compare do): ``op_counts`` lists the file's ops, the rest that QCDQ form;
+a QONNX node the rewrite refuses (``BipolarQuant``, ...) is neither int8 nor float (rule 1).
+
 Bit widths: from the Clip between QuantizeLinear and DequantizeLinear when there is one (narrow
 range, sub-8-bit), else from the integer type; for weights, the bits their stored integers need.
 """
@@ -54,6 +58,7 @@ from ...optables import (
     WEIGHTED_OPS,
     WeightSlots,
 )
+from .._qonnx import QONNX_DOMAINS, qonnx_to_qcdq
 from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import is_float16
 from ._blocked import block_granularity, matmul_nbits_weight
@@ -182,7 +187,9 @@ def _classify(g: Graph, node: onnx.NodeProto, int8_tensors: set[str]) -> str | N
     float.
     """
     op = node.op_type
-    if op in QDQ_OPS or op in _NOT_COMPUTE or g.constant_layout(node):
+    if op in QDQ_OPS or op in _NOT_COMPUTE or node.domain in QONNX_DOMAINS:
+        return None
+    if g.constant_layout(node):
         return None
     if op == "Clip" and g.produced_by(node.input[0], "QuantizeLinear"):
         return None  # the integer clamp of a Q -> Clip -> DQ grid (narrow range, uint8 post-ReLU)
@@ -402,7 +409,11 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
     ONNX model. Only the main graph is inspected (not If/Loop subgraphs).
     """
     model, path, size = _load(path_or_proto)
-    g = Graph(fold_constant_quantize(model))  # a weight quantized at run time counts as int8
+    try:
+        qcdq = qonnx_to_qcdq(model)  # QONNX's Quant as the Q -> Clip -> DQ it computes
+    except ValueError:
+        qcdq = model  # a form the rewrite refuses: its nodes count as quantization (rule 1)
+    g = Graph(fold_constant_quantize(qcdq))  # a weight quantized at run time counts as int8
     op_counts = Counter(n.op_type for n in g.nodes)
     int8, floats, float_nodes, rules = _compute_ops(g)
     pairs, schemes = _quantize_nodes(g)
@@ -417,7 +428,9 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         form=_form(rules, op_counts, qdq_ops),
         inputs=_tensor_infos([i for i in model.graph.input if i.name not in initializers]),
         outputs=_tensor_infos(model.graph.output),
-        op_counts=dict(op_counts),
+        op_counts=dict(
+            op_counts if qcdq is model else Counter(n.op_type for n in model.graph.node)
+        ),
         int8_ops=dict(int8),
         float_ops=dict(floats),
         float_nodes=float_nodes,

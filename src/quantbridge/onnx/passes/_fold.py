@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from ...optables import FUSED_DYNAMIC_OPS
 from .._load import parse_onnx
 from .._qonnx import qonnx_to_qcdq
 from ..importer._const_quantize import fold_constant_quantize
@@ -74,6 +75,16 @@ def check_foldable(g: GraphView) -> None:
             "take per-tensor or per-channel weight scales). Run the file as it is in ONNX "
             "Runtime, or quantize the float model statically with per-channel weights "
             "(`quantbridge quantize FLOAT.onnx --calib CALIB.npz`) and fold that file"
+        )
+    fused = [label(n) for n in g.nodes if n.op_type in FUSED_DYNAMIC_OPS]
+    if fused and not {n.op_type for n in g.nodes} & set(_QDQ):
+        raise ValueError(
+            f"the model is dynamically quantized ({', '.join(fused[:3])}"
+            f"{', ...' if len(fused) > 3 else ''}: ONNX Runtime's quantize_dynamic, fused by its "
+            "graph optimisations): each op quantizes its input with a scale computed at run time, "
+            "and QLinearMatMul / QGemm need fixed ones; there is nothing to fold. Quantize the "
+            "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
+            "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
     if not {n.op_type for n in g.nodes} & set(_QDQ):
         raise ValueError(
