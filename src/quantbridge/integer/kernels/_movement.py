@@ -92,10 +92,10 @@ NEAREST = {
 }
 
 
-def resize_indices(attrs, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
-    """Source index of each output position along each resized axis (ONNX Resize, nearest):
-    ``index = clip(nearest(coordinate(i)), 0, n_in - 1)``, coordinates in float64."""
-    out = {}
+def resized_axes(attrs, shape) -> list[tuple[int, int, int, float]]:
+    """``(axis, n_in, n_out, scale)`` of each axis an ONNX Resize changes (``sizes`` given:
+    ``scale = n_out / n_in``; else ``n_out = floor(n_in * scale)``)."""
+    out = []
     for axis, n_in in enumerate(shape):
         if attrs["sizes"] is not None:
             n_out = int(attrs["sizes"][axis])
@@ -103,8 +103,16 @@ def resize_indices(attrs, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
         else:
             scale = float(attrs["scales"][axis])
             n_out = int(np.floor(n_in * scale))
-        if n_out == n_in and scale == 1.0:
-            continue
+        if not (n_out == n_in and scale == 1.0):
+            out.append((axis, int(n_in), n_out, scale))
+    return out
+
+
+def resize_indices(attrs, shape: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """Source index of each output position along each resized axis (ONNX Resize, nearest):
+    ``index = clip(nearest(coordinate(i)), 0, n_in - 1)``, coordinates in float64."""
+    out = {}
+    for axis, n_in, n_out, scale in resized_axes(attrs, shape):
         i = np.arange(n_out, dtype=np.float64)
         x = COORDINATES[attrs["coordinates"]](i, scale, n_in, n_out)
         out[axis] = np.clip(NEAREST[attrs["nearest_mode"]](x), 0, n_in - 1).astype(np.int64)

@@ -22,7 +22,7 @@ import onnx
 
 from ...numerics import fixed_point_multiplier
 from .._program import QTensor
-from ..kernels._movement import COORDINATES
+from ..kernels._movement import COORDINATES, resized_axes
 from ._core import (
     Builder,
     LoweringError,
@@ -88,16 +88,7 @@ def _resize(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         raise LoweringError(f"{describe_node(node)}: the input shape must be static (got "
                             f"{shape}); pass lower(..., input_shapes=...)")  # fmt: skip
     attrs = _resize_attrs(node, ins, {**a, "mode": b"nearest"})  # scales / sizes
-    resized = []
-    for axis, n_in in enumerate(shape):
-        if attrs["sizes"] is not None:
-            n_out = int(attrs["sizes"][axis])
-            scale = n_out / n_in
-        else:
-            scale = float(attrs["scales"][axis])
-            n_out = int(np.floor(n_in * scale))
-        if not (n_out == n_in and scale == 1.0):
-            resized.append((axis, int(n_in), n_out, scale))
+    resized = resized_axes(attrs, shape)
     # int32 sums: |q - z| 2**(K F) < 2**31 for K resized axes (F = 11 for 8-bit codes, 7 for
     # int16 ones: a bounded float result, a LayerNorm's output, realized first)
     frac = (30 - code_range(t, t.zero_point).bit_length()) // max(1, len(resized))
