@@ -67,7 +67,8 @@ def test_lower_refuses_naming_the_dynamic_quantizers_and_the_fix(dynamic_file, c
     path, _ = dynamic_file
     with pytest.raises(
         LoweringError, match=r"cannot lower dynamic quantization: DynamicQuantizeLinear "
-        r"'x_QuantizeLinear', '/1/Relu_output_0_QuantizeLinear': .* at run time.*quantize_static"
+        r"'x_QuantizeLinear', DynamicQuantizeLinear '/1/Relu_output_0_QuantizeLinear': .* at run "
+        r"time.*quantize_static"
     ):  # fmt: skip
         qb.lower(path)
     assert main(["lower", str(path), "-o", "never.onnx"]) == 2
