@@ -378,3 +378,42 @@ def test_compare_pairs_the_clipped_codes_of_sub_8_bit_qcdq(tmp_path):
     assert result.first_divergence is None
     for t in result.tensors[:2]:
         assert t["pairs"][0]["max_lsb"] < 1e-3
+
+
+def test_a_file_pinned_to_batch_1_imports_at_its_own_batch(tmp_path):
+    # torch's exporters write a model exported without a dynamic batch as a fixed input shape and
+    # a Reshape to a constant [1, -1] (PT2E and Brevitas dynamo files: their capture failed at the
+    # free batch of 2 the import tries). Built here: TorchScript export + ORT's quantize_static.
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Pinned(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8 * 6 * 6, 4)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).reshape(1, -1))
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    float_path, path = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    torch.onnx.export(Pinned().eval(), (x,), float_path, dynamo=False, input_names=["x"])
+    rng = np.random.default_rng(0)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": rng.standard_normal((1, 3, 8, 8), np.float32)}] * 4)
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(float_path), str(path), Reader(), quant_format=QuantFormat.QDQ)
+    with pytest.warns(UserWarning, match=r"fixes its inputs' batch size \('x' \[1, 3, 8, 8\]\).*"
+                      "takes that batch size only.*dynamic batch"):  # fmt: skip
+        imported = qb.import_onnx(path)
+    # the same int8 codes and int32 sums; what is left is float32 summation order in the Gemm
+    # (measured 0.0)
+    expected = _ort(path, x.numpy())
+    np.testing.assert_allclose(imported(x).detach().numpy(), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="input 'x'.*dimension 0 is fixed to 1"):
+        imported(torch.randn(2, 3, 8, 8))

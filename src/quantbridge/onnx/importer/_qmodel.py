@@ -26,6 +26,7 @@ All quantizers are frozen; ``learn_scales=True`` makes them learnable (LSQ from 
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import onnx
@@ -35,7 +36,7 @@ from torch import nn
 from ...numerics import PerBlock, PerChannel, PerTensor, QScheme, bias_scale, dequantize
 from ...recipe import Recipe, TensorRecipe
 from ...torch._batches import as_call, input_spec
-from ...torch._capture import capture
+from ...torch._capture import CaptureError, capture
 from ...torch._dynamic import DynamicQuantizer
 from ...torch._fakequant import (
     BiasQuantizer,
@@ -99,6 +100,32 @@ def _free_dims(proto: onnx.ModelProto, consts: set[str]) -> bool:
         if v.name not in consts
         for d in list(v.type.tensor_type.shape.dim)[1:]
     )
+
+
+def _capture_file(module, args, kwargs, dynamic: str, proto: onnx.ModelProto, consts: set[str]):
+    """``capture`` with a free batch; a file that fixes every input's batch dimension and whose
+    graph depends on it (a Reshape to ``[1, 512]``, as torch's dynamo exporter writes for a model
+    exported at batch 1: PT2E, Brevitas) is captured at the file's own shapes instead, with a
+    warning: the imported model then takes that batch size only, as the file does."""
+    try:
+        return capture(module, args, kwargs, dynamic), dynamic
+    except CaptureError:
+        fixed = {
+            v.name: _shape(v.type.tensor_type) for v in proto.graph.input if v.name not in consts
+        }
+        if dynamic != "batch" or not all(s and isinstance(s[0], int) and s[0] > 0
+                                         for s in fixed.values()):  # fmt: skip
+            raise
+    gm = capture(module, args, kwargs, "none")
+    warnings.warn(
+        f"the file fixes its inputs' batch size ({', '.join(f'{k!r} {v}' for k, v in fixed.items())}) "
+        "and its graph depends on it (a Reshape to a fixed shape, as torch's exporter writes "
+        "for a model exported without a dynamic batch): the imported model takes that batch "
+        "size only. To train at other batch sizes, export the float model with a dynamic batch "
+        "(torch.onnx.export(..., dynamic_shapes=...) or dynamic_axes) and quantize that file",
+        stacklevel=4,
+    )
+    return gm, "none"
 
 
 def _shape(t) -> list:
@@ -316,7 +343,7 @@ def quant_model(
     else:
         args, kwargs = as_call(example, 0)
         dynamic = "all" if _free_dims(proto, set(graph.consts)) else "batch"
-    gm = capture(module, args, kwargs, dynamic)
+    gm, dynamic = _capture_file(module, args, kwargs, dynamic, proto, set(graph.consts))
     own_parameters(gm)
     builder = _Builder(gm, module, {n.name: n for n in graph.nodes}, record)
     builder.sites()
