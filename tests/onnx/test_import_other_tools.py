@@ -247,6 +247,29 @@ def test_ort_nhwc_qlinear_conv_is_refused_naming_the_node(tmp_path):
             call(str(tmp_path / "m.onnx"))
 
 
+def _qdq_gemm_file(path, inits, domain: str, gemm_inputs, y_zero: str, weight_attrs) -> None:
+    """x -> Q(s, z) -> DQ -> Gemm(transB=1) with DQ(w, ws, wz) -> Q(ys, y_zero) -> DQ -> y, [16, 6]
+    -> [16, 8], the Q/DQ nodes in ``domain`` (ORT's ``UseQDQContribOps`` writes com.microsoft),
+    opset 21."""
+
+    def qdq(op, ins, out, **attrs):
+        return helper.make_node(op, ins, [out], domain=domain, **attrs)
+
+    nodes = [qdq("QuantizeLinear", ["x", "s", "z"], "q"), qdq("DequantizeLinear", ["q", "s", "z"], "d"),
+             qdq("DequantizeLinear", ["w", "ws", "wz"], "wd", **weight_attrs),
+             helper.make_node("Gemm", gemm_inputs, ["g"], transB=1),
+             qdq("QuantizeLinear", ["g", "ys", y_zero], "gq"),
+             qdq("DequantizeLinear", ["gq", "ys", y_zero], "y")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "qdq_gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    onnx.save(model, path)
+
+
 @pytest.mark.parametrize("domain", ["", "com.microsoft"])
 def test_int16_activations_stay_in_qdq_form_when_folded(tmp_path, domain):
     """ORT's A16W8 QDQ (``UseQDQContribOps`` writes it in the com.microsoft domain): the fold
@@ -257,21 +280,7 @@ def test_int16_activations_stay_in_qdq_form_when_folded(tmp_path, domain):
         ("s", 1e-3, np.float32), ("z", 0, np.int16), ("w", _W1, np.int8), ("ws", 0.02, np.float32),
         ("wz", 0, np.int8), ("b", _B1, np.float32), ("ys", 2e-3, np.float32)]]  # fmt: skip
 
-    def qdq(op, ins, out):
-        return helper.make_node(op, ins, [out], domain=domain)
-
-    nodes = [qdq("QuantizeLinear", ["x", "s", "z"], "q"), qdq("DequantizeLinear", ["q", "s", "z"], "d"),
-             qdq("DequantizeLinear", ["w", "ws", "wz"], "wd"),
-             helper.make_node("Gemm", ["d", "wd", "b"], ["g"], transB=1),
-             qdq("QuantizeLinear", ["g", "ys", "z"], "gq"), qdq("DequantizeLinear", ["gq", "ys", "z"], "y")]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "a16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits,
-    )  # fmt: skip
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    onnx.save(model, tmp_path / "m.onnx")
+    _qdq_gemm_file(tmp_path / "m.onnx", inits, domain, ["d", "wd", "b"], "z", {})
     qb.fold(tmp_path / "m.onnx", tmp_path / "f.onnx")
     expected = _ort(tmp_path / "m.onnx", _X)
     assert np.abs(_ort(tmp_path / "f.onnx", _X, optimize=True) - expected).max() < 1e-6
@@ -295,21 +304,7 @@ def test_int4_weights_lower(tmp_path, domain):
         ("ws", np.linspace(0.01, 0.03, 8), TensorProto.FLOAT), ("wz", [0] * 8, TensorProto.INT4),
         ("ys", 0.1, TensorProto.FLOAT), ("yz", 120, TensorProto.UINT8)]]  # fmt: skip
 
-    def qdq(op, ins, out, **attrs):
-        return helper.make_node(op, ins, [out], domain=domain, **attrs)
-
-    nodes = [qdq("QuantizeLinear", ["x", "s", "z"], "q"), qdq("DequantizeLinear", ["q", "s", "z"], "d"),
-             qdq("DequantizeLinear", ["w", "ws", "wz"], "wd", axis=0),
-             helper.make_node("Gemm", ["d", "wd"], ["g"], transB=1),
-             qdq("QuantizeLinear", ["g", "ys", "yz"], "gq"), qdq("DequantizeLinear", ["gq", "ys", "yz"], "y")]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "a8w4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 8])], inits,
-    )  # fmt: skip
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    onnx.save(model, tmp_path / "m.onnx")
+    _qdq_gemm_file(tmp_path / "m.onnx", inits, domain, ["d", "wd"], "yz", {"axis": 0})
     (lowered,) = qb.lower(str(tmp_path / "m.onnx")).run({"x": _X}).values()
     assert np.abs(lowered - _ort(tmp_path / "m.onnx", _X)).max() <= 0.1 + 1e-6
 
