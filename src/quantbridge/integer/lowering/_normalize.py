@@ -47,13 +47,12 @@ from ._core import (
     attrs_of,
     describe_node,
     node_name,
-    realize_bounded,
     register_lowering,
 )
 from ._eltwise import SumPending
 from ._groupnorm import normalized
 from ._linear import LinearPending
-from ._qdq import elementwise_codes
+from ._qdq import float_result_codes
 
 LAYERNORM_FRAC_BITS = 16  # fraction bits F of the normalized value T
 # real units per code of scores requantized from an accumulator. Measured on
@@ -210,14 +209,8 @@ def layer_norm_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTens
     pooled mean, that no QuantizeLinear follows) is realized first on a symmetric int16 grid
     of step ``bound / 32767``: half a step of error per element, about ``bound / 65534``, far
     below the output step for any row whose spread is above ``bound / 1000``."""
-    if isinstance(v, Elementwise):  # wav2vec2 / WavLM: GELU -> Transpose -> LayerNorm
-        codes = elementwise_codes(b, node_name(node), v)
-        if codes is not None:
-            return codes
-    bound = v.bound if isinstance(v, Pending) else None
-    if bound is None or not math.isfinite(bound) or bound <= 0:
-        return as_activation(node, v)
-    return realize_bounded(b, node_name(node) + "_input", v)
+    codes = float_result_codes(b, node, v)  # wav2vec2 / WavLM: GELU -> Transpose -> LayerNorm
+    return as_activation(node, v) if codes is None else codes
 
 
 def layer_norm_values(

@@ -11,8 +11,6 @@ table onto the grid of its largest value, a group norm's normalized value (PoolF
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
@@ -30,12 +28,11 @@ from ._core import (
     code_range,
     describe_node,
     node_name,
-    realize_bounded,
     register_lowering,
 )
 from ._groupnorm import Normalized, as_codes
 from ._movement import moved
-from ._qdq import elementwise_codes
+from ._qdq import float_result_codes
 from ._rms import mean_of_squares
 
 
@@ -129,12 +126,9 @@ def _reduce_extreme(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -
 def _averaged_input(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
     """The codes an average reads (module docstring): half an int16 step of error per element
     for a float result, so the mean is within one int16 step of its float value."""
-    if isinstance(v, Pending) and v.bound is not None and math.isfinite(v.bound) and v.bound > 0:
-        return realize_bounded(b, node_name(node) + "_input", v)
-    if isinstance(v, Elementwise):
-        codes = elementwise_codes(b, node_name(node), v)
-        if codes is not None:
-            return codes
+    codes = float_result_codes(b, node, v)
+    if codes is not None:
+        return codes
     if isinstance(v, Normalized):  # PoolFormer: pool(GroupNorm(x)) - GroupNorm(x)
         return as_codes(b, v).tensor
     return as_activation(node, v)

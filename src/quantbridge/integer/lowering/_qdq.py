@@ -10,6 +10,8 @@ QuantizeLinear partner's codes with the same scale and zero point.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 
@@ -32,6 +34,7 @@ from ._core import (
     describe_node,
     node_name,
     quantize_real,
+    realize_bounded,
     register_lowering,
 )
 from ._rms import RowSquares
@@ -150,6 +153,18 @@ def elementwise_codes(b: Builder, name: str, v: Elementwise) -> QTensor | None:
     out = b.tensor(name + "_input", np.int16, peak / top, 0)
     table_step(b, v.node, t, v.fn, out, -top, top)
     return out
+
+
+def float_result_codes(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor | None:
+    """Int16 codes of a float result a float op (a LayerNormalization, an average) reads with
+    no QuantizeLinear between: a function of codes through ``elementwise_codes``'s table, a
+    ``Pending`` with a finite bound realized on its bound's grid (``realize_bounded``); None for
+    anything else."""
+    if isinstance(v, Elementwise):
+        return elementwise_codes(b, node_name(node), v)
+    if isinstance(v, Pending) and v.bound is not None and math.isfinite(v.bound) and v.bound > 0:
+        return realize_bounded(b, node_name(node) + "_input", v)
+    return None
 
 
 @register_lowering("QuantizeLinear")
