@@ -18,9 +18,18 @@ ReLU, Clip, Tanh 1; LeakyRelu max(1, |alpha|); Sigmoid 1/4; HardSigmoid alpha (t
 GELU ``max d/dx x Phi(x) = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) = 1.1289``; SiLU ``1.0998`` (at
 x = 2.3994); HardSwish ``3/2`` (at x = 3); Softplus 1; Erf ``2 / sqrt pi``
 (``tests/debug/test_compare_gain.py`` checks them).
+
+Weighted ops of one site by constant weights carry an error through their weights' magnitudes:
+a Linear ``x @ W`` at most ``|dx| @ |W|`` (``linear_weight``), a convolution ``conv(x, W)`` at
+most ``conv(|dx|, |W|)`` element by element, with the same strides, pads, dilations and groups
+(``conv_weight``, ``conv_bound``: Conv, ConvTranspose, depthwise), each product's difference
+bounded by ``|dx| |w|`` and the sum by the sum of those. A bias is a constant (no error), and
+a Relu or Clip after the op cannot grow a difference (1-Lipschitz).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -172,3 +181,86 @@ def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
         return None
     perm = next((list(a.ints) for a in p.attribute if a.name == "perm"), None)
     return np.transpose(inner, perm)
+
+
+# elementwise ops that move no two values further apart (1-Lipschitz): read through after a conv
+_LIPSCHITZ_1 = frozenset({"Relu", "Clip"})
+_CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.functional's, + "Nd"
+
+
+def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear ``node`` reading ``conv(x, W)`` (+ a constant bias, the Conv's own or
+    an Add; then possibly a Relu / Clip): a Conv or ConvTranspose of one site ``x`` by constant
+    weights ``W``: ``{"factors": (x,), "weight": |W|, "conv": attributes}``; else ``{}``.
+    ``conv_bound`` computes the bound ``conv(|dx|, |W|)``. ``operand`` as ``linear_weight``."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = producer.get(node.input[0])
+    while p is not None and p.op_type in _LIPSCHITZ_1:
+        if any(not isinstance(operand(t), np.ndarray) for t in p.input[1:] if t):
+            return {}  # a Clip bound computed at run time
+        p = producer.get(p.input[0])
+    if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
+        kinds = [operand(t) for t in p.input]
+        const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
+        p = producer.get(p.input[1 - const[0]]) if len(const) == 1 else None
+    if p is None or p.op_type not in _CONV_OPS or len(p.input) < 2:
+        return {}
+    x, w = operand(p.input[0]), operand(p.input[1])
+    bias = operand(p.input[2]) if len(p.input) > 2 and p.input[2] else np.zeros(0)
+    if not isinstance(x, str) or not isinstance(w, np.ndarray) or not isinstance(bias, np.ndarray):
+        return {}
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    nd = w.ndim - 2
+    if nd not in (1, 2, 3) or "output_shape" in attrs:
+        return {}
+    if p.op_type == "ConvTranspose" and auto_pad not in ("NOTSET", "VALID"):
+        return {}
+    conv = {
+        "op": p.op_type,
+        "strides": list(attrs.get("strides", [1] * nd)),
+        "dilations": list(attrs.get("dilations", [1] * nd)),
+        "pads": [0] * (2 * nd) if auto_pad == "VALID" else list(attrs.get("pads", [0] * 2 * nd)),
+        "auto_pad": auto_pad,
+        "group": int(attrs.get("group", 1)),
+        "output_padding": list(attrs.get("output_padding", [0] * nd)),
+    }
+    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)), "conv": conv}
+
+
+def conv_bound(dx: np.ndarray, weight: np.ndarray, conv: dict) -> np.ndarray:
+    """``conv(|dx|, |W|)`` (float64) with ``conv``'s attributes (``conv_weight``); ValueError or
+    RuntimeError where the shapes do not fit (the caller gives no credit)."""
+    import torch
+    from torch.nn import functional as F
+
+    nd = weight.ndim - 2
+    x = torch.from_numpy(np.ascontiguousarray(np.abs(dx), dtype=np.float64))
+    if x.ndim != nd + 2:
+        raise ValueError(f"input rank {x.ndim}, weight rank {weight.ndim}")
+    w = torch.from_numpy(weight)
+    strides, dilations, pads = conv["strides"], conv["dilations"], list(conv["pads"])
+    fn = getattr(F, f"{_CONV_OPS[conv['op']]}{nd}d")
+    with torch.no_grad():
+        if conv["op"] == "ConvTranspose":
+            y = fn(x, w, stride=strides, output_padding=conv["output_padding"],
+                   groups=conv["group"], dilation=dilations)  # fmt: skip
+            for d in range(nd):  # ONNX pads crop the full output, begin and end
+                size = y.shape[2 + d] - pads[d] - pads[d + nd]
+                y = y.narrow(2 + d, pads[d], size)
+            return y.numpy()
+        if conv["auto_pad"].startswith("SAME"):
+            for d in range(nd):
+                size, k = x.shape[2 + d], weight.shape[2 + d]
+                out = math.ceil(size / strides[d])
+                total = max(0, (out - 1) * strides[d] + (k - 1) * dilations[d] + 1 - size)
+                small, large = total // 2, total - total // 2
+                lower = conv["auto_pad"] == "SAME_LOWER"
+                pads[d], pads[d + nd] = (large, small) if lower else (small, large)
+        flat: list[int] = []
+        for d in reversed(range(nd)):  # F.pad: the last dimension first
+            flat += [pads[d], pads[d + nd]]
+        x = F.pad(x, flat)
+        return fn(x, w, stride=strides, dilation=dilations, groups=conv["group"]).numpy()

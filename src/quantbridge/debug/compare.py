@@ -17,6 +17,7 @@ import onnx
 from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
+from ._gain import conv_bound
 from ._match import Site, find_sites, has_blocked_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -254,15 +255,17 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     product ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element
     by element (``a``, ``b`` the reference's values), a MatMul ``a @ b`` by the same with each
     product a matrix product (``|a @ b - a' @ b'| <= |da| @ |b| + |a| @ |db| + |da| @ |db|``);
+    a Linear of one site by ``|dx| @ |W|``, a convolution by ``conv(|dx|, |W|)`` (``_gain``);
     other ops that may amplify an error get no credit."""
     if s.gain is not None and len(s.inputs) == 1:
         return carried.get(s.inputs[0], 0.0) * s.gain
     if s.unit_gain:
         return sum(carried.get(i, 0.0) for i in s.inputs)
-    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|
+    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|; conv(|dx|, |W|)
+        dx = diffs[s.factors[0]]
         try:
-            bound = np.matmul(diffs[s.factors[0]], s.weight)
-        except ValueError:  # shapes that do not broadcast: no credit
+            bound = np.matmul(dx, s.weight) if s.conv is None else conv_bound(dx, s.weight, s.conv)
+        except (ValueError, RuntimeError):  # shapes that do not fit: no credit
             return 0.0
         return float(bound.max()) if bound.size else 0.0
     if s.factors and all(f in diffs for f in s.factors):
