@@ -144,3 +144,11 @@ def test_a_changed_weight_at_a_conv_is_still_the_first_divergence():
     assert y["carried_lsb"] > 1, y  # the credit applies ...
     assert y["class"] == "divergence", y  # ... and is not enough
     assert r.first_divergence is not None and r.first_divergence["name"] == "yq"
+    # the text says what the inputs carried, in which units, and how far the output ends up
+    text = str(r)
+    assert "carried LSB" in text.splitlines()[0] and "LSB: steps of each tensor's own scale" in text
+    carried = f"{y['carried_lsb']:.2f}"
+    assert f"from a:ort-ref, its inputs carried {carried} LSB" in text
+    assert (
+        f"model output out (tensor yq): b:ort-ref vs a:ort-ref SQNR {y['sqnr_db']:.1f} dB" in text
+    )

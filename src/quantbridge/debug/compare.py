@@ -183,10 +183,13 @@ def _pick_reference(runs: list[_Run], ref_subj: Subject, reference: str | None) 
 
 
 def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[str, Any]:
+    outputs = {o.name for o in ref_subj.onnx.graph.output}
     table = {
         s.name: {
             "name": s.name, "order": s.order, "op": s.op, "layer": s.layer, "scale": s.scale,
-            "zero_point": s.zero_point if s.scale is not None else None, "pairs": [],
+            "zero_point": s.zero_point if s.scale is not None else None,
+            "output": next((n for n in (s.name, *s.aliases) if n in outputs), None),
+            "pairs": [],
         }
         for s in sites
     }  # fmt: skip
@@ -300,5 +303,6 @@ def _first_divergence(table: dict[str, dict[str, Any]]) -> dict[str, Any] | None
             return {
                 "name": t["name"], "order": t["order"], "layer": t["layer"], "a": worst["a"],
                 "b": worst["b"], "max_lsb": worst["max_lsb"],
+                "carried_lsb": worst.get("carried_lsb"),
             }  # fmt: skip
     return None
