@@ -58,11 +58,25 @@ def elementwise_gain(
     node, ``consts``: constant tensors."""
     if node.op_type != "QuantizeLinear":
         return {}
+    found = _chain(node.input[0], sites, producer, consts)
+    if found is None:
+        return {}
+    chain, leaf, used_consts, u = found
+    site = sites[u]
+    values = _values(chain, leaf, used_consts, node.input[0], site, opset)
+    if values is None:
+        return {}
+    return {"inputs": (u,), "gain": float(np.abs(np.diff(values)).max() / site.scale)}
+
+
+def _chain(start: str, sites: dict, producer: dict, consts: dict):
+    """``(chain, leaf, constants, u)`` of an elementwise chain computing ``start`` from one site
+    ``u`` (module docstring); None for anything else (a plain DequantizeLinear of a site too)."""
     chain: list[onnx.NodeProto] = []
     leaf: set[str] = set()  # DequantizeLinear outputs of the one input site
     used_consts: dict[str, np.ndarray] = {}
     source: set[str] = set()
-    todo, seen = [node.input[0]], set()
+    todo, seen = [start], set()
     while todo:
         t = todo.pop()
         if not t or t in seen:
@@ -70,12 +84,12 @@ def elementwise_gain(
         seen.add(t)
         if t in consts:
             if np.asarray(consts[t]).size != 1:
-                return {}  # a per-channel constant: f differs along an axis
+                return None  # a per-channel constant: f differs along an axis
             used_consts[t] = np.asarray(consts[t])
             continue
         p = producer.get(t)
         if p is None:
-            return {}  # a graph input other than a site
+            return None  # a graph input other than a site
         if p.op_type == "DequantizeLinear" and p.input[0] in sites:
             leaf.add(t)
             source.add(p.input[0])
@@ -85,18 +99,72 @@ def elementwise_gain(
         elif p.op_type in ELEMENTWISE_OPS:
             todo.extend(p.input)
         else:
-            return {}
+            return None
         chain.append(p)
         if len(chain) > _LIMIT or len(source) > 1:
-            return {}
+            return None
     if len(source) != 1 or all(n.op_type in SELECTING_OPS for n in chain):
-        return {}
+        return None
     (u,) = source
     site = sites[u]
     if site.scale is None or not site.scale > 0:
+        return None
+    return chain, leaf, used_consts, u
+
+
+def two_site_chain(
+    node: onnx.NodeProto, sites: dict, producer: dict, consts: dict, opset: int
+) -> dict:
+    """For a QuantizeLinear ``node`` reading ``g(u) * h(v)``, ``g(u) + h(v)`` or ``g(u) - h(v)``,
+    ``u`` and ``v`` two sites and ``g``, ``h`` elementwise chains of one site each (or the site
+    itself; ``x * sigmoid(y)``, a gate): ``{"factors": (u, v), "chains": (G, H), "combine":
+    op}``, ``G`` = ``(values of g over u's codes, or None for g = identity; g's slope bound)``.
+    ``compare._carried`` bounds ``|dg| <= L_g |du|`` element by element and combines as for a
+    product (``|dg| |h| + |g| |dh| + |dg| |dh|``) or a sum (``|dg| + |dh|``), with ``g``, ``h``
+    the reference's values (read from the table at its codes). ``{}`` where the two operands
+    are plain sites (``_match._product``) or one site (``elementwise_gain``)."""
+    p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+    if p is None or p.op_type not in ("Mul", "Add", "Sub") or len(p.input) != 2:
         return {}
-    gain = _slope(chain, leaf, used_consts, node.input[0], site, opset)
-    return {"inputs": (u,), "gain": gain} if gain is not None else {}
+    sides = []
+    for t in p.input:
+        q = producer.get(t)
+        if q is not None and q.op_type == "DequantizeLinear" and q.input[0] in sites:
+            site = sites[q.input[0]]
+            if site.scale is None or not site.scale > 0:
+                return {}
+            sides.append((q.input[0], None, 1.0, site))
+            continue
+        found = _chain(t, sites, producer, consts)
+        if found is None:
+            return {}
+        chain, leaf, used, u = found
+        values = _values(chain, leaf, used, t, sites[u], opset)
+        if values is None:
+            return {}
+        sides.append((u, values, float(np.abs(np.diff(values)).max() / sites[u].scale), sites[u]))
+    (u, g, _, _), (v, h, _, _) = sides
+    if u == v or (g is None and h is None):
+        return {}
+    chains = tuple((table, slope, _grid(site)) for _, table, slope, site in sides)
+    return {"factors": (u, v), "chains": chains, "combine": p.op_type}
+
+
+def _grid(site) -> tuple[float, int, int]:
+    """(step, zero point, lowest code) of ``site``'s codes."""
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(site.elem_type))
+    return float(site.scale), int(site.zero_point), int(info.min)
+
+
+def chain_values(values: np.ndarray, table: np.ndarray | None, grid: tuple) -> np.ndarray:
+    """``g`` at the dequantized ``values`` of a site on ``grid`` (``_grid``): ``table`` (``g``
+    over every code, from the lowest) read at their codes; ``values`` for ``g`` = identity."""
+    if table is None:
+        return np.asarray(values, np.float64)
+    step, zero, lowest = grid
+    codes = np.rint(np.asarray(values, np.float64) / step) + zero
+    index = np.clip(codes - lowest, 0, table.size - 1).astype(np.int64)
+    return table[index]
 
 
 def _codes(site) -> np.ndarray:
@@ -108,9 +176,9 @@ def _codes(site) -> np.ndarray:
     return ((k - site.zero_point) * site.scale).astype(np.float32)
 
 
-def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
-    """``max |f(x_{k+1}) - f(x_k)| / step`` over the codes of ``site``; None where ``f`` is not
-    finite there or the chain does not evaluate."""
+def _values(chain, leaf, used_consts, out, site, opset) -> np.ndarray | None:
+    """``f`` over every code of ``site`` (float64 of the float32 evaluation); None where ``f``
+    is not finite there or the chain does not evaluate."""
     from onnx.reference import ReferenceEvaluator
 
     x = _codes(site)
@@ -137,7 +205,7 @@ def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
     y = np.asarray(y, np.float64).reshape(-1)
     if y.shape != x.shape or not np.all(np.isfinite(y)):
         return None
-    return float(np.abs(np.diff(y)).max() / site.scale)
+    return y
 
 
 def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
