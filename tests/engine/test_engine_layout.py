@@ -92,3 +92,17 @@ def test_layout_of_a_file_and_its_errors(block, ort, tmp_path):
         qb.to_engine(qmodel, "integer", layout="openvino")
     with pytest.raises(ValueError, match="a float _Block has none"):
         qb.to_engine(_Block().eval(), "openvino", example_inputs=x, layout="openvino")
+
+
+class _NothingQuantized(nn.Module):
+    def forward(self, x):
+        return x.flip(1)
+
+
+def test_a_quantmodel_with_nothing_quantized_runs_on_openvino():
+    # openvino_layout refuses a graph without QuantizeLinear; the default layout must not
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nothing in _NothingQuantized is quantized"
+        qmodel = qb.quantize(_NothingQuantized().eval(), [torch.randn(2, 4)], progress=False)
+    x = torch.randn(2, 4)
+    assert torch.equal(qb.to_engine(qmodel, "openvino", threads=1)(x), x.flip(1))

@@ -215,8 +215,8 @@ def _quantmodel_forms(qmodel: QuantModel, example: Any, export: dict, layout: st
         warnings.filterwarnings("ignore", r".*LeafSpec.* is deprecated", FutureWarning)
         snapshot = copy.deepcopy(qmodel)  # the float form is made later from these weights
     proto = to_onnx(snapshot, example, **export)
-    if layout == "openvino":
-        proto = openvino_layout(proto)
+    if layout == "openvino" and any(n.op_type == "QuantizeLinear" for n in proto.graph.node):
+        proto = openvino_layout(proto)  # (a QuantModel with nothing quantized has no pair)
     quantized = proto.SerializeToString()
 
     def float_form() -> bytes:
