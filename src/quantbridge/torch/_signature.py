@@ -162,8 +162,8 @@ def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
     unknown or the call has no more positional inputs than the capture."""
     spec = getattr(module, "qb_capture", {}).get("inputs") or {}
     source = module.__dict__.get("_qb_source")
-    if not args or source is None or "args" not in spec:
-        return args, kwargs
+    if source is None or "args" not in spec or len(args) <= len(spec["args"]):
+        return args, kwargs  # nothing to map (the common call: no signature read)
     parameters = forward_parameters(source.forward)
     if parameters is None:
         return args, kwargs
