@@ -91,6 +91,8 @@ def test_engine_model_binds_positional_inputs_by_the_users_forward(decoder):
     qmodel, ids, mask = decoder
     ref = qmodel(input_ids=ids, attention_mask=mask, use_cache=False)
     fast = qb.to_engine(qmodel, "onnxruntime")
+    # shown in forward's order (the batch dict had attention_mask first)
+    assert fast.signature.startswith("forward(input_ids: int64[batch, 5], attention_mask: int64")
     # ORT's float arithmetic vs torch's: a few float32 ulps of the logits, not a step apart
     torch.testing.assert_close(fast(ids, None, mask, False), ref, atol=1e-5, rtol=0)
     with pytest.raises(TypeError, match=r"'past_key_values'.*not part of the captured call"):

@@ -160,6 +160,9 @@ class CallSignature:
         parts = [
             f"{names[i] if i < len(names) else f'arg{i}'}: {_render(a)}" for i, a in enumerate(args)
         ]
+        if self.forward:  # keyword inputs in the user's forward order, not the batch dict's
+            rank = {p[0]: i for i, p in enumerate(self.forward)}
+            kwargs = dict(sorted(kwargs.items(), key=lambda kv: rank.get(kv[0], len(rank))))
         parts += [f"{k}: {_render(v)}" for k, v in kwargs.items()]
         return f"forward({', '.join(parts)})"
 
