@@ -26,7 +26,7 @@ def test_cli_writes_the_compare_json(cnn, tmp_path, capsys):
     assert data["engines"] == ["ort-ref", "ort", "integer"] and data["errors"] == {}
     assert data["models"] == [str(path)]
     for t in data["tensors"]:
-        assert set(t) == {"name", "order", "op", "layer", "scale", "zero_point", "pairs"}
+        assert set(t) == {"name", "order", "op", "layer", "scale", "zero_point", "output", "pairs"}
         for p in t["pairs"]:
             assert {"a", "b", "sqnr_db", "cosine", "max_abs", "mean_abs", "lsb_share",
                     "lsb_hist", "class"} <= set(p)  # fmt: skip

@@ -268,3 +268,50 @@ def test_a_tie_carried_through_a_linear_layer_is_rounding():
     assert lin["max_lsb"] > 1, lin  # the premise: beyond one step
     assert lin["class"] == "rounding", lin
     assert r.first_divergence is None
+
+
+def _gate_model(combine: str, step: float, w_scale: float) -> onnx.ModelProto:
+    """The tie model (weight scale ``w_scale``), then ``x <combine> sigmoid(y)`` -> Q(step)."""
+    model = conv_1x1_qdq(0.1, w_scale, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.float32(step), "s_g"),
+        numpy_helper.from_array(np.uint8(0), "z_g"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("Sigmoid", [out], ["sig"]),
+        helper.make_node(combine, ["xd", "sig"], ["gate"]),
+        helper.make_node("QuantizeLinear", ["gate", "s_g", "z_g"], ["gq"], name="gate"),
+        helper.make_node("DequantizeLinear", ["gq", "s_g", "z_g"], ["gate_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "gate_out"
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("combine", ["Mul", "Add"])
+def test_a_tie_carried_into_a_gate_reading_two_sites_is_rounding(combine):
+    # x * sigmoid(y) (a gate: two quantized tensors, one through an elementwise chain, no
+    # requantization in between), y the tie model's output and x its input. Two files on
+    # ort-ref: b's tie weight scale is 1 + 1e-6, so b rounds y's ties up where a rounds them to
+    # even (1-step differences of y; none of x). Before: no credit (a chain of two sites), a
+    # "divergence". The bound: |x| * L * |dy| for the product, L * |dy| for the sum, L the
+    # sigmoid's slope between neighbouring codes of y (step 0.2 from 0: its steepest,
+    # (sigmoid(0.2) - 1/2) / 0.2)
+    step = 0.01 if combine == "Mul" else 0.02
+    a, b = _gate_model(combine, step, 1.0), _gate_model(combine, step, 1.000001)
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(a, b, inputs={"x": codes * np.float32(0.1)})
+    assert r.errors == {} and r.unmatched == {}
+    by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
+    assert by_name["yq"]["max_lsb"] == pytest.approx(1.0)  # the premise: 1-step ties of y
+    gate = by_name["gq"]
+    x = codes.reshape(8, 8) * np.float32(0.1)  # float32 node by node, as ort-ref
+    y_a, y_b = (np.rint((x * np.float32(w)) / np.float32(0.2)) * 0.2 for w in (1.0, 1.000001))
+    dy = np.abs(y_a - y_b)
+    slope = (_sig(0.2) - 0.5) / 0.2
+    bound = (np.abs(x) * slope * dy).max() if combine == "Mul" else (slope * dy).max()
+    assert gate["carried_lsb"] == pytest.approx(float(bound) / step, rel=1e-5)
+    assert gate["max_lsb"] > 1, gate  # the premise: beyond one step
+    assert gate["class"] == "rounding", gate
+    assert r.first_divergence is None

@@ -148,8 +148,8 @@ def test_the_float_form_is_the_snapshot_taken_at_to_engine(qmodel, data):
         (lambda f, x, m: f(x), "missing input 'mask'"),
         (lambda f, x, m: f(x, m, m, m), "too many positional arguments"),
         (lambda f, x, m: f(x, m, bias=m), "unexpected keyword argument 'bias'"),
-        # the QuantModel's forward is the captured one: forward(x, mask)
-        (lambda f, x, m: f(x, m, scale=2.0), "unexpected keyword argument 'scale'"),
+        # captured without scale: its default (1.0) is accepted, another value refused naming it
+        (lambda f, x, m: f(x, m, scale=2.0), "input 'scale' (forward(x, mask, scale)) was not"),
         (lambda f, x, m: f(x.double(), m), "input 'x' is float64[4, 3, 12, 12]; expected float32"),
         # regressions: numpy has no bfloat16 and a meta tensor no data; torch's errors leaked
         (lambda f, x, m: f(x.bfloat16(), m), "input 'x' is bfloat16[4, 3, 12, 12]; expected"),

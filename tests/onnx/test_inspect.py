@@ -399,3 +399,19 @@ def test_directory_and_wrong_type(tmp_path):
         inspect_model(tmp_path)
     with pytest.raises(TypeError, match="path or an onnx.ModelProto"):
         inspect_model(42)
+
+
+@pytest.mark.parametrize("top, note", [(63, True), (127, False)])
+def test_seven_bit_weights_are_explained(top, note):
+    # a newcomer reading "int8 7-bit" (the default recipe's weights) asked why 7: the report
+    # says, and only for 7-bit int8 weights
+    model = _conv_graph()
+    (w,) = [i for i in model.graph.initializer if i.name == "wq"]
+    codes = np.full((4, 2, 1, 1), 3, np.int8)
+    codes[0, 0, 0, 0], codes[1, 0, 0, 0] = top, -top  # [-63, 63]: 7 bits; [-127, 127]: 8
+    w.CopyFrom(numpy_helper.from_array(codes, "wq"))
+    text = inspect_model(model).format()
+    assert ("int8 7-bit" in text) is note
+    assert (
+        "7-bit: int8 weights with values within [-64, 63], exact in ONNX Runtime" in text
+    ) is note

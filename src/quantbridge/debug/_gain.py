@@ -18,9 +18,18 @@ ReLU, Clip, Tanh 1; LeakyRelu max(1, |alpha|); Sigmoid 1/4; HardSigmoid alpha (t
 GELU ``max d/dx x Phi(x) = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) = 1.1289``; SiLU ``1.0998`` (at
 x = 2.3994); HardSwish ``3/2`` (at x = 3); Softplus 1; Erf ``2 / sqrt pi``
 (``tests/debug/test_compare_gain.py`` checks them).
+
+Weighted ops of one site by constant weights carry an error through their weights' magnitudes:
+a Linear ``x @ W`` at most ``|dx| @ |W|`` (``linear_weight``), a convolution ``conv(x, W)`` at
+most ``conv(|dx|, |W|)`` element by element, with the same strides, pads, dilations and groups
+(``conv_weight``, ``conv_bound``: Conv, ConvTranspose, depthwise), each product's difference
+bounded by ``|dx| |w|`` and the sum by the sum of those. A bias is a constant (no error), and
+a Relu or Clip after the op cannot grow a difference (1-Lipschitz).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -49,11 +58,25 @@ def elementwise_gain(
     node, ``consts``: constant tensors."""
     if node.op_type != "QuantizeLinear":
         return {}
+    found = _chain(node.input[0], sites, producer, consts)
+    if found is None:
+        return {}
+    chain, leaf, used_consts, u = found
+    site = sites[u]
+    values = _values(chain, leaf, used_consts, node.input[0], site, opset)
+    if values is None:
+        return {}
+    return {"inputs": (u,), "gain": float(np.abs(np.diff(values)).max() / site.scale)}
+
+
+def _chain(start: str, sites: dict, producer: dict, consts: dict):
+    """``(chain, leaf, constants, u)`` of an elementwise chain computing ``start`` from one site
+    ``u`` (module docstring); None for anything else (a plain DequantizeLinear of a site too)."""
     chain: list[onnx.NodeProto] = []
     leaf: set[str] = set()  # DequantizeLinear outputs of the one input site
     used_consts: dict[str, np.ndarray] = {}
     source: set[str] = set()
-    todo, seen = [node.input[0]], set()
+    todo, seen = [start], set()
     while todo:
         t = todo.pop()
         if not t or t in seen:
@@ -61,12 +84,12 @@ def elementwise_gain(
         seen.add(t)
         if t in consts:
             if np.asarray(consts[t]).size != 1:
-                return {}  # a per-channel constant: f differs along an axis
+                return None  # a per-channel constant: f differs along an axis
             used_consts[t] = np.asarray(consts[t])
             continue
         p = producer.get(t)
         if p is None:
-            return {}  # a graph input other than a site
+            return None  # a graph input other than a site
         if p.op_type == "DequantizeLinear" and p.input[0] in sites:
             leaf.add(t)
             source.add(p.input[0])
@@ -76,18 +99,72 @@ def elementwise_gain(
         elif p.op_type in ELEMENTWISE_OPS:
             todo.extend(p.input)
         else:
-            return {}
+            return None
         chain.append(p)
         if len(chain) > _LIMIT or len(source) > 1:
-            return {}
+            return None
     if len(source) != 1 or all(n.op_type in SELECTING_OPS for n in chain):
-        return {}
+        return None
     (u,) = source
     site = sites[u]
     if site.scale is None or not site.scale > 0:
+        return None
+    return chain, leaf, used_consts, u
+
+
+def two_site_chain(
+    node: onnx.NodeProto, sites: dict, producer: dict, consts: dict, opset: int
+) -> dict:
+    """For a QuantizeLinear ``node`` reading ``g(u) * h(v)``, ``g(u) + h(v)`` or ``g(u) - h(v)``,
+    ``u`` and ``v`` two sites and ``g``, ``h`` elementwise chains of one site each (or the site
+    itself; ``x * sigmoid(y)``, a gate): ``{"factors": (u, v), "chains": (G, H), "combine":
+    op}``, ``G`` = ``(values of g over u's codes, or None for g = identity; g's slope bound)``.
+    ``compare._carried`` bounds ``|dg| <= L_g |du|`` element by element and combines as for a
+    product (``|dg| |h| + |g| |dh| + |dg| |dh|``) or a sum (``|dg| + |dh|``), with ``g``, ``h``
+    the reference's values (read from the table at its codes). ``{}`` where the two operands
+    are plain sites (``_match._product``) or one site (``elementwise_gain``)."""
+    p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+    if p is None or p.op_type not in ("Mul", "Add", "Sub") or len(p.input) != 2:
         return {}
-    gain = _slope(chain, leaf, used_consts, node.input[0], site, opset)
-    return {"inputs": (u,), "gain": gain} if gain is not None else {}
+    sides = []
+    for t in p.input:
+        q = producer.get(t)
+        if q is not None and q.op_type == "DequantizeLinear" and q.input[0] in sites:
+            site = sites[q.input[0]]
+            if site.scale is None or not site.scale > 0:
+                return {}
+            sides.append((q.input[0], None, 1.0, site))
+            continue
+        found = _chain(t, sites, producer, consts)
+        if found is None:
+            return {}
+        chain, leaf, used, u = found
+        values = _values(chain, leaf, used, t, sites[u], opset)
+        if values is None:
+            return {}
+        sides.append((u, values, float(np.abs(np.diff(values)).max() / sites[u].scale), sites[u]))
+    (u, g, _, _), (v, h, _, _) = sides
+    if u == v or (g is None and h is None):
+        return {}
+    chains = tuple((table, slope, _grid(site)) for _, table, slope, site in sides)
+    return {"factors": (u, v), "chains": chains, "combine": p.op_type}
+
+
+def _grid(site) -> tuple[float, int, int]:
+    """(step, zero point, lowest code) of ``site``'s codes."""
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(site.elem_type))
+    return float(site.scale), int(site.zero_point), int(info.min)
+
+
+def chain_values(values: np.ndarray, table: np.ndarray | None, grid: tuple) -> np.ndarray:
+    """``g`` at the dequantized ``values`` of a site on ``grid`` (``_grid``): ``table`` (``g``
+    over every code, from the lowest) read at their codes; ``values`` for ``g`` = identity."""
+    if table is None:
+        return np.asarray(values, np.float64)
+    step, zero, lowest = grid
+    codes = np.rint(np.asarray(values, np.float64) / step) + zero
+    index = np.clip(codes - lowest, 0, table.size - 1).astype(np.int64)
+    return table[index]
 
 
 def _codes(site) -> np.ndarray:
@@ -99,9 +176,9 @@ def _codes(site) -> np.ndarray:
     return ((k - site.zero_point) * site.scale).astype(np.float32)
 
 
-def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
-    """``max |f(x_{k+1}) - f(x_k)| / step`` over the codes of ``site``; None where ``f`` is not
-    finite there or the chain does not evaluate."""
+def _values(chain, leaf, used_consts, out, site, opset) -> np.ndarray | None:
+    """``f`` over every code of ``site`` (float64 of the float32 evaluation); None where ``f``
+    is not finite there or the chain does not evaluate."""
     from onnx.reference import ReferenceEvaluator
 
     x = _codes(site)
@@ -128,7 +205,7 @@ def _slope(chain, leaf, used_consts, out, site, opset) -> float | None:
     y = np.asarray(y, np.float64).reshape(-1)
     if y.shape != x.shape or not np.all(np.isfinite(y)):
         return None
-    return float(np.abs(np.diff(y)).max() / site.scale)
+    return y
 
 
 def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
@@ -172,3 +249,86 @@ def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
         return None
     perm = next((list(a.ints) for a in p.attribute if a.name == "perm"), None)
     return np.transpose(inner, perm)
+
+
+# elementwise ops that move no two values further apart (1-Lipschitz): read through after a conv
+_LIPSCHITZ_1 = frozenset({"Relu", "Clip"})
+_CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.functional's, + "Nd"
+
+
+def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear ``node`` reading ``conv(x, W)`` (+ a constant bias, the Conv's own or
+    an Add; then possibly a Relu / Clip): a Conv or ConvTranspose of one site ``x`` by constant
+    weights ``W``: ``{"factors": (x,), "weight": |W|, "conv": attributes}``; else ``{}``.
+    ``conv_bound`` computes the bound ``conv(|dx|, |W|)``. ``operand`` as ``linear_weight``."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = producer.get(node.input[0])
+    while p is not None and p.op_type in _LIPSCHITZ_1:
+        if any(not isinstance(operand(t), np.ndarray) for t in p.input[1:] if t):
+            return {}  # a Clip bound computed at run time
+        p = producer.get(p.input[0])
+    if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
+        kinds = [operand(t) for t in p.input]
+        const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
+        p = producer.get(p.input[1 - const[0]]) if len(const) == 1 else None
+    if p is None or p.op_type not in _CONV_OPS or len(p.input) < 2:
+        return {}
+    x, w = operand(p.input[0]), operand(p.input[1])
+    bias = operand(p.input[2]) if len(p.input) > 2 and p.input[2] else np.zeros(0)
+    if not isinstance(x, str) or not isinstance(w, np.ndarray) or not isinstance(bias, np.ndarray):
+        return {}
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    nd = w.ndim - 2
+    if nd not in (1, 2, 3) or "output_shape" in attrs:
+        return {}
+    if p.op_type == "ConvTranspose" and auto_pad not in ("NOTSET", "VALID"):
+        return {}
+    conv = {
+        "op": p.op_type,
+        "strides": list(attrs.get("strides", [1] * nd)),
+        "dilations": list(attrs.get("dilations", [1] * nd)),
+        "pads": [0] * (2 * nd) if auto_pad == "VALID" else list(attrs.get("pads", [0] * 2 * nd)),
+        "auto_pad": auto_pad,
+        "group": int(attrs.get("group", 1)),
+        "output_padding": list(attrs.get("output_padding", [0] * nd)),
+    }
+    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)), "conv": conv}
+
+
+def conv_bound(dx: np.ndarray, weight: np.ndarray, conv: dict) -> np.ndarray:
+    """``conv(|dx|, |W|)`` (float64) with ``conv``'s attributes (``conv_weight``); ValueError or
+    RuntimeError where the shapes do not fit (the caller gives no credit)."""
+    import torch
+    from torch.nn import functional as F
+
+    nd = weight.ndim - 2
+    x = torch.from_numpy(np.ascontiguousarray(np.abs(dx), dtype=np.float64))
+    if x.ndim != nd + 2:
+        raise ValueError(f"input rank {x.ndim}, weight rank {weight.ndim}")
+    w = torch.from_numpy(weight)
+    strides, dilations, pads = conv["strides"], conv["dilations"], list(conv["pads"])
+    fn = getattr(F, f"{_CONV_OPS[conv['op']]}{nd}d")
+    with torch.no_grad():
+        if conv["op"] == "ConvTranspose":
+            y = fn(x, w, stride=strides, output_padding=conv["output_padding"],
+                   groups=conv["group"], dilation=dilations)  # fmt: skip
+            for d in range(nd):  # ONNX pads crop the full output, begin and end
+                size = y.shape[2 + d] - pads[d] - pads[d + nd]
+                y = y.narrow(2 + d, pads[d], size)
+            return y.numpy()
+        if conv["auto_pad"].startswith("SAME"):
+            for d in range(nd):
+                size, k = x.shape[2 + d], weight.shape[2 + d]
+                out = math.ceil(size / strides[d])
+                total = max(0, (out - 1) * strides[d] + (k - 1) * dilations[d] + 1 - size)
+                small, large = total // 2, total - total // 2
+                lower = conv["auto_pad"] == "SAME_LOWER"
+                pads[d], pads[d + nd] = (large, small) if lower else (small, large)
+        flat: list[int] = []
+        for d in reversed(range(nd)):  # F.pad: the last dimension first
+            flat += [pads[d], pads[d + nd]]
+        x = F.pad(x, flat)
+        return fn(x, w, stride=strides, dilation=dilations, groups=conv["group"]).numpy()

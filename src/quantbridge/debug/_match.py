@@ -33,7 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
-from ._gain import elementwise_gain, linear_weight
+from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -58,6 +58,12 @@ class Site:
     matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
     # a MatMul / Gemm of one site (factors[0]) by a constant: |W| ([K, N]), ``_gain.linear_weight``
     weight: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the |W| (``_gain.conv_weight``)
+    conv: dict | None = field(default=None, compare=False, repr=False)
+    # g(u) * h(v) / g(u) +- h(v) of two sites (factors): per side (g over u's codes or None,
+    # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
+    chains: tuple | None = field(default=None, compare=False, repr=False)
+    combine: str = ""
     gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
     # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
@@ -167,6 +173,8 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             _product(node, sites, producer, consts)
             or elementwise_gain(node, sites, producer, consts, opset)
             or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
+            or conv_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
+            or two_site_chain(node, sites, producer, consts, opset)
         )
         out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}

@@ -24,6 +24,26 @@ def _badness(pair: dict[str, Any]) -> tuple[int, float, float]:
     )
 
 
+def _output_lines(tensors: list[dict[str, Any]]) -> list[str]:
+    """One line per model output: how far each engine is from the reference there (what the
+    user sees at the end, however the differences above were classed)."""
+    lines = []
+    for t in tensors:
+        if not t.get("output") or not t["pairs"]:
+            continue
+        parts = []
+        for p in t["pairs"]:
+            if p["class"] == "exact":
+                parts.append(f"{p['b']} vs {p['a']} identical")
+                continue
+            sqnr = "-" if p["sqnr_db"] is None else f"{p['sqnr_db']:.1f} dB"
+            lsb = "" if p.get("max_lsb") is None else f", max {p['max_lsb']:.2f} LSB"
+            parts.append(f"{p['b']} vs {p['a']} SQNR {sqnr}{lsb} ({p['class']})")
+        name = t["output"] if t["output"] == t["name"] else f"{t['output']} (tensor {t['name']})"
+        lines.append(f"model output {name}: " + "; ".join(parts))
+    return lines
+
+
 def _pairing_lines(tensors: list[dict[str, Any]]) -> list[str]:
     """One line per run on a float file: how its tensors were paired with the sites."""
     rules: dict[str, dict[str, int]] = {}
@@ -90,7 +110,7 @@ class CompareResult:
                     "scale": t["scale"], "a": p["a"], "b": p["b"], "class": p["class"],
                     "sqnr_db": p["sqnr_db"], "cosine": p["cosine"], "max_abs": p["max_abs"],
                     "mean_abs": p["mean_abs"], "max_lsb": p.get("max_lsb"),
-                    "matched_by": p.get("matched_by"),
+                    "carried_lsb": p.get("carried_lsb"), "matched_by": p.get("matched_by"),
                     **{f"lsb_{k}": v for k, v in share.items()},
                 })  # fmt: skip
         return rows
@@ -113,13 +133,16 @@ class CompareResult:
 
     def table(self, n: int = 10) -> list[list[str]]:
         """Header and the ``n`` worst rows as strings (``__str__`` and ``__rich__`` show it)."""
-        head = ["#", "tensor", "layer", "a", "b", "class", "max LSB", "share >1 LSB", "SQNR dB"]
+        head = ["#", "tensor", "layer", "a", "b", "class", "max LSB", "carried LSB",
+                "share >1 LSB", "SQNR dB"]  # fmt: skip
         body = []
         for r in self.worst(n):
             over = (r.get("lsb_2") or 0.0) + (r.get("lsb_>2") or 0.0)
+            carried = r.get("carried_lsb")
             body.append([
                 str(r["order"]), r["name"], r["layer"], r["a"], r["b"], r["class"],
                 "-" if r["max_lsb"] is None else f"{r['max_lsb']:.2f}",
+                "-" if not carried else f"{carried:.2f}",
                 "-" if r["max_lsb"] is None else f"{100 * over:.2f}%",
                 "-" if r["sqnr_db"] is None else f"{r['sqnr_db']:.1f}",
             ])  # fmt: skip
@@ -128,7 +151,11 @@ class CompareResult:
     def summary(self) -> list[str]:
         """Lines under the table: reference, first divergence, errors, unmatched tensors."""
         d = self._data
-        lines = [f"reference engine: {d['reference']}; engines: {', '.join(d['engines'])}"]
+        lines = [
+            "LSB: steps of each tensor's own scale; carried LSB: the most the differences of its "
+            "inputs can move it (within that + 1 LSB: 'rounding' carried from earlier tensors)",
+            f"reference engine: {d['reference']}; engines: {', '.join(d['engines'])}",
+        ]
         fd = d["first_divergence"]
         if fd is None:
             lines.append(
@@ -136,10 +163,13 @@ class CompareResult:
                 "inputs carried)"
             )
         else:
+            carried = fd.get("carried_lsb") or 0.0
             lines.append(
                 f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "
-                f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}"
+                f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}, its inputs carried "
+                f"{carried:.2f} LSB: the first tensor the two engines compute differently"
             )
+        lines.extend(_output_lines(self.tensors))
         blocked = d.get("group_wise_weights") or []
         if blocked:
             lines.append(f"group-wise weights ({len(blocked)}): " + "; ".join(blocked[:4])

@@ -17,6 +17,7 @@ import onnx
 from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
+from ._gain import chain_values, conv_bound
 from ._match import Site, find_sites, has_blocked_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -182,10 +183,13 @@ def _pick_reference(runs: list[_Run], ref_subj: Subject, reference: str | None) 
 
 
 def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[str, Any]:
+    outputs = {o.name for o in ref_subj.onnx.graph.output}
     table = {
         s.name: {
             "name": s.name, "order": s.order, "op": s.op, "layer": s.layer, "scale": s.scale,
-            "zero_point": s.zero_point if s.scale is not None else None, "pairs": [],
+            "zero_point": s.zero_point if s.scale is not None else None,
+            "output": next((n for n in (s.name, *s.aliases) if n in outputs), None),
+            "pairs": [],
         }
         for s in sites
     }  # fmt: skip
@@ -254,15 +258,35 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     product ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element
     by element (``a``, ``b`` the reference's values), a MatMul ``a @ b`` by the same with each
     product a matrix product (``|a @ b - a' @ b'| <= |da| @ |b| + |a| @ |db| + |da| @ |db|``);
+    a Linear of one site by ``|dx| @ |W|``, a convolution by ``conv(|dx|, |W|)``, a product or
+    sum of two elementwise chains of one site each (``x * sigmoid(y)``) by the product's or the
+    sum's bound with each chain's difference at most its slope times its site's (``_gain``);
     other ops that may amplify an error get no credit."""
     if s.gain is not None and len(s.inputs) == 1:
         return carried.get(s.inputs[0], 0.0) * s.gain
+    if s.chains is not None and all(f in diffs for f in s.factors):  # g(u) * h(v), g + h
+        (g, h), (dg, dh) = (
+            [
+                chain_values(ref_values[f], table, grid)
+                for f, (table, _, grid) in zip(s.factors, s.chains, strict=True)
+            ],
+            [diffs[f] * slope for f, (_, slope, _) in zip(s.factors, s.chains, strict=True)],
+        )
+        try:
+            if s.combine == "Mul":
+                bound = dg * np.abs(h) + np.abs(g) * dh + dg * dh
+            else:
+                bound = dg + dh
+        except ValueError:  # shapes that do not broadcast: no credit
+            return 0.0
+        return float(bound.max()) if bound.size else 0.0
     if s.unit_gain:
         return sum(carried.get(i, 0.0) for i in s.inputs)
-    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|
+    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|; conv(|dx|, |W|)
+        dx = diffs[s.factors[0]]
         try:
-            bound = np.matmul(diffs[s.factors[0]], s.weight)
-        except ValueError:  # shapes that do not broadcast: no credit
+            bound = np.matmul(dx, s.weight) if s.conv is None else conv_bound(dx, s.weight, s.conv)
+        except (ValueError, RuntimeError):  # shapes that do not fit: no credit
             return 0.0
         return float(bound.max()) if bound.size else 0.0
     if s.factors and all(f in diffs for f in s.factors):
@@ -297,5 +321,6 @@ def _first_divergence(table: dict[str, dict[str, Any]]) -> dict[str, Any] | None
             return {
                 "name": t["name"], "order": t["order"], "layer": t["layer"], "a": worst["a"],
                 "b": worst["b"], "max_lsb": worst["max_lsb"],
+                "carried_lsb": worst.get("carried_lsb"),
             }  # fmt: skip
     return None

@@ -7,7 +7,8 @@
   keeps its float/INT8 switch). The call signature lives inside each ONNX file's metadata;
 * metadata: ``format = "quantbridge-engine"``, ``format_version = "1"`` and, under
   ``"quantbridge"``, JSON: the engine, threads, engine options, the form in use, the class of
-  the model it was made from, versions and a SHA-256 per form.
+  the model it was made from, the quantized form's layout (``layout``; absent in files written
+  before it existed, read as None), versions and a SHA-256 per form.
 
 ``qb.load(path)`` refuses, with ``CheckpointError`` and the fix, a file from a newer format, a
 form whose bytes do not match their checksum, a header without its keys, and a ``model=`` of a
@@ -66,6 +67,7 @@ def save(model: EngineModel, path: str | os.PathLike) -> None:
         "options": model.options,
         "quantized": model.quantized,
         "source_class": model.source_class,
+        "layout": model.layout,
         "versions": {"quantbridge": __version__, "torch": torch.__version__},
         "sha256": {_KEYS[q]: _sha(data) for q, data in forms.items()},
     }
@@ -127,6 +129,7 @@ def load(path: str | os.PathLike, model: nn.Module | None = None) -> EngineModel
         header["options"],
         bool(header["quantized"]),
         saved_class,
+        header.get("layout"),
     )
 
 

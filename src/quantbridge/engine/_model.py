@@ -12,6 +12,17 @@ the user's model.
 * an ONNX file (path) or ``onnx.ModelProto``: the graph as stored is the only form (quantized if
   it holds QuantizeLinear/DequantizeLinear or QLinear*/*Integer ops, else float).
 
+``layout`` is the QDQ layout of the quantized form (``quantbridge.export``'s ``target``,
+``TARGETS``). By default the engine's own: ``to_engine(qmodel, "openvino")`` runs the OpenVINO
+layout (``openvino_layout``: Q/DQ pairs only at the inputs OpenVINO runs in int8, element-wise ops
+in float, fused into the convolutions), every other engine the canonical ONNX Runtime layout.
+OpenVINO runs the canonical file's roundings after each Add / Mul as stand-alone float
+FakeQuantize layers: the PP-OCRv4 detector's ran at 0.6x OpenVINO's float speed, the OpenVINO
+layout at 1.2-1.6x (``docs/openvino.md``). ``layout="onnxruntime"`` keeps ONNX Runtime's
+numerics in OpenVINO (to compare the engines on one file); ``layout="openvino"`` on ONNX Runtime
+runs the OpenVINO file there. An ONNX file runs as stored unless ``layout="openvino"`` is given.
+The integer program lowers only the canonical layout. The float form has no Q/DQ: no layout.
+
 The first form is exported at once (so a bad model fails at ``to_engine``); the other form and
 each engine session are built on first use and kept. ``forward`` maps args and kwargs through
 the recorded call signature (``_signature``), runs the session under ``torch.no_grad`` and
@@ -30,7 +41,8 @@ import onnx
 import torch
 from torch import nn
 
-from ..onnx import float_to_onnx, to_onnx
+from ..onnx import float_to_onnx, openvino_layout, to_onnx
+from ..onnx.exporter._export import TARGETS
 from ..torch import QuantModel, float_mode
 from ..torch._batches import inputs_from_spec
 from ..torch._model import FLOAT_SWITCHES, check_dynamic
@@ -74,6 +86,7 @@ class EngineModel(nn.Module):
         options: dict | None = None,
         quantized: bool = True,
         source_class: str = "",
+        layout: str | None = None,
     ):
         super().__init__()
         self.training = False
@@ -82,6 +95,7 @@ class EngineModel(nn.Module):
         check_options(self.engine, dict(options or {}))
         self.options = normalized_options(self.engine, options or {})
         self.source_class = source_class
+        self.layout = layout  # of the quantized form (``TARGETS``); None: an ONNX file as stored
         self._forms = dict(forms)
         self._sessions: dict[bool, Any] = {}
         self._signatures: dict[bool, CallSignature] = {}
@@ -178,9 +192,10 @@ class EngineModel(nn.Module):
 
     def extra_repr(self) -> str:
         size = _size(len(self.onnx_bytes()))
+        layout = f", layout={self.layout}" if self.layout and self.quantized else ""
         return (
             f"engine={self.engine}, precision={self.precision}, {self.signature}, "
-            f"file={size}, forms={'/'.join(self.forms)}"
+            f"file={size}, forms={'/'.join(self.forms)}{layout}"
         )
 
 
@@ -195,11 +210,14 @@ def _device(args: tuple, kwargs: dict) -> torch.device | None:
     return None
 
 
-def _quantmodel_forms(qmodel: QuantModel, example: Any, export: dict) -> dict:
+def _quantmodel_forms(qmodel: QuantModel, example: Any, export: dict, layout: str) -> dict:
     with warnings.catch_warnings():  # torch's own GraphModule copy uses a deprecated pytree API
         warnings.filterwarnings("ignore", r".*LeafSpec.* is deprecated", FutureWarning)
         snapshot = copy.deepcopy(qmodel)  # the float form is made later from these weights
-    quantized = to_onnx(snapshot, example, **export).SerializeToString()
+    proto = to_onnx(snapshot, example, **export)
+    if layout == "openvino" and any(n.op_type == "QuantizeLinear" for n in proto.graph.node):
+        proto = openvino_layout(proto)  # (a QuantModel with nothing quantized has no pair)
+    quantized = proto.SerializeToString()
 
     def float_form() -> bytes:
         with float_mode(snapshot), warnings.catch_warnings():
@@ -233,15 +251,18 @@ def to_engine(
     *,
     dynamic: str | None = None,
     opset: int | None = None,
+    layout: str | None = None,
     **options: Any,
 ) -> EngineModel:
     """``model`` as an ``EngineModel`` on ``engine`` (see the module docstring).
 
     ``dynamic`` and ``opset`` are those of ``quantbridge.export``; ``dynamic`` defaults to the
-    QuantModel's capture (``"batch"`` otherwise). ``options`` go to the engine
+    QuantModel's capture (``"batch"`` otherwise). ``layout``: the quantized form's layout, one of
+    ``TARGETS`` (default: the engine's own; module docstring). ``options`` go to the engine
     (``quantbridge.engine._backends`` lists them).
     """
     engine = engine_name(engine)
+    _check_layout(engine, layout, model)
     check_options(engine, options)  # before the export: a typo should not cost a trace
     options = normalized_options(engine, options)
     check_dynamic(model, dynamic, "to_engine")  # before the export: it costs a trace
@@ -250,7 +271,8 @@ def to_engine(
         dynamic = captured or "batch"
     export = {"dynamic": dynamic, "opset": opset}
     if isinstance(model, QuantModel):
-        forms = _quantmodel_forms(model, _example(model, example_inputs), export)
+        layout = layout or ("openvino" if engine == "openvino" else "onnxruntime")
+        forms = _quantmodel_forms(model, _example(model, example_inputs), export, layout)
         source = model.__dict__.get("_qb_source")
         source = model if source is None else source
     elif isinstance(model, nn.Module):
@@ -261,6 +283,8 @@ def to_engine(
         source = model
     elif isinstance(model, (str, os.PathLike, onnx.ModelProto)):
         proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(model)
+        if layout == "openvino":
+            proto = openvino_layout(proto)  # ValueError naming the fix for a float file
         forms = {is_quantized(proto): proto.SerializeToString()}
         source = None
     else:
@@ -269,7 +293,29 @@ def to_engine(
             f"{type(model).__name__}"
         )
     source_class = "" if source is None else type(source).__qualname__
-    return EngineModel(forms, engine, threads, options, QUANTIZED, source_class)
+    return EngineModel(forms, engine, threads, options, QUANTIZED, source_class, layout)
+
+
+def _check_layout(engine: str, layout: str | None, model: Any) -> None:
+    """ValueError for a layout that is not one of ``TARGETS``, one the integer program cannot
+    lower, or one asked of a float torch model (which has no Q/DQ to lay out)."""
+    if layout is None:
+        return
+    if layout not in TARGETS:
+        raise ValueError(
+            f"to_engine: layout={layout!r} is not a known layout; use one of {', '.join(TARGETS)}"
+            " (default: the engine's own)"
+        )
+    if engine == "integer" and layout != "onnxruntime":
+        raise ValueError(
+            f"to_engine: the integer program lowers the canonical QDQ layout, not {layout!r} "
+            "(which leaves element-wise ops in float); leave layout unset"
+        )
+    if isinstance(model, nn.Module) and not isinstance(model, QuantModel):
+        raise ValueError(
+            f"to_engine: layout={layout!r} lays out a quantized model's Q/DQ pairs; a float "
+            f"{type(model).__name__} has none (quantize it first, or leave layout unset)"
+        )
 
 
 def _read_onnx(path: str | os.PathLike) -> onnx.ModelProto:

@@ -30,6 +30,7 @@ from onnx import helper
 from torch.utils import _pytree as pytree
 
 from ..onnx.exporter import SIGNATURE_KEY
+from ..torch._positional import to_capture_layout
 
 _KINDS = {kind.name: kind for kind in type(inspect.Parameter.POSITIONAL_ONLY)}
 _UNSET = object()
@@ -119,6 +120,7 @@ class CallSignature:
             self.in_spec = pytree.treespec_loads(record["in_spec"])
             self.out_spec = _load_spec(record["out_spec"])
             self.leaves, self.out_leaves = record["inputs"], record["outputs"]
+        self.forward = None if record is None else record.get("forward")
         missing = [e["input"] for e in self.leaves if "input" in e and e["input"] not in by_name]
         if missing:
             raise ValueError(f"the ONNX graph has no input {missing[0]!r} named in its signature")
@@ -158,6 +160,9 @@ class CallSignature:
         parts = [
             f"{names[i] if i < len(names) else f'arg{i}'}: {_render(a)}" for i, a in enumerate(args)
         ]
+        if self.forward:  # keyword inputs in the user's forward order, not the batch dict's
+            rank = {p[0]: i for i, p in enumerate(self.forward)}
+            kwargs = dict(sorted(kwargs.items(), key=lambda kv: rank.get(kv[0], len(rank))))
         parts += [f"{k}: {_render(v)}" for k, v in kwargs.items()]
         return f"forward({', '.join(parts)})"
 
@@ -167,6 +172,13 @@ class CallSignature:
     def _bind(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The call in the traced layout (positional count and keyword names of the trace)."""
         n_args, names = self._layout()
+        if self.forward and args:  # positional inputs of a keyword capture: the user's order
+            try:
+                mapped = to_capture_layout(self.forward, n_args, names, tuple(args), kwargs)
+            except TypeError as e:
+                raise self._error(str(e), TypeError) from None
+            if mapped is not None:
+                args, kwargs = mapped
         if self._variadic:  # *args/**kwargs forward: the call must look like the trace
             if len(args) != n_args or set(kwargs) != set(names):
                 raise self._error(

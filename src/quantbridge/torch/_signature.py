@@ -12,7 +12,9 @@ Three checks, each with the fix in its message:
   inputs): each input tensor against the placeholder the model was captured with - rank,
   dtype, and every dimension that capture fixed. Torch's own check is a guard assertion
   (``Guard failed: x.size()[2] == 32``) or a symbolic name (``s77``); ours names the input, the
-  expected and received shapes and the ``dynamic=`` option that accepts them.
+  expected and received shapes and the ``dynamic=`` option that accepts them. A model captured
+  from keyword inputs (dict batches) called with positional ones gets them bound by the user's
+  ``forward``, as the user's model would (``_positional``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.utils._pytree import tree_map
 
 from ._batches import describe
 from ._capture import user_stacklevel
+from ._positional import forward_parameters, to_capture_layout
 
 
 def bind_first_batch(model: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -125,19 +128,22 @@ def cast_float64(args: tuple, kwargs: dict, model_dtype: torch.dtype | None, war
     return tree_map(cast, tuple(args)), tree_map(cast, dict(kwargs))
 
 
-def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """ValueError naming the input when a call does not fit the captured placeholders."""
+def check_call(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call in the capture's layout (positional inputs of a keyword capture bound by the
+    user's ``forward``, ``_positional``); ValueError naming the input when it does not fit the
+    captured placeholders."""
     spec = getattr(module, "_in_spec", None)
     if spec is None:
-        return
-    _check_positional(module, args)
+        return args, kwargs
+    args, kwargs = _positional(module, args, kwargs)
+    checked = args, kwargs
     try:
         flat = tree_flatten_spec((tuple(args), dict(kwargs)), spec)
     except Exception:  # noqa: BLE001 - a different structure: torch's own error says which
-        return
+        return checked
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat):
-        return
+        return checked
     capture = getattr(module, "qb_capture", {})
     dynamic = "file" if capture.get("made_by") == "import_onnx" else capture.get("dynamic", "batch")
     names = input_names(module) or [str(n.target) for n in placeholders]
@@ -147,25 +153,31 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
             _check_tensor(name, expected, value, dynamic)
+    return checked
 
 
-def _check_positional(module: nn.Module, args: tuple) -> None:
-    """TypeError when a model captured from keyword inputs (a dict batch) is called with
-    positional ones that its graph would take in the dict's order, not ``forward``'s."""
-    keys = list((getattr(module, "qb_capture", {}).get("inputs") or {}).get("kwargs") or {})
+def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call in the capture's layout: positional inputs beyond those the capture took are
+    bound by the user's ``forward`` (``_positional``); unchanged where the source model is
+    unknown or the call has no more positional inputs than the capture."""
+    spec = getattr(module, "qb_capture", {}).get("inputs") or {}
     source = module.__dict__.get("_qb_source")
-    if not args or not keys or source is None:
-        return
-    try:
-        params = list(inspect.signature(source.forward).parameters)
-    except (TypeError, ValueError):
-        return
-    if keys[: len(args)] != params[: len(args)]:
-        raise TypeError(
-            f"this model was captured from keyword inputs in the order {keys} (a dict batch); "
-            f"call it, and pass example_inputs, the same way: model(**batch). Positional "
-            f"inputs would be taken in that order, not as forward{tuple(params)} names them"
-        )
+    if source is None or "args" not in spec or len(args) <= len(spec["args"]):
+        return args, kwargs  # nothing to map (the common call: no signature read)
+    parameters = forward_parameters(source.forward)
+    if parameters is None:
+        return args, kwargs
+    mapped = to_capture_layout(parameters, len(spec["args"]), list(spec["kwargs"]), args, kwargs)
+    if mapped is None:
+        return args, kwargs
+    for name, entry in spec["kwargs"].items():
+        if name not in mapped[1]:
+            value = f" (captured as {name}={entry['value']!r}: pass it)" if "value" in entry else ""
+            raise TypeError(
+                f"missing input {name!r}{value}; the model was captured with the keyword inputs "
+                f"{list(spec['kwargs'])}"
+            )
+    return mapped
 
 
 def input_names(module: nn.Module) -> list[str] | None:
@@ -233,6 +245,7 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def check_call_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """``register_forward_pre_hook(check_call_hook, with_kwargs=True)``."""
-    check_call(module, args, kwargs)
+def check_call_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``register_forward_pre_hook(check_call_hook, with_kwargs=True)``: the call checked, in
+    the capture's layout."""
+    return check_call(module, args, kwargs)

@@ -156,7 +156,7 @@ def to_onnx(
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
         dynamic = qmodel.qb_capture.get("dynamic", "batch")
     args, kwargs = as_call(example_inputs, 0)
-    check_call(qmodel, args, kwargs)  # one line naming the input, not a guard assertion
+    args, kwargs = check_call(qmodel, args, kwargs)  # in the capture's layout; one-line errors
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses

@@ -12,7 +12,10 @@ writes them next to the graph, under the metadata key ``quantbridge.signature``,
 * ``inputs``: one entry per input leaf, in flattening order: ``{"input": "<graph input>"}`` for a
   tensor, ``{"constant": value}`` for a plain value that the trace baked into the graph;
 * ``outputs``: one entry per output leaf: ``{"output": i}`` (the i-th graph output) or
-  ``{"constant": value}``.
+  ``{"constant": value}``;
+* ``forward`` (a QuantModel's export): the user's own model's ``forward`` parameters with their
+  defaults (``torch._positional.forward_parameters``), so positional calls of a model captured
+  from keyword inputs bind as the user's model binds them.
 
 The engine layer (``quantbridge.engine``) reads it to call the graph like the user's model.
 """
@@ -26,6 +29,8 @@ import onnx
 import torch
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
+
+from ...torch._positional import forward_parameters
 
 SIGNATURE_KEY = "quantbridge.signature"
 
@@ -63,13 +68,18 @@ def call_signature(program: torch.export.ExportedProgram, forward) -> dict:
             index += 1
         else:
             outputs.append(_constant(getattr(spec.arg, "value", None)))
-    return {
+    record = {
         "parameters": params,
         "in_spec": pytree.treespec_dumps(program.call_spec.in_spec),
         "out_spec": pytree.treespec_dumps(program.call_spec.out_spec),
         "inputs": inputs,
         "outputs": outputs,
     }
+    source = getattr(getattr(forward, "__self__", None), "__dict__", {}).get("_qb_source")
+    parameters = None if source is None else forward_parameters(source.forward)
+    if parameters is not None:
+        record["forward"] = parameters
+    return record
 
 
 def record_signature(model: onnx.ModelProto, program: torch.export.ExportedProgram, forward):

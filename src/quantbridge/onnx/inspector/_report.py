@@ -126,6 +126,13 @@ class InspectReport:
             lines.append("concats on separate scales (ranges too far apart for one scale):")
             lines += [f"  {c}" for c in self.concats]
         lines.append(f"weights:   {len(self.weights)}" + _weight_summary(self.weights))
+        if any(not w.is_float and w.dtype == "int8" and w.bits == 7 for w in self.weights):
+            lines.append(
+                "           7-bit: int8 weights with values within [-64, 63], exact in ONNX Runtime "
+                "and OpenVINO on AVX2 CPUs without VNNI, whose u8 x s8 kernels add pairs of "
+                "products in int16 with saturation (quantbridge's default recipe; "
+                "recipe='int8' uses all 8 bits)"
+            )
         if verbose:
             lines += [f"  {w.describe()}" for w in self.weights]
         floats = self.float_weights
