@@ -189,7 +189,7 @@ def limit_observed_ranges(
     correction 18.92 / 18.17 / 17.77 -> 18.69 / 18.12 / 18.04 dB on the evaluation images (other
     images 19.00 / 19.56 / 19.50 -> 19.44 / 18.74 / 18.14; the calibration images themselves
     17.75 / 17.66 / 17.29 -> 19.07 / 18.83 / 18.38): no held-out gain; without bias correction
-    the other images 18.63 / 15.13 -> 18.94 / 18.50 (repeats 1 / 2)."""
+    the other images 17.49 / 18.63 / 15.13 -> 17.68 / 18.94 / 18.50."""
     container = gm.get_submodule(CONTAINER)
     found = {
         attr: bounds
