@@ -48,6 +48,12 @@ def check_choice(what: str, value: Any, choices: tuple) -> None:
         )
 
 
+def later_value(key: str, value: Any, off: Any) -> Any:
+    """A later recipe option read from a dict: as its off value's type, except a mode string
+    (``reader_bounds="all"``)."""
+    return value if isinstance(value, str) and key == "reader_bounds" else type(off)(value)
+
+
 def check_count(what: str, value: Any) -> None:
     """ValueError unless ``value`` is an int >= 0 (0: the option is off)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -53,12 +53,11 @@ Every preset also puts the constant operand of a quantized add / mul (``x * 0.16
 ``x * buffer``) on its own integer grid (``quantize_constants``), as ONNX Runtime's quantizer
 does, so that engines run those ops in integer (QLinearAdd / QLinearMul).
 
-``Recipe(reader_bounds=True)`` (off in every preset): with minmax activations, a value that only
-hard-swish (also ``x * clamp(x + 3, 0, 6)``), relu or clamp read is calibrated on the interval
-they tell apart (``torch._reader_ranges``; PP-OCRv4 det "default" 13.21 -> 14.94 dB, IoU 0.934
--> 0.952 ONNX Runtime node by node, but the recognizer reads 47% of 64 lines instead of 80%;
-without bias correction it lifts the recognizer 50% -> 73%: the conflict is unexplained, so
-opt-in).
+``Recipe(reader_bounds=True)`` (off in every preset): with minmax activations (``"all"``: any
+method), a value only hard-swish (``x * clamp(x + 3, 0, 6)``), relu or clamp read is calibrated on
+the interval they tell apart (``torch._reader_ranges``; PP-OCRv4 det "default" 13.21 -> 14.94 dB
+node by node, but the recognizer reads 47% of 64 lines instead of 80%; without bias correction it
+lifts the recognizer 50% -> 73%: the conflict is unexplained, so opt-in).
 
 ``Recipe(split_ranges=True)`` (off in every preset): a conv whose output channels differ widely
 in range (through hard-swish, which no per-channel scale commutes with) becomes one conv per
@@ -112,6 +111,7 @@ from ._recipe_parts import (
     check_choice,
     check_count,
     did_you_mean,
+    later_value,
 )
 from ._recipe_parts import check_keys as _check_keys
 from .numerics import PerBlock, PerChannel, PerTensor, QScheme
@@ -185,9 +185,9 @@ class Recipe:
     # fold constant ``* k`` / ``+ t`` next to a conv/linear into it (``torch._fold_affine*``); off:
     # PP-OCRv4 det mse +2.2 dB, but rec 95.3% -> 84.4% lines (64) with the same final grids
     fold_affine: bool = False
-    # minmax calibration of a value only hard-swish / relu / clamp read, on their interval
-    # (``torch._reader_ranges``); off: PP-OCRv4 det +1.7-1.9 dB, but rec (default) 80% -> 47%
-    reader_bounds: bool = False
+    # calibration of a value only hard-swish / relu / clamp read on their interval, minmax only
+    # (True) or every method ("all"): ``torch._reader_ranges``; off: rec (default) 80% -> 47%
+    reader_bounds: bool | str = False
     # a conv whose output channels differ widely in range (through hard-swish...) becomes one
     # conv per range group, each with its own grids (``torch.ptq._split_ranges``); exact in float
     split_ranges: bool = False
@@ -248,6 +248,7 @@ class Recipe:
         check_choice("Recipe.smoothquant_scope", self.smoothquant_scope, SMOOTHQUANT_SCOPES)
         check_choice("Recipe.activation_scope", self.activation_scope, ACTIVATION_SCOPES)
         check_choice("Recipe.weight_ranges", self.weight_ranges, ("minmax", "mse", "output"))
+        check_choice("Recipe.reader_bounds", self.reader_bounds, (False, True, "all"))
         check_count("Recipe.distill_steps", self.distill_steps)
         check_bias_correction(
             self.bias_correction,
@@ -332,7 +333,7 @@ class Recipe:
             smoothquant=d.get("smoothquant"),
             bias_correction=d.get("bias_correction", False),
             adaround=AdaRound.from_value(d.get("adaround"), "recipe.adaround"),
-            **{k: type(off)(d.get(k, off)) for k, off in _LATER.items()},
+            **{k: later_value(k, d.get(k, off), off) for k, off in _LATER.items()},
         )
 
     def to_json(self) -> str:

@@ -165,3 +165,35 @@ def test_reader_intervals():
     bounds = _bounded(_quantize(Readers()))
     found = {int(attr.split("convs_")[1].split("_")[0]): v for attr, v in bounds.items()}
     assert found == {i: e for i, (_, e) in READERS.items() if e is not None}, bounds
+
+
+MSE = replace(Recipe.preset("int8"), activations=replace(Recipe().activations, method="mse"))
+
+
+def _conv1_grid(q) -> tuple[float, float, tuple | None]:
+    """(lowest grid value, step, observe_bounds) of conv1's output quantizer."""
+    (attr,) = reader_bounds(q)  # the site, found from the graph whatever the option
+    quantizer = getattr(q.get_submodule(CONTAINER), attr)
+    scale = float(quantizer.scale)
+    return -int(quantizer.zero_point) * scale, scale, quantizer.observe_bounds
+
+
+def test_every_method_bounds_an_mse_calibrated_value():
+    """``reader_bounds="all"``: an mse-calibrated value only the hard-swish reads gets the bounds
+    too. conv1's outlier channel spans about [-62, -58]: 1 of 8 channels, not a rare tail, so
+    mse keeps it (grid from below -50); on the clamped values the grid starts within a step of
+    -3 (min-max of the clamped values is exactly -3; mse may clip, never extend, the range)."""
+    model = HswishBlock().eval()
+    lo_true, _, bounds_true = _conv1_grid(_quantize(model, replace(MSE, reader_bounds=True)))
+    assert bounds_true is None and lo_true < -50, lo_true  # True: minmax only, as before
+    lo, step, bounds = _conv1_grid(_quantize(model, replace(MSE, reader_bounds="all")))
+    assert bounds == (-3.0, float("inf"))
+    assert -3.0 - step <= lo <= 0.0, (lo, step)
+
+
+def test_reader_bounds_mode_round_trips_and_is_checked():
+    r = replace(MSE, reader_bounds="all")
+    assert Recipe.from_dict(r.to_dict()).reader_bounds == "all"
+    assert Recipe.from_dict(replace(MSE, reader_bounds=True).to_dict()).reader_bounds is True
+    with pytest.raises(ValueError, match="reader_bounds"):
+        replace(MSE, reader_bounds="some")

@@ -132,7 +132,7 @@ def prepare(
                 node.meta[PAD_OWN_GRID] = True
     points = place_quantizers(gm, recipe, frozenset(separate_concats))
     if recipe.reader_bounds:  # a value only relu / clamp / hard-swish reads: their interval
-        limit_observed_ranges(gm)
+        limit_observed_ranges(gm, recipe.reader_bounds == "all")
     if not points:
         warnings.warn(
             f"nothing in {type(model).__name__} is quantized: none of its ops is one the recipe "
