@@ -2,9 +2,10 @@
 
 The bench's accuracy rows (``bench.suite.accuracy.run``: same data, sizes, configurations and
 scoring as ``python -m bench --quick``) for the peer tools only (``--tools``, default ONNX
-Runtime, NNCF and ModelOpt), to re-run peers after a change in how they are fed without paying
+Runtime, NNCF and ModelOpt; ``--tools quantbridge`` for ours' rows), to re-run peers after a change in how they are fed without paying
 for ours' rows again (the OCR recognizer's quantize + export takes minutes a row on a loaded
-machine). Writes the rows as JSON (``--json``) and prints one line per row.
+machine). ``--sizes full``: the full bench's data sizes (more calibration and evaluation
+samples) instead of the quick ones; variant rows still off. Writes the rows as JSON (``--json``) and prints one line per row.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from bench.suite import accuracy, machine, peers, report_accuracy, workloads
@@ -29,11 +31,18 @@ def main() -> None:
     p.add_argument(
         "--only", default="", help="only the rows of these names (';' between: names hold commas)"
     )
+    p.add_argument(
+        "--sizes",
+        choices=("quick", "full"),
+        default="quick",
+        help="the data sizes of `python -m bench --quick` (default) or of the full bench",
+    )
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
     tools = args.tools.split(",")
+    sizes = workloads.FULL if args.sizes == "full" else workloads.QUICK
     with tempfile.TemporaryDirectory(prefix="qb-peer-rows-") as tmp:
-        w = workloads.BUILDERS[args.workload](Path(tmp), workloads.QUICK, print)
+        w = workloads.BUILDERS[args.workload](Path(tmp), sizes, print)
         w.variants = {}  # quick mode runs no variant rows (bench.__main__.plan)
         extra = tuple(n for n in args.ours_recipes.split(",") if n)
         configs = [c for c in peers.configs(True, extra) if c.tool in tools]
@@ -43,7 +52,7 @@ def main() -> None:
     result.pop("files")
     meta = {"command": "python -m bench.peer_rows " + " ".join(sys.argv[1:]),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_average": os.getloadavg(),
-            "git": machine._git(workloads.ROOT)}  # fmt: skip
+            "git": machine._git(workloads.ROOT), "sizes": asdict(sizes)}  # fmt: skip
     args.json.write_text(
         json.dumps({**meta, "workload": args.workload, **result}, indent=1, default=str)
     )
