@@ -279,7 +279,7 @@ def calibrate_and_freeze(
         sequential = recipe.bias_correction == "sequential"
         mask, check = recipe.bias_correction_mask, recipe.bias_correction_check
         shrink = recipe.bias_correction_shrink
-        with faster_kernels():  # the same values (``_kernels``)
+        with faster_kernels(qmodel):  # the same values (``_kernels``)
             correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
     if recipe.distill_steps and freeze_weights:  # last: starts from everything above
@@ -319,7 +319,7 @@ def _chain(first, rest):
 
 def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
     qmodel.eval()
-    with torch.no_grad(), faster_kernels():  # the same values (``_kernels``)
+    with torch.no_grad(), faster_kernels(qmodel):  # the same values (``_kernels``)
         for i, args, kwargs in progress_bar(calls, progress, "calibrating", total):
             check_like(args, kwargs, *reference, i)
             try:
