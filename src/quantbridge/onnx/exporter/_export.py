@@ -51,7 +51,6 @@ from ...torch._progress import stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
-from ..passes import openvino_layout
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._io_names import io_names_of, keep_source_names
@@ -386,6 +385,8 @@ def export(
     path = _check_writable(path)
     model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
     if target == "openvino":
+        from ..passes import openvino_layout  # not at import: the passes import the importer
+
         model = openvino_layout(model)
     if check:
         onnx.checker.check_model(model, full_check=True)

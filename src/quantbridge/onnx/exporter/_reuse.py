@@ -42,6 +42,7 @@ from typing import Any
 import sympy
 import torch
 from torch._export.verifier import SpecViolationError
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import graph_signature as gs
 from torch.utils import _pytree as pytree
 
@@ -312,8 +313,43 @@ def _user_arg(node: torch.fx.Node) -> gs.TensorArgument | gs.ConstantArgument:
 
 def _lift(graph: torch.fx.Graph, fake_mode, prefix: str, name: str, tensor: torch.Tensor):
     node = graph.placeholder(prefix + re.sub(r"[^a-zA-Z0-9]", "_", name).lower())  # as export
-    node.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True)
+    node.meta["val"] = _fake(fake_mode, tensor)
     return node
+
+
+def _fake(fake_mode, tensor: torch.Tensor):
+    """``fake_mode.from_tensor(tensor, static_shapes=True)`` for a plain dense tensor that owns
+    its storage from offset 0 (a parameter or a quantizer's buffer): the same sizes, strides,
+    dtype, device, ``requires_grad`` and parameter mark, built directly. ``from_tensor`` first
+    describes the tensor for its converter (views, symbolic sizes, memo), about 10x the cost:
+    0.5 ms a tensor under load, and an export lifts every parameter and buffer (PP-OCRv4 det:
+    3,183, most of them quantizers' scales and zero points). Anything else, or a torch whose
+    ``FakeTensor`` is built otherwise, goes through ``from_tensor``."""
+    if (
+        type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        and tensor.layout == torch.strided
+        and tensor._base is None
+        and tensor.storage_offset() == 0
+        and not tensor.is_quantized
+        and not tensor.is_neg()
+        and not tensor.is_conj()
+    ):
+        try:
+            meta = torch.empty_strided(
+                tensor.shape,
+                tensor.stride(),
+                dtype=tensor.dtype,
+                device="meta",
+                requires_grad=tensor.requires_grad,
+            )
+            fake = FakeTensor(fake_mode, meta, tensor.device)
+        except Exception as e:  # noqa: BLE001 - another torch: its own conversion
+            log.debug("direct fake tensor unavailable: %s", e)
+        else:
+            if isinstance(tensor, torch.nn.Parameter):
+                fake._is_param = True  # as the converter marks a parameter's fake
+            return fake
+    return fake_mode.from_tensor(tensor, static_shapes=True)
 
 
 def _inline(graph, fake_mode, quantizer, target: str, inputs: list, lifted: dict, meta: dict):
