@@ -102,7 +102,9 @@ def _slice_shapes(graph: onnx.GraphProto) -> None:
         names = []
         for key, value in (("starts", bounds.get("start", 0)), ("ends", bounds.get("end", big))):
             names.append(f"{out}_{key}")
-            graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), names[-1]))
+            graph.initializer.append(
+                numpy_helper.from_array(np.array([value], np.int64), names[-1])
+            )
         nodes.append(helper.make_node("Slice", [full, *names], [out], name=f"{node.name}_slice"))
     del graph.node[:]
     graph.node.extend(nodes)
