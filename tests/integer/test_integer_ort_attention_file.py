@@ -19,7 +19,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, quantize_static
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
 import quantbridge as qb
 
@@ -99,3 +99,62 @@ def test_ort_quantized_attention_with_embedding_and_mask_lowers(tmp_path, padded
     diffs = np.concatenate([d.ravel() for d in diffs])
     assert diffs.max() <= 1 + 1e-6
     assert (diffs < 0.5).mean() > 0.95
+
+
+def _embedding_file(path: str) -> None:
+    rng = np.random.default_rng(0)
+    c = numpy_helper.from_array
+    inits = [c(rng.standard_normal((20, D)).astype(np.float32), "table"),
+             c((rng.standard_normal((D, D)) / 4).astype(np.float32), "w")]  # fmt: skip
+    n = helper.make_node
+    nodes = [n("Gather", ["table", "ids"], ["emb"]), n("Add", ["emb", "x"], ["h"]),
+             n("MatMul", ["h", "w"], ["y"])]  # fmt: skip
+    io = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes, "embedding",
+        [io("ids", TensorProto.INT64, [2, 8]), io("x", TensorProto.FLOAT, [2, 8, D])],
+        [io("y", TensorProto.FLOAT, [2, 8, D])], inits,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _embedding_feeds(seed: int) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(seed)
+    return {"ids": r.integers(0, 20, (2, 8)).astype(np.int64),
+            "x": r.standard_normal((2, 8, D)).astype(np.float32)}  # fmt: skip
+
+
+class _EmbeddingReader(CalibrationDataReader):
+    def __init__(self):
+        self._it = iter([_embedding_feeds(i) for i in range(4)])
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def test_ort_qoperator_embedding_codes_lower(tmp_path):
+    """ORT's QOperator file gathers the int8 table's codes by token id (no DequantizeLinear:
+    ``Gather(int8 table, ids) -> QLinearAdd``); the lowering read the gathered codes as plain
+    integers and refused their dequantization ("dequantizes IndexValue, not codes"). Program vs
+    ORT on the file, at most 1 step of the output grid (the QLinearMatMul's output, dequantized:
+    a float32 tie in ORT's QLinearAdd moves one code, ``test_integer_qoperator``).
+    Measured: max 0."""
+    src, path = str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx")
+    _embedding_file(src)
+    quantize_static(src, path, _EmbeddingReader(), quant_format=QuantFormat.QOperator)
+    model = onnx.load(path)
+    ops = {n.op_type: n for n in model.graph.node}
+    assert "QLinearAdd" in ops and ops["Gather"].input[0].endswith("_quantized")
+    (dq,) = [n for n in model.graph.node if n.output[0] == "y"]
+    y_scale = float(numpy_helper.to_array(
+        next(i for i in model.graph.initializer if i.name == dq.input[1])))  # fmt: skip
+
+    prog = qb.lower(path)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    for seed in range(10, 13):
+        feeds = _embedding_feeds(seed)
+        (ours,) = prog.run(feeds).values()
+        (expected,) = sess.run(None, feeds)
+        assert np.abs(np.asarray(ours, np.float64) - expected).max() <= y_scale * (1 + 1e-6)

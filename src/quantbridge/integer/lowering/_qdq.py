@@ -266,6 +266,12 @@ def _dequantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]
         t = b.tensor(x.name, x.dtype, scale, zero)
         b.inputs.append(Boundary(x.name, t, False))
         return [QValue(t)]
+    if isinstance(x, IndexValue) and not x.logical and x.tensor.dtype == z.dtype:
+        # integer codes computed by the graph: a Gather of an int8 table by token ids (ORT's
+        # QOperator BERT, QLinearAdd of the embeddings): the same integers on this grid
+        t = b.tensor(node.output[0], z.dtype, scale, zero)
+        b.step("cast", node_name(node), [x.tensor], t, dtype=z.dtype, logical=False)
+        return [QValue(t)]
     if isinstance(x, QValue):
         if not same_grid(x.tensor, scale, zero, z.dtype):
             t = x.tensor
