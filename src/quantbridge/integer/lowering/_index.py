@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ...numerics import quantize
 from .._program import QTensor
@@ -270,6 +271,24 @@ def _range(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         )
     start, limit, delta = (np.asarray(v.array).reshape(()) for v in ins)
     return [Const(np.arange(start, limit, delta, dtype=start.dtype))]
+
+
+@register_lowering("ConstantOfShape")
+def _constant_of_shape(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """A filled tensor of a static shape (TorchScript BERT's ``ones(input_shape)`` mask and
+    ``zeros`` token types): a constant that the ops after it fold."""
+    if not isinstance(ins[0], Const):
+        raise LoweringError(
+            f"{describe_node(node)}: its shape is not a constant; lower with "
+            "input_shapes={name: shape} (`--input-shape` on the CLI) so the shape arithmetic "
+            "in front of it folds"
+        )
+    value = attrs_of(node).get("value")
+    fill = (
+        numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    )
+    shape = tuple(int(d) for d in np.asarray(ins[0].array).reshape(-1))
+    return [Const(np.full(shape, fill[0], dtype=fill.dtype))]
 
 
 @register_lowering("Max", "Min")
