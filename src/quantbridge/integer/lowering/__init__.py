@@ -86,6 +86,12 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    # ONNX's shape inference does not know com.microsoft Q/DQ (ORT's int4 / int16 files below
+    # opset 21): every shape after them was lost. Inferred as the standard ops (same shapes)
+    contrib = [n for n in model.graph.node if n.domain == "com.microsoft"
+               and n.op_type in ("QuantizeLinear", "DequantizeLinear")]  # fmt: skip
+    if contrib:
+        model = _standard_qdq_copy(model)
     try:  # data_prop: a Reshape to a shape computed by Shape ops (torch's GroupNorm) is known
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes only sharpen bounds; lowering reports what it lacks
@@ -103,6 +109,15 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     for init in g.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
+
+
+def _standard_qdq_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for n in copy.graph.node:
+        if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.domain = ""
+    return copy
 
 
 def _recorded_scope(model: onnx.ModelProto) -> str:
