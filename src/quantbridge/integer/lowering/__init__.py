@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx._control_flow import refusal
 from ...onnx._load import parse_onnx
 from ...onnx._qonnx import qonnx_to_qcdq
 from ...onnx.importer._const_quantize import fold_constant_quantize
@@ -158,6 +159,8 @@ def _check(model: onnx.ModelProto) -> None:
             "or onnxruntime's quantize_static) and lower that file"
         )
     _refuse_blocked(nodes)
+    if not any(n.op_type in QUANTIZATION_OPS for n in nodes) and refusal(model, "lower"):
+        raise LoweringError(refusal(model, "lower"))
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
