@@ -468,14 +468,16 @@ def _if_file(path) -> None:
 
 def test_quantization_inside_if_branches_is_named_not_called_float(tmp_path):
     """fold, lower and compare said "it is a float model" of a file that quantizes only inside
-    If branches; they now name the If node and say that bodies are not read (import already
-    refused the If op by name)."""
+    If branches, and inspect's form was "float"; they now name the If node and say that bodies
+    are not read (import already refused the If op by name)."""
     from quantbridge.debug import compare
+    from quantbridge.onnx import inspect_model
 
     path = tmp_path / "if.onnx"
     _if_file(path)
     x = np.ones((2, 3), np.float32)
     assert _ort(path, x).shape == (2, 3)  # a valid model
+    assert inspect_model(path).form == "float (quantized inside If 'choose': not read)"
     with pytest.raises(ValueError, match=r"control-flow subgraphs \(If 'choose'\).*cannot fold"):
         qb.fold(path, tmp_path / "f.onnx")
     with pytest.raises(ValueError, match=r"control-flow subgraphs \(If 'choose'\).*cannot lower"):
