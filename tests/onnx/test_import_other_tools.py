@@ -412,3 +412,75 @@ def test_a_file_pinned_to_batch_1_imports_at_its_own_batch(tmp_path):
     np.testing.assert_allclose(imported(x).detach().numpy(), expected, atol=1e-5)
     with pytest.raises(ValueError, match="input 'x'.*dimension 0 is fixed to 1"):
         imported(torch.randn(2, 3, 8, 8))
+
+
+@pytest.mark.parametrize("zero_type", [np.int16, np.uint16])
+def test_int16_max_pool_stays_on_float_when_folded(tmp_path, zero_type):
+    """ORT's A16W8 CNN (``quantize_static(activation_type=QInt16)``): the fold moved MaxPool onto
+    the int16 codes (``Q -> MaxPool -> DQ``), which ONNX Runtime refuses ("Type 'tensor(int16)'
+    of input parameter ... of operator (MaxPool) ... is invalid": ONNX's MaxPool takes int8 /
+    uint8 only). Now it stays on the dequantized values and ORT runs the folded file to the
+    original's output: identical (a maximum of the same floats)."""
+    z = 0 if zero_type is np.int16 else 30000
+    inits = [_const("s", 1e-3, np.float32), _const("z", z, zero_type)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("MaxPool", ["d"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "m.onnx")
+    qb.fold(tmp_path / "m.onnx", tmp_path / "f.onnx")
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    expected = _ort(tmp_path / "m.onnx", x)
+    np.testing.assert_array_equal(_ort(tmp_path / "f.onnx", x, optimize=True), expected)
+
+
+def _if_file(path) -> None:
+    """``If(sum(x) > 0)`` whose two branches quantize (Q -> DQ -> Relu -> Q -> DQ); the main
+    graph has no quantization of its own (ORT's ``EnableSubgraph``, hand-made graphs)."""
+
+    def branch(tag: str, scale: float) -> onnx.GraphProto:
+        s, z = f"s{tag}", f"z{tag}"
+        nodes = [helper.make_node("QuantizeLinear", ["x", s, z], [f"q{tag}"]),
+                 helper.make_node("DequantizeLinear", [f"q{tag}", s, z], [f"d{tag}"]),
+                 helper.make_node("Relu", [f"d{tag}"], [f"y{tag}"])]  # fmt: skip
+        inits = [_const(s, scale, np.float32), _const(z, 0, np.int8)]
+        out = [helper.make_tensor_value_info(f"y{tag}", TensorProto.FLOAT, [2, 3])]
+        return helper.make_graph(nodes, f"branch{tag}", [], out, inits)
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="choose",
+                              then_branch=branch("t", 0.02), else_branch=branch("e", 0.05))]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [_const("zero", 0.0, np.float32)],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def test_quantization_inside_if_branches_is_named_not_called_float(tmp_path):
+    """fold, lower and compare said "it is a float model" of a file that quantizes only inside
+    If branches, and inspect's form was "float"; they now name the If node and say that bodies
+    are not read (import already refused the If op by name)."""
+    from quantbridge.debug import compare
+    from quantbridge.onnx import inspect_model
+
+    path = tmp_path / "if.onnx"
+    _if_file(path)
+    x = np.ones((2, 3), np.float32)
+    assert _ort(path, x).shape == (2, 3)  # a valid model
+    assert inspect_model(path).form == "float (quantized inside If 'choose': not read)"
+    with pytest.raises(ValueError, match=r"control-flow subgraphs \(If 'choose'\).*cannot fold"):
+        qb.fold(path, tmp_path / "f.onnx")
+    with pytest.raises(ValueError, match=r"control-flow subgraphs \(If 'choose'\).*cannot lower"):
+        qb.lower(path)
+    with pytest.raises(ValueError, match=r"control-flow subgraphs \(If 'choose'\).*cannot compare"):
+        compare(str(path), inputs={"x": x})

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..onnx._control_flow import refusal
 from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
@@ -126,6 +127,10 @@ def compare(
         subjects.append(load_subject(b, "b", data))
     data = array_inputs(data)  # plain values (use_cache=False) were for the QuantModels' export
     quantized = [s for s in subjects if s.quantized]
+    for s in subjects if not quantized else ():
+        why = refusal(s.onnx, "compare") if isinstance(s.onnx, onnx.ModelProto) else None
+        if why:
+            raise ValueError(f"{s.label}: {why}")
     if not quantized:
         raise ValueError(
             "compare needs a quantized model (QDQ or QOperator ONNX, or a QuantModel); got "

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...onnx._control_flow import refusal
 from ...onnx._load import parse_onnx
 from ...onnx._qonnx import qonnx_to_qcdq
 from ...onnx.importer._const_quantize import fold_constant_quantize
@@ -86,6 +87,12 @@ def _load(src: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    # ONNX's shape inference does not know com.microsoft Q/DQ (ORT's int4 / int16 files below
+    # opset 21): every shape after them was lost. Inferred as the standard ops (same shapes)
+    contrib = [n for n in model.graph.node if n.domain == "com.microsoft"
+               and n.op_type in ("QuantizeLinear", "DequantizeLinear")]  # fmt: skip
+    if contrib:
+        model = _standard_qdq_copy(model)
     try:  # data_prop: a Reshape to a shape computed by Shape ops (torch's GroupNorm) is known
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes only sharpen bounds; lowering reports what it lacks
@@ -103,6 +110,15 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     for init in g.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
+
+
+def _standard_qdq_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for n in copy.graph.node:
+        if n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            n.domain = ""
+    return copy
 
 
 def _recorded_scope(model: onnx.ModelProto) -> str:
@@ -143,6 +159,8 @@ def _check(model: onnx.ModelProto) -> None:
             "or onnxruntime's quantize_static) and lower that file"
         )
     _refuse_blocked(nodes)
+    if not any(n.op_type in QUANTIZATION_OPS for n in nodes) and refusal(model, "lower"):
+        raise LoweringError(refusal(model, "lower"))
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
@@ -150,7 +168,7 @@ def _check(model: onnx.ModelProto) -> None:
         )
     missing: dict[str, list[str]] = {}
     for n in nodes:
-        if n.op_type not in LOWERINGS:
+        if n.op_type not in LOWERINGS and n.op_type != "Constant":  # a Constant is a Const
             missing.setdefault(n.op_type, []).append(node_name(n))
     if missing:
         listed = "; ".join(

@@ -128,6 +128,7 @@ class MaskedScores:
     keep: QTensor
     node: str
     nan_rows: bool = False  # the fill is -inf: a row with none kept is NaN in float
+    fill: float = -math.inf  # the value where not kept (a Q of Where(keep, 0, fill) reads it)
 
 
 Value = (Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise | IndexValue

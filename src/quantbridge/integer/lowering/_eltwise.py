@@ -238,7 +238,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         if (node.op_type == "Add" and len(ins) == 2 and isinstance(v, MaskedScores)
                 and isinstance(v.scores, Const) and isinstance(ins[1 - i], QValue)):  # fmt: skip
             biased = _binary(b, node, [ins[1 - i], v.scores])[0]
-            return [MaskedScores(biased, v.keep, node_name(node), v.nan_rows)]
+            return [MaskedScores(biased, v.keep, node_name(node), v.nan_rows, v.fill)]
     composed = _compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]

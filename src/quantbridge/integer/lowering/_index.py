@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ...numerics import quantize
 from .._program import QTensor
@@ -145,14 +146,15 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     if _fill(x) or _fill(y):
         keep = _operand(b, node, cond)
         nan_rows = _nan_rows(x if _fill(x) else y)
+        fill = float(np.asarray((x if _fill(x) else y).array).reshape(()))
         if isinstance(keep, Const):  # a causal mask of static shape: a program constant
             kept = np.asarray(keep.array).astype(bool)
             kept = ~kept if _fill(x) else kept
             t = b.constant(node_name(node) + "_keep", kept.astype(np.uint8), 1.0, 0)
-            return [MaskedScores(y if _fill(x) else x, t, node_name(node), nan_rows)]
+            return [MaskedScores(y if _fill(x) else x, t, node_name(node), nan_rows, fill)]
         if _fill(x):  # Where(mask, -inf, scores): keep where the mask is false
             keep = _integer_step(b, node, [keep], "logic", bool, None, True, fn="Not")[0]
-        return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node), nan_rows)]
+        return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node), nan_rows, fill)]
     if all(isinstance(v, QValue) and not v.integer for v in (x, y)):
         return [_select_quantized(b, node, cond, x, y)]
     if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
@@ -188,11 +190,12 @@ def additive_mask(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
             zero = Const(np.asarray(t.zero_point, t.dtype))
             keep = _integer_step(b, node, [IndexValue(t), zero], "compare", bool,
                                  COMPARE["Equal"], True, fn="Equal")[0]  # fmt: skip
-            return MaskedScores(scores, keep.tensor, node_name(node))
+            fill = float((t.qmin - t.zero_point) * np.float32(t.scale))
+            return MaskedScores(scores, keep.tensor, node_name(node), fill=fill)
         if (isinstance(mask, MaskedScores) and isinstance(mask.scores, Const)
                 and not np.any(mask.scores.array)
                 and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
-            return MaskedScores(scores, mask.keep, node_name(node), mask.nan_rows)
+            return MaskedScores(scores, mask.keep, node_name(node), mask.nan_rows, mask.fill)
     return None
 
 
@@ -268,6 +271,24 @@ def _range(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         )
     start, limit, delta = (np.asarray(v.array).reshape(()) for v in ins)
     return [Const(np.arange(start, limit, delta, dtype=start.dtype))]
+
+
+@register_lowering("ConstantOfShape")
+def _constant_of_shape(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    """A filled tensor of a static shape (TorchScript BERT's ``ones(input_shape)`` mask and
+    ``zeros`` token types): a constant that the ops after it fold."""
+    if not isinstance(ins[0], Const):
+        raise LoweringError(
+            f"{describe_node(node)}: its shape is not a constant; lower with "
+            "input_shapes={name: shape} (`--input-shape` on the CLI) so the shape arithmetic "
+            "in front of it folds"
+        )
+    value = attrs_of(node).get("value")
+    fill = (
+        numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    )
+    shape = tuple(int(d) for d in np.asarray(ins[0].array).reshape(-1))
+    return [Const(np.full(shape, fill[0], dtype=fill.dtype))]
 
 
 @register_lowering("Max", "Min")

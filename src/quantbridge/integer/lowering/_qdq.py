@@ -15,7 +15,7 @@ import math
 import numpy as np
 import onnx
 
-from ...numerics import common_shift_multipliers, quantize
+from ...numerics import common_shift_multipliers, dequantize, quantize
 from .._program import Boundary, QTensor
 from ._core import (
     Builder,
@@ -25,6 +25,7 @@ from ._core import (
     IndexValue,
     IntInput,
     LoweringError,
+    MaskedScores,
     Pending,
     QConst,
     QValue,
@@ -172,6 +173,8 @@ def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) 
     x = ins[0]
     s, z = qparams(node, ins[1], ins[2] if len(ins) > 2 else None)
     four_bit = _four_bit(node, ins[2] if len(ins) > 2 else None)
+    if isinstance(x, QConst):  # DQ(weight) -> Gather / Reshape (folded) -> Q: a BERT embedding
+        x = Const(np.asarray(dequantize_const(x), np.float32))
     if isinstance(x, Const):
         axis = attrs_of(node).get("axis", 1) if s.size > 1 else None
         lo, hi = four_bit or _range(z.dtype)
@@ -199,9 +202,46 @@ def _quantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) 
         table_step(b, x.node, x.source, x.fn, out, out.qmin, out.qmax)
     elif isinstance(x, RowSquares):
         realize_row_squares(b, node, x, out)
+    elif isinstance(x, MaskedScores) and (
+        isinstance(x.scores, QValue) or isinstance(x.scores, Const) and x.scores.array.size == 1
+    ):
+        _quantize_masked(b, node, x, out)
     else:
         raise LoweringError(f"{describe_node(node)}: cannot quantize {type(x).__name__}")
     return [QValue(out, integer=True)]
+
+
+def _quantize_masked(b: Builder, node: onnx.NodeProto, x: MaskedScores, out: QTensor) -> None:
+    """A QuantizeLinear of masked scores, ``Where(keep, scores, fill)``: ONNX Runtime quantizes
+    BERT's additive mask ``Where(keep, 0, finfo.min)`` (to scale 1 when calibrated without
+    padding: the fill saturates to qmin) and the sum ``scores + mask`` (to a step ~1e36 when
+    calibrated with padding). Kept elements are the scores requantized to the output grid (a
+    one-input ``rescale_sum``); the others the fill's code: a fill <= -1e30 plus any finite
+    8- or 16-bit score is the fill in float32. Exact."""
+    name = node_name(node)
+
+    def codes(value: float) -> np.ndarray:
+        real = np.asarray(value, np.float32)
+        return np.asarray(quantize(real, np.float32(out.scale), out.zero_point, out.qmin, out.qmax))
+
+    fill = b.constant(name + "_fill", codes(x.fill).astype(out.dtype), out.scale, out.zero_point)
+    if isinstance(x.scores, Const):
+        kept_codes = codes(float(x.scores.array.reshape(()))).astype(out.dtype)
+        kept = b.constant(name + "_kept", kept_codes, out.scale, out.zero_point)
+    else:
+        kept = b.like(name + "_kept", out)
+        rescale_sum(b, name, [x.scores.tensor], kept, out.qmin, out.qmax)
+    b.step("where", name, [x.keep, kept, fill], out, dtype=out.dtype)
+
+
+def dequantize_const(c: QConst) -> np.ndarray:
+    """The float32 values ONNX's DequantizeLinear gives for integer constant codes."""
+    f32 = np.float32
+    axis = c.axis if np.size(c.scale) > 1 or np.size(c.zero_point) > 1 else None
+    scale, zero = np.asarray(c.scale, f32), np.asarray(c.zero_point, f32)
+    if axis is None:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    return np.asarray(dequantize(np.asarray(c.q, f32), scale, zero, axis=axis), f32)
 
 
 def _range(dtype: np.dtype) -> tuple[int, int]:
@@ -225,6 +265,12 @@ def _dequantize_linear(b: Builder, node: onnx.NodeProto, ins: list[Value | None]
     if isinstance(x, IntInput):
         t = b.tensor(x.name, x.dtype, scale, zero)
         b.inputs.append(Boundary(x.name, t, False))
+        return [QValue(t)]
+    if isinstance(x, IndexValue) and not x.logical and x.tensor.dtype == z.dtype:
+        # integer codes computed by the graph: a Gather of an int8 table by token ids (ORT's
+        # QOperator BERT, QLinearAdd of the embeddings): the same integers on this grid
+        t = b.tensor(node.output[0], z.dtype, scale, zero)
+        b.step("cast", node_name(node), [x.tensor], t, dtype=z.dtype, logical=False)
         return [QValue(t)]
     if isinstance(x, QValue):
         if not same_grid(x.tensor, scale, zero, z.dtype):

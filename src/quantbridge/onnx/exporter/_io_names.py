@@ -37,6 +37,7 @@ def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
     if not io_names or entry is None:
         return
     signature = json.loads(entry.value)
+    _match_graph_inputs(model.graph, signature)
     mapping = _input_mapping(signature, io_names) | _output_mapping(model, signature, io_names)
     mapping = {old: new for old, new in mapping.items() if old != new}
     wanted = set(mapping.values())
@@ -55,6 +56,19 @@ def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
         if "input" in leaf:
             leaf["input"] = mapping.get(leaf["input"], leaf["input"])
     entry.value = json.dumps(signature, sort_keys=True)
+
+
+def _match_graph_inputs(graph: onnx.GraphProto, signature: dict) -> None:
+    """Point the signature's input leaves at the graph's inputs, in order, when the names it
+    recorded are not the graph's: torch's exporter named the input of a model imported from a
+    float16 file (ModelOpt's default) ``arg_0`` while the signature kept ``x``, so the file's
+    name was never restored."""
+    stored = {i.name for i in graph.initializer}
+    actual = [i.name for i in graph.input if i.name not in stored]
+    leaves = [leaf for leaf in signature["inputs"] if "input" in leaf]
+    if len(leaves) == len(actual) and any(leaf["input"] not in actual for leaf in leaves):
+        for leaf, name in zip(leaves, actual, strict=True):
+            leaf["input"] = name
 
 
 def _input_mapping(signature: dict, io_names: dict) -> dict[str, str]:

@@ -13,6 +13,9 @@ emit that changed between opset 13 and 18, as data:
   since 14): dropped when neutral, refused otherwise. ``allowzero=1`` is neutral too when the
   constant target shape holds no 0 (the only case where the two modes differ).
 
+* Case 4 - ``Shape`` with opset 15's ``start`` / ``end`` (the torch exporter's batch size of a
+  re-exported opset-14 file, TorchScript BERT): a plain ``Shape`` then a ``Slice`` of it.
+
 Every other op must exist, unchanged, at the target opset; the schema check names the first
 that does not (e.g. LayerNormalization needs opset 17) and the fix (a higher opset).
 """
@@ -45,6 +48,8 @@ def downgrade(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
         elif target < 18 and node.op_type == "Split":
             _split_sizes_to_input(node)  # Case 2
         _drop_new_attributes(node, target, consts)  # Case 3
+    if target < 15:
+        _slice_shapes(out.graph)  # Case 4
     for imp in out.opset_import:
         if imp.domain in ("", "ai.onnx"):
             imp.version = target
@@ -81,6 +86,28 @@ def _split_sizes_to_input(node: onnx.NodeProto) -> None:
         f"Split {node.name!r} uses num_outputs (opset 18); its sizes depend on the input shape. "
         "Export with opset >= 18"
     )
+
+
+def _slice_shapes(graph: onnx.GraphProto) -> None:
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        bounds = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "Shape" or not bounds:
+            continue
+        del node.attribute[:]
+        full, out = node.output[0] + "_full", node.output[0]
+        node.output[0] = full
+        big = np.iinfo(np.int64).max
+        names = []
+        for key, value in (("starts", bounds.get("start", 0)), ("ends", bounds.get("end", big))):
+            names.append(f"{out}_{key}")
+            graph.initializer.append(
+                numpy_helper.from_array(np.array([value], np.int64), names[-1])
+            )
+        nodes.append(helper.make_node("Slice", [full, *names], [out], name=f"{node.name}_slice"))
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _drop_new_attributes(node: onnx.NodeProto, target: int, consts: dict) -> None:

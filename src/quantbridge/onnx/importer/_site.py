@@ -12,6 +12,7 @@ replaces by a ``DynamicQuantizer`` of the ``QuantModel``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...torch._dynamic import dynamic_quantize_dequantize
@@ -34,7 +35,9 @@ site.register_autograd(lambda ctx, grad: (grad, None, None))
 SITE_TARGET = torch.ops.quantbridge_import.site.default
 
 
-def _run(node: OnnxNode, x: torch.Tensor) -> torch.Tensor:
+def _run(node: OnnxNode, x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):  # a host value: a constant table gathered at positions
+        x = torch.from_numpy(np.ascontiguousarray(x))  # of a static Slice (TorchScript BERT)
     return site(x, int(node.attr("grid")), int(node.attr("observe", 1)))
 
 

@@ -58,6 +58,7 @@ from ...optables import (
     WEIGHTED_OPS,
     WeightSlots,
 )
+from .._control_flow import quantized_bodies
 from .._qonnx import QONNX_DOMAINS, qonnx_to_qcdq
 from ..importer._const_quantize import fold_constant_quantize
 from ..importer._fp16 import is_float16
@@ -390,7 +391,7 @@ def _qdq_ops(g: Graph) -> list[str]:
     return found
 
 
-def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str]) -> str:
+def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str], bodies: list[str]) -> str:
     if rules["qoperator"]:
         return "QDQ+QOperator" if rules["qdq"] or qdq_ops else "QOperator"
     if rules["qdq"] or rules["int8-float-output"]:
@@ -399,7 +400,7 @@ def _form(rules: Counter, op_counts: Counter, qdq_ops: list[str]) -> str:
         return "QDQ"
     if op_counts["MatMulNBits"]:
         return "weight-only (MatMulNBits)"
-    return "float"
+    return f"float (quantized inside {', '.join(bodies[:3])}: not read)" if bodies else "float"
 
 
 def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> InspectReport:
@@ -425,7 +426,7 @@ def inspect_model(path_or_proto: str | os.PathLike | onnx.ModelProto) -> Inspect
         ir_version=model.ir_version,
         opsets={o.domain: o.version for o in model.opset_import},
         producer=" ".join(p for p in (model.producer_name, model.producer_version) if p),
-        form=_form(rules, op_counts, qdq_ops),
+        form=_form(rules, op_counts, qdq_ops, quantized_bodies(model)),
         inputs=_tensor_infos([i for i in model.graph.input if i.name not in initializers]),
         outputs=_tensor_infos(model.graph.output),
         op_counts=dict(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from ...optables import FUSED_DYNAMIC_OPS
+from .._control_flow import refusal
 from .._load import parse_onnx
 from .._qonnx import qonnx_to_qcdq
 from ..importer._const_quantize import fold_constant_quantize
@@ -86,6 +87,8 @@ def check_foldable(g: GraphView) -> None:
             "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
             "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
+    if not {n.op_type for n in g.nodes} & set(_QDQ) and refusal(g.graph, "fold"):
+        raise ValueError(refusal(g.graph, "fold"))
     if not {n.op_type for n in g.nodes} & set(_QDQ):
         raise ValueError(
             "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "

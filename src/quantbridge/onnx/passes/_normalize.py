@@ -27,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from ._graph import GraphView, Rewrite, attribute, attributes, node
-from ._match import absorbed, clip_bounds
+from ._match import EIGHT_BIT, absorbed, clip_bounds
 from ._registry import fold_handler
 
 # ops that commute with a per-tensor affine (de)quantization: they copy, select or take maxima.
@@ -45,6 +45,13 @@ INTEGER_DATA_MOVEMENT = frozenset(
         "Identity",
     }
 )
+
+# ... on 8-bit codes only: ONNX's MaxPool takes int8 / uint8 (no int16: ORT's A16W8 files)
+EIGHT_BIT_MOVEMENT = frozenset({"MaxPool", "Resize"})
+
+
+def _codes_move(mover: onnx.NodeProto, params) -> bool:
+    return mover.op_type not in EIGHT_BIT_MOVEMENT or params.dtype in EIGHT_BIT
 
 
 def _moves_data(g: GraphView, n: onnx.NodeProto) -> bool:
@@ -66,7 +73,7 @@ def _sink_dequantize(g: GraphView, mover: onnx.NodeProto) -> Rewrite | None:
     if dq is None or not _moves_data(g, mover):
         return None
     params = g.qparams(dq)
-    if params is None:
+    if params is None or not _codes_move(mover, params):
         return None
     if not params.per_tensor:
         return _transpose_weight(g, dq, mover, params.axis)
@@ -102,7 +109,7 @@ def _raise_quantize(g: GraphView, q: onnx.NodeProto) -> Rewrite | None:
     if mover is None or not _moves_data(g, mover) or g.sole_consumer(mover.output[0]) is not q:
         return None
     params = g.qparams(q)
-    if params is None or not params.per_tensor:
+    if params is None or not params.per_tensor or not _codes_move(mover, params):
         return None
     if g.produced_by(mover.input[0], "DequantizeLinear") is not None:
         return None  # Case 1 sinks that DQ instead
