@@ -351,4 +351,9 @@ def _replace(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node) -> N
     old.replace_all_uses_with(new)
     name = old.name
     graph.erase_node(old)
+    # an erased node's name stays taken in fx's namespace: ``_rename`` would make it
+    # ``<name>_1``, and a graph output (a ConvTranspose last) then misses its output spec
+    graph._graph_namespace._used_names.discard(name)
     new._rename(name)
+    if new.name != name:
+        raise RuntimeError(f"could not rename {new.name} to {name}")  # _fast: the public path
