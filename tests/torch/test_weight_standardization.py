@@ -47,8 +47,8 @@ def test_weight_standardization_quantizes_exports_and_trains(tmp_path):
     with torch.no_grad():
         y = qmodel(x).numpy()
     qb.export(qmodel, tmp_path / "m.onnx", x)
-    options = ort.SessionOptions()  # the QDQ graph as written: ORT's fused QLinearConv on a
-    # computed (uint8, zero point != 0) weight is off by a few codes at batch > 1 (not ours)
+    options = ort.SessionOptions()  # the QDQ graph as written: ORT's fused QLinearConv may
+    # round a code 1 LSB the other way, and the GroupNorm after it amplifies such flips
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     (got,) = ort.InferenceSession(str(tmp_path / "m.onnx"), options).run(None, {"x": x.numpy()})
     # the same integer weights and scales; only float summation order differs (float output)
