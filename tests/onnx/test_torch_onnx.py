@@ -203,3 +203,60 @@ def test_fast_path_rewrites_reshape_as(fast_export, public_export):
         _run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True
     ):
         np.testing.assert_array_equal(a, b)  # 0 LSB: same integers, same operator sequence
+
+
+class _PoolsTo2x2(torch.nn.Module):
+    """VGG / AlexNet's ``AdaptiveAvgPool2d((7, 7))`` in small: an operator that torchlib leaves
+    to the decomposition, so the export takes the public path."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(self.conv(x), 2).flatten(1))
+
+
+def test_public_path_keeps_the_input_names_of_forward(public_export):
+    """Regression: the public path's decomposition trace named the graph input ``arg_0`` while
+    the recorded signature said ``x``, so ``qb.to_engine`` refused every model that took it
+    ("the ONNX graph has no input 'x' named in its signature")."""
+    torch.manual_seed(0)
+    data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    qm = qb.quantize(_PoolsTo2x2().eval(), data, progress=False)
+    model = public_export(qm, data[0])
+    assert [i.name for i in model.graph.input] == ["x"]
+    engine = qb.to_engine(qm, "onnxruntime", example_inputs=data[0])  # the default export
+    x = torch.randn(3, 3, 8, 8)
+    expected = _run(engine.onnx_model, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(engine(x).numpy(), expected)  # the same file in the same engine
+
+
+class _EndsInConvTranspose(torch.nn.Module):
+    """A decoder's last layer: the rewritten operator (``conv_transpose2d`` -> ``convolution``)
+    is the graph output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.up = torch.nn.ConvTranspose2d(4, 2, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.up(torch.relu(self.conv(x)))
+
+
+def test_fast_path_rewrites_an_operator_that_is_the_output(fast_export, public_export):
+    """Regression: the rewritten node got the name ``conv_transpose2d_1`` (fx keeps an erased
+    node's name taken), the output spec still named ``conv_transpose2d``, the translation failed
+    with a KeyError and every model ending in a ConvTranspose took the slow public path."""
+    torch.manual_seed(0)
+    data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    qm = qb.quantize(_EndsInConvTranspose().eval(), data, progress=False)
+    quick = fast_export(qm, data[0])
+    public = public_export(qm, data[0])
+    batch = torch.randn(3, 3, 8, 8)
+    for a, b in zip(
+        _run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)  # 0 LSB: same integers, same operator sequence

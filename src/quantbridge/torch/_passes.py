@@ -244,12 +244,21 @@ def _out_ndim(node: torch.fx.Node) -> int:
 
 
 def set_graph_training(gm: torch.fx.GraphModule, bn: bool, dropout: bool) -> None:
-    """Flip the ``training`` argument of batch_norm and dropout nodes of the captured graph."""
+    """Flip the ``training`` argument of batch_norm and dropout nodes of the captured graph.
+
+    A batch_norm without running statistics is left as it is: it normalizes by the statistics
+    of its input in every mode (weight standardization, ``F.batch_norm(w, None, None,
+    training=True)`` in timm's StdConv2d and HF BiT), and torch refuses it with
+    ``training=False`` ("running_mean must be defined in evaluation mode")."""
     changed = False
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target is aten.batch_norm.default and node.args[5] != bn:
+        if (
+            node.target is aten.batch_norm.default
+            and node.args[3] is not None
+            and node.args[5] != bn
+        ):
             node.args = node.args[:5] + (bn,) + node.args[6:]
             changed = True
         elif node.target is aten.dropout.default and len(node.args) > 2 and node.args[2] != dropout:

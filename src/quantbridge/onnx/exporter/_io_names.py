@@ -39,23 +39,33 @@ def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
     signature = json.loads(entry.value)
     _match_graph_inputs(model.graph, signature)
     mapping = _input_mapping(signature, io_names) | _output_mapping(model, signature, io_names)
+    mapping = rename_values(model.graph, mapping)
+    if not mapping:
+        return
+    for leaf in signature["inputs"]:
+        if "input" in leaf:
+            leaf["input"] = mapping.get(leaf["input"], leaf["input"])
+    entry.value = json.dumps(signature, sort_keys=True)
+
+
+def rename_values(graph: onnx.GraphProto, mapping: dict[str, str]) -> dict[str, str]:
+    """Rename each old name in ``mapping`` to its new one in ``graph``, in place; a value that
+    already holds a wanted name is renamed out of the way first (``<name>__<n>``). The renaming
+    done (empty, and ``graph`` unchanged, when ``mapping`` asks for one name twice or for "")."""
     mapping = {old: new for old, new in mapping.items() if old != new}
     wanted = set(mapping.values())
     if not mapping or len(wanted) != len(mapping) or "" in wanted:
-        return
+        return {}
     kept = set(mapping)
-    taken = set(_all_names(model.graph))
+    taken = set(_all_names(graph))
     for name in sorted(wanted & (taken - kept)):  # an internal value holding a wanted name
         n = 0
         while f"{name}__{n}" in taken:
             n += 1
         mapping[name] = f"{name}__{n}"
         taken.add(mapping[name])
-    _rename(model.graph, mapping)
-    for leaf in signature["inputs"]:
-        if "input" in leaf:
-            leaf["input"] = mapping.get(leaf["input"], leaf["input"])
-    entry.value = json.dumps(signature, sort_keys=True)
+    _rename(graph, mapping)
+    return mapping
 
 
 def _match_graph_inputs(graph: onnx.GraphProto, signature: dict) -> None:

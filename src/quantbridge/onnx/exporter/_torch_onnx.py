@@ -34,8 +34,10 @@ from typing import Any
 
 import onnx
 import torch
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from ...torch._ops import TRANSPOSED_CONV_OPS
+from ._io_names import rename_values
 from ._lazy_registry import lazy_registry
 from ._merged_calls import CALLS_KEY, calls_after, quantize_calls
 from ._optimize import first_output_filtered
@@ -92,8 +94,36 @@ def export_program(
         )
         keep_tiny_constants(onnx_program.model)
         model = _optimized(onnx_program)
+        _keep_input_names(model, program, onnx_program.exported_program)
     record_signature(model, program, module.forward)
     return model
+
+
+def _user_inputs(program: torch.export.ExportedProgram | None) -> list[str]:
+    specs = program.graph_signature.input_specs if program is not None else []
+    return [
+        s.arg.name
+        for s in specs
+        if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument)
+    ]
+
+
+def _keep_input_names(
+    model: onnx.ModelProto,
+    program: torch.export.ExportedProgram,
+    decomposed: torch.export.ExportedProgram | None,
+) -> None:
+    """The traced input names (``forward``'s: ``x``) back on the public path's graph inputs.
+
+    Its decomposition trace renames the user inputs (``x`` -> ``arg_0``) while the signature
+    (``record_signature``) and the fast path use the traced ones: an export by the public path
+    (any operator left to the decomposition, e.g. ``adaptive_avg_pool2d`` to 2x2) could not be
+    called by name, nor run by ``qb.to_engine``. The two lists pair up in order."""
+    traced, got = _user_inputs(program), _user_inputs(decomposed)
+    graph_inputs = {v.name for v in model.graph.input}
+    if len(traced) != len(got) or not set(got) <= graph_inputs:
+        return  # nothing to pair safely: the engine layer then says which input is missing
+    rename_values(model.graph, dict(zip(got, traced, strict=True)))
 
 
 def _optimized(onnx_program: Any) -> onnx.ModelProto:
@@ -321,4 +351,9 @@ def _replace(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node) -> N
     old.replace_all_uses_with(new)
     name = old.name
     graph.erase_node(old)
+    # an erased node's name stays taken in fx's namespace: ``_rename`` would make it
+    # ``<name>_1``, and a graph output (a ConvTranspose last) then misses its output spec
+    graph._graph_namespace._used_names.discard(name)
     new._rename(name)
+    if new.name != name:
+        raise RuntimeError(f"could not rename {new.name} to {name}")  # _fast: the public path
