@@ -16,16 +16,17 @@ import quantbridge as qb
 
 class _ParameterProducts(nn.Module):
     """``h @ self.proj`` (OpenAI CLIP's projections) and ``einsum(..., self.w)``: the parameter
-    is no weight to placement, the products run in float."""
+    is no weight to placement, the products run in float. (``h @ self.proj.t()`` is a linear
+    layer: ``_linear_products``.)"""
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 16)
-        self.proj = nn.Parameter(torch.randn(8, 16) * 0.3)
+        self.proj = nn.Parameter(torch.randn(16, 8) * 0.3)
         self.w = nn.Parameter(torch.randn(8, 4) * 0.3)
 
     def forward(self, x):
-        h = torch.relu(self.fc(x)) @ self.proj.t()
+        h = torch.relu(self.fc(x)) @ self.proj
         return torch.einsum("bd,de->be", h, self.w)
 
 
