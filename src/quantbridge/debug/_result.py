@@ -135,10 +135,15 @@ class CompareResult:
                 "first divergence: none (quantized pairs within 1 LSB, or within what their "
                 "inputs carried)"
             )
-        else:
+        else:  # a float tensor (a graph's float output) has no LSB: its largest difference
+            apart = (
+                f"{fd['max_lsb']:.2f} LSB"
+                if fd["max_lsb"] is not None
+                else f"max |difference| {fd.get('max_abs', float('nan')):.3g} (a float tensor)"
+            )
             lines.append(
                 f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "
-                f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}"
+                f"{fd['b']} is {apart} from {fd['a']}"
             )
         blocked = d.get("group_wise_weights") or []
         if blocked:
