@@ -41,11 +41,12 @@ def _is_random(node: torch.fx.Node) -> bool:
 
 
 def is_float_tensor(node) -> bool:
-    """``node`` is a float32 tensor: the float that quantizers read and write (ONNX
-    QuantizeLinear of a bfloat16 or float64 tensor has no kernel in ONNX Runtime). Other floats
-    inside a float32 model stay float: HF Falcon's ALiBi slopes ``slopes.bfloat16() * positions``
-    got a quantizer whose float32 output failed torch's own dtype check in the captured graph."""
+    """``node`` is a float32 (or float64: a model checked in float64) tensor, the floats that
+    quantizers read and write. Half-precision values inside a float32 model stay float: HF
+    Falcon's ALiBi slopes ``slopes.bfloat16() * positions`` got a quantizer whose float32 output
+    failed torch's own dtype check in the captured graph (and ONNX Runtime has no bfloat16
+    QuantizeLinear)."""
     if not isinstance(node, torch.fx.Node):
         return False
     val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+    return isinstance(val, torch.Tensor) and val.dtype in (torch.float32, torch.float64)

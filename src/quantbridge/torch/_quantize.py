@@ -303,7 +303,7 @@ def _check_float_module(model: Any) -> None:
             "scripted, or export it to ONNX and use quantize_onnx"
         )
     other = next(
-        ((n, t) for n, t in model.named_parameters() if t.is_floating_point() and t.dtype != F32),
+        ((n, t) for n, t in model.named_parameters() if t.dtype in (torch.float16, torch.bfloat16)),
         None,
     )
     if other is not None:  # LLMs are often loaded in bfloat16 / float16 (torch_dtype=...)
@@ -315,9 +315,6 @@ def _check_float_module(model: Any) -> None:
             "from_pretrained(..., torch_dtype=torch.float32)); the INT8 weights and scales are "
             "chosen from it as from the original"
         )
-
-
-F32 = torch.float32
 
 
 def _cast_calls(calls, model_dtype):
