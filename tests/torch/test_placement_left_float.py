@@ -66,3 +66,26 @@ def test_tensors_of_other_float_dtypes_stay_float():
     # few of it (measured: 0.5% of max|ref|); a bias left out (up to 5 here) would be far off
     assert (y - ref).abs().max() < 0.05 * ref.abs().max()
     assert any(name.endswith("fc.weight") for name in qm.quantizers())
+
+
+class _Experts(nn.Module):
+    """HF mixture-of-experts with ``experts_implementation='batched_mm'``: each token's expert
+    weight picked by index from a 3-D parameter, then ``bmm``."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.w = nn.Parameter(torch.randn(4, 8, 8) * 0.3)
+
+    def forward(self, x):
+        ids = self.router(x).argmax(-1)
+        return torch.bmm(x.unsqueeze(1), self.w[ids].transpose(1, 2)).squeeze(1)
+
+
+def test_expert_weights_picked_by_index_are_named_as_float():
+    """Before: no warning (the bmm read the parameter through index and transpose), the experts
+    float without a word (HF Mixtral, Qwen2-MoE with batched_mm)."""
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*bmm of the "
+                      r"parameter w, "):  # fmt: skip
+        qb.quantize(_Experts().eval(), [torch.randn(6, 8)], progress=False)
