@@ -150,6 +150,21 @@ def test_half_batches_are_cast_like_float64_and_said_once():
     torch.testing.assert_close(half(x), reference(x), rtol=0, atol=0)  # the same cast, same ints
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_is_refused_with_the_fix(dtype):
+    """A model in bfloat16 / float16 (how LLMs are usually loaded: ``torch_dtype=...``) is
+    refused before capture, naming its dtype, a weight and the fix. Before: torch's words about
+    a batch that was fine: bfloat16 'calibration batch 0 (bfloat16[2, 3, 8, 8]) does not fit the
+    model captured from (bfloat16[2, 3, 8, 8]): Input type (CPUBFloat16Type) and weight type
+    (torch.FloatTensor) should be the same ...' (the batch cast, the weights not), float16
+    'expected scalar type Half but found Float'."""
+    model = Net().eval().to(dtype)
+    data = [d.to(dtype) for d in _images()]
+    with pytest.raises(TypeError, match=rf"weights are {str(dtype)[6:]} \('\w+\.weight' is the "
+                       r"first\).*call model\.float\(\) first"):  # fmt: skip
+        _quantize(model, data)
+
+
 def test_a_generator_calibrates_as_the_same_list():
     # the default recipe runs the data twice (calibration, then bias correction): a generator is
     # consumed once, so quantize must keep what it read; exact equality with the list's result

@@ -79,3 +79,25 @@ def test_unmatched_tensors_are_named_with_their_op_and_layer():
     line = result.summary()[-1]
     assert line == "ort-qop: 2 tensors not matched (val_3 (MaxPool node_max_pool2d), other)"
     assert "val_3 (MaxPool node_max_pool2d)" in render_html(result.to_json(), None)
+
+
+def test_a_divergence_on_a_float_tensor_is_summarised_without_lsb():
+    """A graph's float output (CodeGen's final LayerNormalization: no scale, so no LSB) where two
+    engines diverge (OpenVINO and ORT, 0.038 apart) is the first divergence; the summary names
+    its largest difference. Before: ``TypeError: unsupported format string passed to
+    NoneType.__format__`` from ``quantbridge compare`` after every engine had run."""
+    tensor = {"name": "layer_norm_2", "order": 95, "op": "LayerNormalization",
+              "layer": "node_layer_norm_2", "scale": None, "zero_point": None, "pairs": []}  # fmt: skip
+    fd = {"name": "layer_norm_2", "order": 95, "layer": "node_layer_norm_2", "a": "ort-ref",
+          "b": "openvino", "max_lsb": None, "max_abs": 0.0378}  # fmt: skip
+    result = CompareResult({
+        "schema": "quantbridge.compare/1", "models": [], "engines": ["ort-ref", "openvino"],
+        "reference": "ort-ref", "errors": {}, "unmatched": {}, "tensors": [tensor],
+        "first_divergence": fd,
+    })  # fmt: skip
+    line = next(x for x in result.summary() if x.startswith("first divergence"))
+    assert line == (
+        "first divergence: layer_norm_2 (#95, layer node_layer_norm_2): openvino is "
+        "max |difference| 0.0378 from ort-ref (a float tensor): the first tensor the two "
+        "engines compute differently"
+    )

@@ -13,10 +13,13 @@ The BERT tests are marked slow (quantize + export of a 2-layer BERT: about a min
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import quantbridge as qb
 from quantbridge.zoo import DigitsCNN
@@ -197,3 +200,39 @@ def test_device_spellings_torch_users_write(digits_q, tmp_path):
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         with pytest.raises(ValueError, match="device='cuda:1': this onnxruntime has no CUDA"):
             qb.to_engine(qmodel, "onnxruntime", example_inputs=x, device="CUDA:1")(x)
+
+
+_OUTPUT_MODULE = """
+from torch.utils import _pytree as pytree
+class Out:
+    def __init__(self, a):
+        self.a = a
+pytree.register_pytree_node(
+    Out, lambda o: ([o.a], None), lambda v, c: Out(v[0]), serialized_type_name="{name}.outputs.Out"
+)
+"""
+
+
+def test_recorded_output_types_are_imported_from_their_own_module(tmp_path, monkeypatch):
+    """A file's recorded output structure naming a type that is not registered with pytree yet
+    imports the type's own module, as Hugging Face defines and registers each ``ModelOutput`` in
+    ``transformers.modeling_outputs`` (or ``transformers.models.<m>.modeling_<m>``) while
+    ``import transformers`` is lazy. Before: only the package was imported, so
+    ``qb.to_engine("gemma.int8.onnx")`` and ``quantbridge compare``'s torch engines failed in a
+    fresh process with 'Deserializing transformers.modeling_outputs.BaseModelOutputWithPast in
+    pytree is not registered' for every exported HF model (sweep of HF language models). A
+    package of our own stands in for transformers: its package import registers nothing."""
+    from quantbridge.engine import _signature
+
+    name = f"qb_outputs_{tmp_path.name}"  # unique per run: pytree registrations are global
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "outputs.py").write_text(_OUTPUT_MODULE.format(name=name))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_signature, "_OUTPUT_PACKAGES", (name,))
+    leaf = {"type": None, "context": None, "children_spec": []}
+    out = {"type": f"{name}.outputs.Out", "context": "null", "children_spec": [leaf]}
+    tuple_spec = {"type": "builtins.tuple", "context": "null", "children_spec": [out, leaf]}
+    spec = _signature._load_spec(json.dumps([1, tuple_spec]))
+    value = pytree.tree_unflatten([torch.ones(1), torch.zeros(1)], spec)
+    assert type(value[0]).__module__ == f"{name}.outputs" and value[0].a.item() == 1.0

@@ -225,3 +225,43 @@ def test_string_padding_convs_become_integer_padding_convs_with_the_same_output(
     x = torch.randn(3, 3, 13, 9)
     for got, want in zip(gm(x), model(x), strict=True):
         assert torch.equal(got, want)
+
+
+class _FalconLinear(nn.Linear):
+    """Hugging Face Falcon's ``FalconLinear``: ``nn.Linear`` with ``input @ self.weight.T``."""
+
+    def forward(self, x):
+        h = x @ self.weight.T
+        return h if self.bias is None else h + self.bias
+
+
+class _TransposedProducts(nn.Module):
+    def __init__(self, linear=_FalconLinear):
+        super().__init__()
+        self.a, self.b, self.c = linear(6, 8), linear(8, 8, bias=False), linear(8, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.mm(h.flatten(0, 1), self.b.weight.t()).view(h.shape)  # mm(x, t(w)), no bias
+        return self.c(h)
+
+
+def test_products_with_a_transposed_parameter_are_quantized_as_linear_layers():
+    """``x @ w.T (+ b)`` (Falcon's linears, ``mm(x, w.t())``) is quantized as the nn.Linear it
+    computes: weight and int32 bias quantizers, and the same quantized output, bit for bit, as
+    the model written with nn.Linear (same weights, same recipe: the same captured ops). Before:
+    no quantizer, every such layer float without a word (HF Falcon: 8 of 8 linears)."""
+    import quantbridge as qb
+    from quantbridge.torch._fakequant import BiasQuantizer, WeightQuantizer
+
+    torch.manual_seed(0)
+    falcon = _TransposedProducts().eval()
+    plain = _TransposedProducts(nn.Linear).eval()
+    plain.load_state_dict(falcon.state_dict())
+    batches = [torch.randn(2, 4, 6) for _ in range(2)]
+    qf = qb.quantize(falcon, batches, progress=False)
+    qp = qb.quantize(plain, batches, progress=False)
+    kinds = [type(q) for q in qf.quantizers().values()]
+    assert kinds.count(WeightQuantizer) == 3 and kinds.count(BiasQuantizer) == 2
+    x = torch.randn(3, 4, 6)
+    assert torch.equal(qf(x), qp(x))

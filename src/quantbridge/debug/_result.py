@@ -162,12 +162,17 @@ class CompareResult:
                 "first divergence: none (quantized pairs within 1 LSB, or within what their "
                 "inputs carried)"
             )
-        else:
+        else:  # a float tensor (a graph's float output) has no LSB: its largest difference
             carried = fd.get("carried_lsb") or 0.0
+            apart = (
+                f"{fd['max_lsb']:.2f} LSB from {fd['a']}, its inputs carried {carried:.2f} LSB"
+                if fd["max_lsb"] is not None
+                else f"max |difference| {fd.get('max_abs', float('nan')):.3g} from {fd['a']} "
+                "(a float tensor)"
+            )
             lines.append(
                 f"first divergence: {fd['name']} (#{fd['order']}, layer {fd['layer']}): "
-                f"{fd['b']} is {fd['max_lsb']:.2f} LSB from {fd['a']}, its inputs carried "
-                f"{carried:.2f} LSB: the first tensor the two engines compute differently"
+                f"{fd['b']} is {apart}: the first tensor the two engines compute differently"
             )
         lines.extend(_output_lines(self.tensors))
         blocked = d.get("group_wise_weights") or []

@@ -325,7 +325,7 @@ def _first_divergence(table: dict[str, dict[str, Any]]) -> dict[str, Any] | None
             worst = max(bad, key=lambda p: p["max_lsb"] if p["max_lsb"] is not None else 0.0)
             return {
                 "name": t["name"], "order": t["order"], "layer": t["layer"], "a": worst["a"],
-                "b": worst["b"], "max_lsb": worst["max_lsb"],
+                "b": worst["b"], "max_lsb": worst["max_lsb"], "max_abs": worst["max_abs"],
                 "carried_lsb": worst.get("carried_lsb"),
             }  # fmt: skip
     return None

@@ -76,20 +76,24 @@ def _render(x: Any) -> str:
 
 
 def _load_spec(text: str) -> pytree.TreeSpec:
-    """``treespec_loads``; a type from an allowed package that is not imported yet is imported
-    (Hugging Face registers its ``ModelOutput`` classes with pytree on import)."""
+    """``treespec_loads``; a type from an allowed package that is not registered yet has its
+    module imported: Hugging Face registers each ``ModelOutput`` class with pytree when the class
+    is defined, and ``import transformers`` is lazy (``transformers.modeling_outputs``, or a
+    model's own ``transformers.models.mamba.modeling_mamba``, is what defines them)."""
     try:
         return pytree.treespec_loads(text)
     except Exception as first:  # noqa: BLE001 - the type may simply not be registered yet
-        types = {t.split(".")[0] for t in _types(json.loads(text)[1])}
-        wanted = [p for p in _OUTPUT_PACKAGES if p in types]
-        for package in wanted:
-            importlib.import_module(package)
+        types = _types(json.loads(text)[1])
+        wanted = sorted(
+            {t.rpartition(".")[0] for t in types if t.split(".")[0] in _OUTPUT_PACKAGES}
+        )
         if not wanted:
             raise ValueError(
                 f"the model's recorded output structure uses types {sorted(types)} that are not "
                 "registered with torch.utils._pytree; import the module that defines them first"
             ) from first
+        for module in wanted:
+            importlib.import_module(module)
         return pytree.treespec_loads(text)
 
 

@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_map
 from ._batches import describe
 from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
+from ._linear_products import linear_products
 from ._passes import out_of_place
 from ._sdpa import decompose_sdpa
 
@@ -155,6 +156,7 @@ def capture(
     if explicit_padding:
         explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
+    linear_products(gm)  # x @ w.T (Falcon's linears) -> aten.linear: the tables know it
     return gm
 
 

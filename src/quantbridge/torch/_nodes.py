@@ -41,7 +41,12 @@ def _is_random(node: torch.fx.Node) -> bool:
 
 
 def is_float_tensor(node) -> bool:
+    """``node`` is a float32 (or float64: a model checked in float64) tensor, the floats that
+    quantizers read and write. Half-precision values inside a float32 model stay float: HF
+    Falcon's ALiBi slopes ``slopes.bfloat16() * positions`` got a quantizer whose float32 output
+    failed torch's own dtype check in the captured graph (and ONNX Runtime has no bfloat16
+    QuantizeLinear)."""
     if not isinstance(node, torch.fx.Node):
         return False
     val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.is_floating_point()
+    return isinstance(val, torch.Tensor) and val.dtype in (torch.float32, torch.float64)

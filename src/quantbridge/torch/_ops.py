@@ -358,6 +358,8 @@ _CONSTANT_PRODUCT_OPS: frozenset = frozenset(
 
 
 _TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+# how a product may read a parameter: transposed, or rows picked by index (HF MoE ``batched_mm``)
+_VIEWS = _TRANSPOSES | {aten.numpy_T.default, aten.index.Tensor, aten.unsqueeze.default}
 
 
 # torch's names of a recurrent layer's weights (nn.RNNBase: ``weight_ih_l0``, ``weight_hh_l1_reverse``):
@@ -369,7 +371,7 @@ def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
     found = []
     for a in node.args[1] if node.target is aten.einsum.default else node.args[:2]:
-        while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _TRANSPOSES:
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _VIEWS:
             a = a.args[0]
         if isinstance(a, torch.fx.Node) and a.op == "get_attr":
             found.append(a)

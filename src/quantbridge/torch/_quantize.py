@@ -304,6 +304,19 @@ def _check_float_module(model: Any) -> None:
             "torch.jit.trace), which torch.export cannot capture; pass the nn.Module you "
             "scripted, or export it to ONNX and use quantize_onnx"
         )
+    other = next(
+        ((n, t) for n, t in model.named_parameters() if t.dtype in (torch.float16, torch.bfloat16)),
+        None,
+    )
+    if other is not None:  # LLMs are often loaded in bfloat16 / float16 (torch_dtype=...)
+        name, t = other
+        dtype = str(t.dtype).replace("torch.", "")
+        raise TypeError(
+            f"the model's weights are {dtype} ({name!r} is the first); quantbridge calibrates "
+            "and simulates INT8 on a float32 model: call model.float() first (Hugging Face: "
+            "from_pretrained(..., torch_dtype=torch.float32)); the INT8 weights and scales are "
+            "chosen from it as from the original"
+        )
 
 
 def _cast_calls(calls, model_dtype):

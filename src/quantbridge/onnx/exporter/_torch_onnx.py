@@ -84,14 +84,20 @@ def export_program(
         )
     model = _fast(program, opset) if FAST_PATH else None
     if model is None:
-        onnx_program = torch.onnx.export(
-            program,
-            dynamo=True,
-            custom_translation_table=translation_table(opset),
-            opset_version=opset,
-            optimize=False,  # optimized below, after keep_tiny_constants (as torch would)
-            verbose=False,
-        )
+        try:
+            onnx_program = torch.onnx.export(
+                program,
+                dynamo=True,
+                custom_translation_table=translation_table(opset),
+                opset_version=opset,
+                optimize=False,  # optimized below, after keep_tiny_constants (as torch would)
+                verbose=False,
+            )
+        except Exception as e:
+            untranslated = _untranslated_ops(program, str(e))
+            if not untranslated:
+                raise
+            raise ValueError(untranslated) from e
         keep_tiny_constants(onnx_program.model)
         model = _optimized(onnx_program)
         _keep_input_names(model, program, onnx_program.exported_program)
@@ -357,3 +363,39 @@ def _replace(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node) -> N
     new._rename(name)
     if new.name != name:
         raise RuntimeError(f"could not rename {new.name} to {name}")  # _fast: the public path
+
+
+# custom ops of libraries that have an ONNX-exportable form, and how to select it
+_OP_FIXES = {
+    "transformers.grouped_mm": (
+        "Hugging Face mixture-of-experts layers (Mixtral, Qwen2-MoE ...) run their experts "
+        "through this op by default: load the model with experts_implementation='batched_mm' "
+        "(from_pretrained(..., experts_implementation='batched_mm'), or the config's "
+        "experts_implementation); the experts' 3-D weights stay float either way"
+    ),
+}
+
+
+def _untranslated_ops(program: torch.export.ExportedProgram, message: str) -> str | None:
+    """One line naming the op torch's translator found no ONNX function for (``DispatchError:
+    No ONNX function found for <OpOverload(op='ns.name', ...)>``), the layers that call it
+    and the fix; None for any other failure."""
+    marker = "No ONNX function found for <OpOverload(op='"
+    if marker not in message:
+        return None
+    op = message.split(marker, 1)[1].split("'", 1)[0]
+    layers = []
+    for node in program.graph.nodes:
+        target = str(node.target)  # ns.name.overload
+        if node.op == "call_function" and (target == op or target.startswith(op + ".")):
+            stack = node.meta.get("nn_module_stack") or {}
+            path = list(stack.values())[-1][0] if stack else node.name
+            if path not in layers:
+                layers.append(path)
+    fix = next((v for k, v in _OP_FIXES.items() if op.startswith(k)), None)
+    fix = fix or "write that computation with torch operators, or leave it out of the model"
+    where = ", ".join(layers[:4]) + (" ..." if len(layers) > 4 else "")
+    return (
+        f"export: the op {op} (in {where or 'the model'}) has no ONNX translation in "
+        f"torch.onnx; {fix}"
+    )
