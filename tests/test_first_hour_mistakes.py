@@ -125,6 +125,32 @@ def test_data_of_the_wrong_dtype_or_shape_names_the_layer(batch, expected, capfd
     assert "fake_tensor" not in capfd.readouterr().err  # torch's own log of the failure is silent
 
 
+class BiasFreeConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_integer_images_past_a_bias_free_conv_or_into_a_linear_name_the_float_fix():
+    # session 13: a bias-free conv lets uint8 images through capture and torch.mean refuses them
+    # ("could not infer output dtype"): the message was torch.export's control-flow advice; a
+    # Linear's int64 input passed capture and calibration said "does not fit the model captured
+    # from (int64[2, 4])", the same description twice and no fix
+    fix = r"pass float32 tensors \(x.float\(\); images as integers need x.float\(\) / 255"
+    images = torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8)
+    with pytest.raises(qb.CaptureError, match=r"uint8\[2, 3, 8, 8\]\) do not have the dtype") as e:
+        _quantize(BiasFreeConv(), [images])
+    assert re.search(fix, str(e.value)) and "control flow" not in str(e.value)
+    with pytest.raises(
+        ValueError, match=r"batch 0 \(int64\[2, 4\]\) does not have the dtype.*" + fix
+    ):
+        _quantize(nn.Linear(4, 2), [torch.randint(0, 9, (2, 4))])
+
+
 def test_wrong_feature_size_in_a_sequential_names_the_linear():
     with pytest.raises(
         qb.CaptureError, match=r"float32\[2, 5\]\) do not have the shape layer '0' \(Linear\)"
