@@ -83,6 +83,14 @@ def test_dict_batches_with_labels_name_the_key_and_the_transform():
     _quantize(Net(), loader, transform=lambda b: {k: b[k] for k in ["x"]}, recipe="int8")  # works
 
 
+def test_dict_batches_named_differently_from_forward_name_the_renaming():
+    # session 13: keys ['input'] for forward(x) suggested "{k: b[k] for k in []}", an empty batch
+    with pytest.raises(TypeError, match=r"keys \['input'\] is an input of forward \['x'\]") as e:
+        _quantize(Net(), [{"input": torch.randn(2, 3, 8, 8)}])
+    assert "rename them, e.g. transform=lambda b: {'x': b['input']}" in str(e.value)
+    assert "for k in []" not in str(e.value)
+
+
 def test_tensor_batches_for_a_keyword_only_forward_name_the_dict():
     with pytest.raises(TypeError, match=r"keyword-only inputs \['x'\].*lambda b: \{'x': b\}"):
         _quantize(KeywordOnly(), [torch.randn(2, 4)])

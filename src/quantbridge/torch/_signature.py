@@ -67,6 +67,13 @@ def _keyword_fix(signature: inspect.Signature, args: tuple, kwargs: dict) -> str
     extra = [k for k in kwargs if k not in names]
     if kwargs and extra and not args:
         keep = [k for k in kwargs if k in names]
+        missing = [n for n in names if n not in kwargs]
+        if not keep:  # no key is an input: the keys are named differently from forward's inputs
+            pairs = ", ".join(f"{n!r}: b[{k!r}]" for n, k in zip(missing, extra, strict=False))
+            return (
+                f". None of the batch's keys {extra} is an input of forward {names}: rename them, "
+                f"e.g. transform=lambda b: {{{pairs}}}"
+            )
         return (
             f". The batch's keys {extra} are not inputs of forward (labels?): pass "
             f"transform=lambda b: {{k: b[k] for k in {keep}}} to calibrate on the inputs only"
