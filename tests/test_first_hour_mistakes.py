@@ -254,6 +254,21 @@ def test_an_engine_of_a_static_export_names_the_dynamic_option():
         fast(torch.randn(5, 4))
 
 
+def test_export_takes_progress_false_and_names_the_fix_for_a_float_model(tmp_path, capfd):
+    # session 13: the README's "progress=False turns it off for one call" (capture, calibration
+    # and export) was a TypeError on qb.export; exporting the float model said only that export
+    # expects a QuantModel
+    x = torch.randn(2, 4)
+    model = nn.Sequential(nn.Linear(4, 4)).eval()
+    with pytest.raises(TypeError, match=r"got Sequential: quantize it first.*\.save_onnx\(path\)"):
+        qb.export(model, tmp_path / "float.onnx", example_inputs=x)
+    qmodel = _quantize(model, [x], recipe="int8")
+    capfd.readouterr()
+    qb.export(qmodel, tmp_path / "m.onnx", example_inputs=x, progress=False, check=False)
+    assert "quantbridge:" not in capfd.readouterr().err
+    assert (tmp_path / "m.onnx").exists()
+
+
 # -- recipes -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "expected"),
