@@ -366,6 +366,7 @@ def test_every_reader_says_a_file_is_not_onnx_in_one_line(onnx_files, name, caps
         lambda: qb.quantize_onnx(path, {}, progress=False),
         lambda: qb.import_onnx(path),
         lambda: qb.fold(path, onnx_files / "out.onnx"),
+        lambda: qb.to_engine(path, "onnxruntime"),  # session 13: "is not an ONNX model (...)"
     ):
         with pytest.raises(ValueError, match=f"{name}' is not a readable ONNX model.*truncated"):
             call()
@@ -374,6 +375,17 @@ def test_every_reader_says_a_file_is_not_onnx_in_one_line(onnx_files, name, caps
         assert main(argv) != 0
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.count("\n") == 1 and "not a readable ONNX" in err
+
+
+def test_every_reader_names_external_data_that_is_missing(onnx_files, tmp_path):
+    # session 13: to_engine said the file "is not an ONNX model (ValidationError: ...)"
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx.load(onnx_files / "int8.onnx"), path, save_as_external_data=True,
+              location="m.data", size_threshold=0)  # fmt: skip
+    (tmp_path / "m.data").unlink()
+    for call in (lambda: qb.to_engine(path, "onnxruntime"), lambda: qb.import_onnx(path)):
+        with pytest.raises(ValueError, match="keeps tensors in external data files that cannot"):
+            call()
 
 
 # -- the command line's help -------------------------------------------------------------------
