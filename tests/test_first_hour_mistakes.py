@@ -388,6 +388,17 @@ def test_every_reader_names_external_data_that_is_missing(onnx_files, tmp_path):
             call()
 
 
+def test_every_command_checks_its_output_folder_first(onnx_files, capsys):
+    # session 13: `lower -o nowhere/m.onnx` lowered, then said "[Errno 2] No such file or
+    # directory"; `fold` the same after folding
+    int8, out = str(onnx_files / "int8.onnx"), str(onnx_files / "nowhere" / "out.onnx")
+    for argv in (["fold", int8, "-o", out], ["lower", int8, "-o", out],
+                 ["compare", int8, "--inputs", "calib.npz", "--report", out]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "nowhere' does not exist; create it first" in err, err
+
+
 # -- the command line's help -------------------------------------------------------------------
 def test_every_help_describes_its_command_and_shows_an_example(capsys):
     from quantbridge.cli import EXAMPLES, _parser

@@ -335,10 +335,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    missing = _missing_output_folder(args)
+    if missing:  # before the work: lowering or calibrating first and then failing costs minutes
+        return _fail(args.command, missing)
     with quiet_torch(), warnings.catch_warnings():  # quiet_torch: the demo's other torch calls
         warnings.simplefilter("default")
         warnings.showwarning = _warning_printer(args.command)
         return args.run(args)
+
+
+def _missing_output_folder(args: argparse.Namespace) -> str:
+    """The error for an output file (``-o``, ``--report``, ``--json FILE``) whose folder does not
+    exist; '' when every folder does."""
+    for option in ("output", "report", "json"):
+        path = getattr(args, option, None)
+        if not isinstance(path, str):  # --json of demo / inspect is a switch
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            flag = "-o" if option == "output" else f"--{option}"
+            return f"{flag} {path}: folder {folder!r} does not exist; create it first"
+    return ""
 
 
 def _warning_printer(command: str):
