@@ -246,6 +246,15 @@ def test_quantizing_a_quantized_or_scripted_model_names_the_fix():
         _quantize(scripted, [torch.randn(2, 4)])
 
 
+def test_calling_a_quantmodel_with_a_numpy_array_names_torch_from_numpy():
+    # session 13: the captured graph failed inside torch with "'int' object is not callable"
+    qmodel = _quantize(nn.Sequential(nn.Linear(4, 4)), [torch.randn(2, 4)], recipe="int8")
+    with pytest.raises(
+        TypeError, match=r"input 'input' is a numpy array float32\[2, 4\].*from_numpy"
+    ):
+        qmodel(np.zeros((2, 4), np.float32))
+
+
 def test_an_engine_of_a_static_export_names_the_dynamic_option():
     x = torch.randn(2, 4)
     static = _quantize(nn.Sequential(nn.Linear(4, 4)), [x], dynamic="none")

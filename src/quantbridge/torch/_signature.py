@@ -23,6 +23,7 @@ import inspect
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.fx._pytree import tree_flatten_spec
@@ -160,6 +161,12 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dic
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
             _check_tensor(name, expected, value, dynamic)
+        elif isinstance(expected, torch.Tensor) and isinstance(value, np.ndarray):
+            # the graph would fail deep inside torch ("'int' object is not callable")
+            raise TypeError(
+                f"input {name!r} is a numpy array {value.dtype}{list(value.shape)}; the model "
+                f"takes torch tensors: pass torch.from_numpy(x)"
+            )
     return checked
 
 
