@@ -294,6 +294,17 @@ def test_misspelled_recipe_names_suggest_the_right_one(make, expected):
         make()
 
 
+def test_a_bare_qscheme_where_a_tensor_recipe_goes_shows_the_wrapping():
+    # session 13: Rule(weights=QScheme(4)) was accepted and failed later; Recipe said only "must
+    # be a TensorRecipe"
+    four_bit = qb.QScheme(4, True, True)
+    for make in (lambda: qb.Rule(pattern="fc", weights=four_bit),
+                 lambda: qb.Recipe(weights=four_bit)):  # fmt: skip
+        with pytest.raises(TypeError, match=r"weights=qb.TensorRecipe\(qb.QScheme\(...\)\)"):
+            make()
+    qb.Rule(pattern="fc", weights=qb.TensorRecipe(four_bit))  # the wrapped form is accepted
+
+
 def test_recipe_yaml_files_are_read_by_path(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text(qb.Recipe.preset("int8").to_yaml())
