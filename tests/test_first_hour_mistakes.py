@@ -159,6 +159,13 @@ def test_integer_images_past_a_bias_free_conv_or_into_a_linear_name_the_float_fi
         _quantize(nn.Linear(4, 2), [torch.randint(0, 9, (2, 4))])
 
 
+def test_a_model_on_the_meta_device_says_to_load_its_weights():
+    # session 13: "move the batches (x.to(device)) or the model": meta batches cannot calibrate
+    with pytest.raises(qb.CaptureError, match=r"on the 'meta' device .*assign=True") as e:
+        _quantize(Net().to("meta"), _images(1))
+    assert "x.to(device)" not in str(e.value)
+
+
 def test_wrong_feature_size_in_a_sequential_names_the_linear():
     with pytest.raises(
         qb.CaptureError, match=r"float32\[2, 5\]\) do not have the shape layer '0' \(Linear\)"

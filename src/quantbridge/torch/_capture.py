@@ -332,6 +332,13 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
         return f"{inputs} do not have the dtype {layer} computes in ({dtype}): " + dtype_fix(
             text, param.dtype
         )
+    if param is not None and param.device.type == "meta":
+        return (
+            "the model's weights are on the 'meta' device (shapes, no values: built under "
+            "torch.device('meta') or init_empty_weights): load them first, e.g. "
+            "model.load_state_dict(state_dict, assign=True), or model.to_empty(device='cpu') "
+            "and then load_state_dict"
+        )
     if _DEVICE.search(text) and param is not None:
         return (
             f"{inputs} are not on the model's device ({param.device}): move the batches "
