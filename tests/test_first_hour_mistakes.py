@@ -262,6 +262,24 @@ def test_calling_a_quantmodel_with_a_numpy_array_names_torch_from_numpy():
         qmodel(np.zeros((2, 4), np.float32))
 
 
+class OptionalMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):
+        y = self.fc(x)
+        return y if mask is None else y * mask
+
+
+def test_an_optional_input_given_at_calibration_says_its_default_was_not_captured():
+    # session 13: "missing input 'mask'" only, though forward's mask=None makes it optional
+    batch = {"x": torch.randn(2, 4), "mask": torch.ones(2, 4)}
+    qmodel = _quantize(OptionalMask(), [batch], recipe="int8")
+    with pytest.raises(TypeError, match=r"missing input 'mask' \(forward's default mask=None was"):
+        qmodel(torch.randn(2, 4))
+
+
 def test_an_engine_of_a_static_export_names_the_dynamic_option():
     x = torch.randn(2, 4)
     static = _quantize(nn.Sequential(nn.Linear(4, 4)), [x], dynamic="none")

@@ -184,9 +184,17 @@ def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
     mapped = to_capture_layout(parameters, len(spec["args"]), list(spec["kwargs"]), args, kwargs)
     if mapped is None:
         return args, kwargs
+    defaults = {p[0]: p[2] for p in parameters}
     for name, entry in spec["kwargs"].items():
         if name not in mapped[1]:
             value = f" (captured as {name}={entry['value']!r}: pass it)" if "value" in entry else ""
+            default = defaults.get(name, {})
+            if not value and "constant" in default:  # forward(x, mask=None) calibrated with a mask
+                value = (
+                    f" (forward's default {name}={default['constant']!r} was not captured: the "
+                    f"calibration batches gave {name}; pass it, or quantize with batches without "
+                    "it to run without it)"
+                )
             raise TypeError(
                 f"missing input {name!r}{value}; the model was captured with the keyword inputs "
                 f"{list(spec['kwargs'])}"
