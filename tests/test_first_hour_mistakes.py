@@ -444,6 +444,16 @@ def test_every_command_checks_its_output_folder_first(onnx_files, capsys):
         assert err.count("\n") == 1 and "nowhere' does not exist; create it first" in err, err
 
 
+def test_fold_says_float_logits_are_left_by_the_recipe(tmp_path, capsys):
+    # session 13: the default recipe's float logits were listed as "not folded (QDQ form)"
+    x = torch.randn(2, 3, 8, 8)
+    qb.export(_quantize(Net(), [x]), tmp_path / "m.onnx", example_inputs=x, progress=False)
+    assert main(["fold", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.qop.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "not folded" not in out
+    assert re.search(r"by the recipe, float outputs .*logits\): Gemm '", out), out
+
+
 # -- the command line's help -------------------------------------------------------------------
 def test_every_help_describes_its_command_and_shows_an_example(capsys):
     from quantbridge.cli import EXAMPLES, _parser

@@ -85,14 +85,25 @@ def _fold(args: argparse.Namespace) -> int:
     from .onnx import fold, inspect_model
 
     try:
-        fold(args.model, args.output)
+        folded = fold(args.model, args.output)
         report = inspect_model(args.output)
     except (ValueError, TypeError, OSError) as e:
         return _fail("fold", e)
     print(f"wrote {args.output} ({report.form})")
     print("op counts: " + ", ".join(f"{k} {v}" for k, v in sorted(report.op_counts.items())))
-    if report.qdq_ops:
-        print(f"not folded (QDQ form): {', '.join(report.qdq_ops)}")
+    outputs = {v.name for v in folded.graph.output}
+    ends = {  # the graph's float outputs: computed from int8 codes, written in float by design
+        f"{n.op_type} {n.name!r}" for n in folded.graph.node if n.name and set(n.output) & outputs
+    }
+    float_out = [label for label in report.qdq_ops if label in ends]
+    others = [label for label in report.qdq_ops if label not in ends]
+    if others:
+        print(f"not folded (QDQ form): {', '.join(others)}")
+    if float_out:
+        print(
+            "left in QDQ form by the recipe, float outputs (int8 inputs and weights, a float "
+            f"result, as the default recipe's logits): {', '.join(float_out)}"
+        )
     return 0
 
 
