@@ -141,6 +141,17 @@ class AdaRound:
         return cls(**value)
 
 
+def check_tensor_recipe(where: str, value: Any, optional: bool = False) -> None:
+    """TypeError naming ``where`` unless ``value`` is a TensorRecipe (or None when ``optional``);
+    a bare QScheme, the usual slip, is shown wrapped."""
+    if isinstance(value, TensorRecipe) or (optional and value is None):
+        return
+    fix = ""
+    if isinstance(value, QScheme):
+        fix = f": wrap the scheme, {where.rsplit('.', 1)[-1]}=qb.TensorRecipe(qb.QScheme(...))"
+    raise TypeError(f"{where} must be a TensorRecipe, got {value!r}{fix}")
+
+
 @dataclass(frozen=True)
 class TensorRecipe:
     """How one kind of tensor (weights or activations) is quantized and calibrated."""
@@ -201,6 +212,8 @@ class Rule:
                 raise TypeError(
                     f"Rule.{key} must be a string (e.g. 'layer4.*', 'Linear'), got {value!r}"
                 )
+        check_tensor_recipe("Rule.weights", self.weights, optional=True)
+        check_tensor_recipe("Rule.activations", self.activations, optional=True)
         if self.skip and (self.weights is not None or self.activations is not None):
             raise ValueError(
                 f"Rule {self.describe()}: 'skip' together with scheme overrides is contradictory;"

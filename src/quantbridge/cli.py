@@ -85,14 +85,25 @@ def _fold(args: argparse.Namespace) -> int:
     from .onnx import fold, inspect_model
 
     try:
-        fold(args.model, args.output)
+        folded = fold(args.model, args.output)
         report = inspect_model(args.output)
     except (ValueError, TypeError, OSError) as e:
         return _fail("fold", e)
     print(f"wrote {args.output} ({report.form})")
     print("op counts: " + ", ".join(f"{k} {v}" for k, v in sorted(report.op_counts.items())))
-    if report.qdq_ops:
-        print(f"not folded (QDQ form): {', '.join(report.qdq_ops)}")
+    outputs = {v.name for v in folded.graph.output}
+    ends = {  # the graph's float outputs: computed from int8 codes, written in float by design
+        f"{n.op_type} {n.name!r}" for n in folded.graph.node if n.name and set(n.output) & outputs
+    }
+    float_out = [label for label in report.qdq_ops if label in ends]
+    others = [label for label in report.qdq_ops if label not in ends]
+    if others:
+        print(f"not folded (QDQ form): {', '.join(others)}")
+    if float_out:
+        print(
+            "left in QDQ form by the recipe, float outputs (int8 inputs and weights, a float "
+            f"result, as the default recipe's logits): {', '.join(float_out)}"
+        )
     return 0
 
 
@@ -335,10 +346,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    missing = _missing_output_folder(args)
+    if missing:  # before the work: lowering or calibrating first and then failing costs minutes
+        return _fail(args.command, missing)
     with quiet_torch(), warnings.catch_warnings():  # quiet_torch: the demo's other torch calls
         warnings.simplefilter("default")
         warnings.showwarning = _warning_printer(args.command)
         return args.run(args)
+
+
+def _missing_output_folder(args: argparse.Namespace) -> str:
+    """The error for an output file (``-o``, ``--report``, ``--json FILE``) whose folder does not
+    exist; '' when every folder does."""
+    for option in ("output", "report", "json"):
+        path = getattr(args, option, None)
+        if not isinstance(path, str):  # --json of demo / inspect is a switch
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            flag = "-o" if option == "output" else f"--{option}"
+            return f"{flag} {path}: folder {folder!r} does not exist; create it first"
+    return ""
 
 
 def _warning_printer(command: str):

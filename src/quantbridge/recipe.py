@@ -110,6 +110,7 @@ from ._recipe_parts import (
     check_bias_correction,
     check_choice,
     check_count,
+    check_tensor_recipe,
     did_you_mean,
     later_value,
 )
@@ -221,8 +222,7 @@ class Recipe:
     def __post_init__(self) -> None:
         object.__setattr__(self, "adaround", AdaRound.from_value(self.adaround, "Recipe.adaround"))
         for what, tr in (("weights", self.weights), ("activations", self.activations)):
-            if not isinstance(tr, TensorRecipe):
-                raise TypeError(f"Recipe.{what} must be a TensorRecipe, got {tr!r}")
+            check_tensor_recipe(f"Recipe.{what}", tr)
         if isinstance(self.activations.scheme.granularity, PerChannel):
             raise ValueError(
                 "Recipe.activations: per-channel activation quantization is not supported"

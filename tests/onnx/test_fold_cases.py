@@ -571,3 +571,14 @@ def test_case3_cancelled_requantize_keeps_the_files_tensor_name():
     folded = _fold_and_check(g.model(t, 0.2), (2, 3, 6, 6), {"QLinearConv": 2, "MaxPool": 1})
     pool = next(n for n in folded.graph.node if n.op_type == "MaxPool")
     assert list(pool.input) == [conv_q] and list(pool.output) == [pool_q]
+
+
+def test_folding_a_folded_model_says_so():
+    # not applied: a second fold found nothing and wrote the file back silently (session 13).
+    # Last in the file: it draws weights from the shared RNG, which later cases' data depend on
+    g = QDQGraph((2, 8, 7, 7))
+    w = g.weight((8, 8, 3, 3))
+    once = qb.fold(g.model(g.op("Conv", [g.x, w], kernel_shape=[3, 3]), 0.1))
+    with pytest.warns(UserWarning, match=r"already folded \(QLinearConv\): nothing left to fold"):
+        twice = qb.fold(once)
+    assert twice.graph == once.graph

@@ -89,3 +89,41 @@ def test_the_quantized_files_models_name_their_inputs_and_their_load(tmp_path):
     qb.save(qmodel, tmp_path / "q.qb")
     with pytest.raises(TypeError, match=r"pass model=qb\.import_onnx\('<the \.onnx file"):
         qb.load(tmp_path / "q.qb")
+
+
+class _TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return {"hidden": h, "logits": self.b(torch.relu(h))}
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs", "outputs"),
+    [
+        # nn.Sequential's forward(input): torch.export says input_1, the last op quantize_dequantize_1
+        (lambda: torch.nn.Sequential(torch.nn.Linear(4, 4)), ["input"], ["output"]),
+        (_TwoOutputs, ["x"], ["hidden", "logits"]),  # a dict: its keys
+    ],
+    ids=["sequential", "dict"],
+)
+def test_a_torch_models_export_is_named_as_its_user_knows_it(tmp_path, model, inputs, outputs):
+    # session 13: a Sequential's file had input 'input_1' and output 'quantize_dequantize_1'
+    x = torch.randn(2, 4)
+    qmodel = qb.quantize(model().eval(), [x], recipe="int8", progress=False)
+    path = tmp_path / "m.onnx"
+    proto = qb.export(qmodel, path, example_inputs=x, progress=False, check=False)
+    assert [v.name for v in proto.graph.input] == inputs
+    assert [v.name for v in proto.graph.output] == outputs
+    got = ort.InferenceSession(str(path)).run(None, {inputs[0]: x.numpy()})
+    expected = qmodel(x)
+    expected = list(expected.values()) if isinstance(expected, dict) else [expected]
+    # the same values under the new names, in their order: ONNX Runtime and the fake quantization
+    # round the same real numbers, so they differ by at most one output step (~0.01 here) at ties
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b.detach().numpy(), atol=0.03)
+    fast = qb.to_engine(path, "onnxruntime")  # the engine calls it as the model: by forward's names
+    assert type(fast(x)) is type(qmodel(x))

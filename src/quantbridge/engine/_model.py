@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from ..onnx import float_to_onnx, openvino_layout, to_onnx
+from ..onnx._load import parse_onnx
 from ..onnx.exporter._export import TARGETS
 from ..torch import QuantModel, float_mode
 from ..torch._batches import inputs_from_spec
@@ -322,10 +323,8 @@ def _read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no ONNX file at {path!r}")
-    try:
-        return onnx.load(path)
-    except Exception as e:  # noqa: BLE001 - a decode error, re-raised with the file's name
-        raise ValueError(f"{path!r} is not an ONNX model ({type(e).__name__}: {e})") from None
+    # one wording with every other reader: not ONNX, truncated, external data not next to it
+    return parse_onnx(lambda: onnx.load(path), repr(path), "to_engine")
 
 
 FLOAT_SWITCHES.append(EngineModel)

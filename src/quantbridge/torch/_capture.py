@@ -276,7 +276,24 @@ def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | No
 
 
 # torch's messages for an input of the wrong dtype, device or shape (the data, not the code)
-_DTYPE = re.compile(r"Input type|expected scalar type|should be the same|same dtype|found dtype")
+_DTYPE = re.compile(
+    r"Input type|expected scalar type|should be the same|same dtype|found dtype"
+    r"|could not infer output dtype|must be either a floating point|not implemented for '(Byte|Char"
+    r"|Short|Int|Long)'"
+)
+
+
+def dtype_fix(text: str, model_dtype: torch.dtype | None) -> str:
+    """The fix for torch's message ``text`` about a batch of the wrong dtype ('' when it is not
+    one): integer images reach a float layer (a bias-free conv accepts them; a mean fails)."""
+    if model_dtype is None or not _DTYPE.search(text):
+        return ""
+    dtype = str(model_dtype).replace("torch.", "")
+    return (
+        f"pass {dtype} tensors (x.float(); images as integers need x.float() / 255 as in training)"
+    )
+
+
 _INDICES = re.compile(r"'indices' to have one of the following scalar types")
 _DEVICE = re.compile(r"device")
 _SHAPE = re.compile(
@@ -314,9 +331,15 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
         return f"{inputs} feed {layer} float values where it takes indices: pass int64 token ids"
     if _DTYPE.search(text) and param is not None:
         dtype = str(param.dtype).replace("torch.", "")
+        return f"{inputs} do not have the dtype {layer} computes in ({dtype}): " + dtype_fix(
+            text, param.dtype
+        )
+    if param is not None and param.device.type == "meta":
         return (
-            f"{inputs} do not have the dtype {layer} computes in ({dtype}): pass "
-            f"{dtype} tensors (x.float(); images as integers need x.float() / 255 as in training)"
+            "the model's weights are on the 'meta' device (shapes, no values: built under "
+            "torch.device('meta') or init_empty_weights): load them first, e.g. "
+            "model.load_state_dict(state_dict, assign=True), or model.to_empty(device='cpu') "
+            "and then load_state_dict"
         )
     if _DEVICE.search(text) and param is not None:
         return (

@@ -15,7 +15,7 @@ from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls
 from ._bias_fit import fit_bias_grids
 from ._bn_affine import batchnorm_as_conv
-from ._capture import capture, declared_dims_fixed, user_stacklevel
+from ._capture import capture, declared_dims_fixed, dtype_fix, user_stacklevel
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._fold_affine import fold_affine as fold_affine_ops
@@ -340,9 +340,16 @@ def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
             except ValueError as e:
                 raise ValueError(f"calibration batch {i}: {e}") from None
             except (RuntimeError, AssertionError) as e:
+                first = str(e).strip().splitlines()[0]
+                fix = dtype_fix(first, float_dtype(qmodel))
+                if fix:  # integer data the capture let through (a Linear's mm checks dtypes late)
+                    raise ValueError(
+                        f"calibration batch {i} {describe(args, kwargs)} does not have the dtype "
+                        f"the model computes in: {first}; {fix}"
+                    ) from e
                 raise ValueError(
                     f"calibration batch {i} {describe(args, kwargs)} does not fit the model "
-                    f"captured from {describe(*reference)}: {str(e).strip().splitlines()[0]}"
+                    f"captured from {describe(*reference)}: {first}"
                 ) from e
 
 

@@ -23,6 +23,7 @@ import inspect
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.fx._pytree import tree_flatten_spec
@@ -67,6 +68,13 @@ def _keyword_fix(signature: inspect.Signature, args: tuple, kwargs: dict) -> str
     extra = [k for k in kwargs if k not in names]
     if kwargs and extra and not args:
         keep = [k for k in kwargs if k in names]
+        missing = [n for n in names if n not in kwargs]
+        if not keep:  # no key is an input: the keys are named differently from forward's inputs
+            pairs = ", ".join(f"{n!r}: b[{k!r}]" for n, k in zip(missing, extra, strict=False))
+            return (
+                f". None of the batch's keys {extra} is an input of forward {names}: rename them, "
+                f"e.g. transform=lambda b: {{{pairs}}}"
+            )
         return (
             f". The batch's keys {extra} are not inputs of forward (labels?): pass "
             f"transform=lambda b: {{k: b[k] for k in {keep}}} to calibrate on the inputs only"
@@ -153,6 +161,12 @@ def check_call(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dic
         expected = node.meta.get("val")
         if isinstance(expected, torch.Tensor) and isinstance(value, torch.Tensor):
             _check_tensor(name, expected, value, dynamic)
+        elif isinstance(expected, torch.Tensor) and isinstance(value, np.ndarray):
+            # the graph would fail deep inside torch ("'int' object is not callable")
+            raise TypeError(
+                f"input {name!r} is a numpy array {value.dtype}{list(value.shape)}; the model "
+                f"takes torch tensors: pass torch.from_numpy(x)"
+            )
     return checked
 
 
@@ -170,9 +184,17 @@ def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
     mapped = to_capture_layout(parameters, len(spec["args"]), list(spec["kwargs"]), args, kwargs)
     if mapped is None:
         return args, kwargs
+    defaults = {p[0]: p[2] for p in parameters}
     for name, entry in spec["kwargs"].items():
         if name not in mapped[1]:
             value = f" (captured as {name}={entry['value']!r}: pass it)" if "value" in entry else ""
+            default = defaults.get(name, {})
+            if not value and "constant" in default:  # forward(x, mask=None) calibrated with a mask
+                value = (
+                    f" (forward's default {name}={default['constant']!r} was not captured: the "
+                    f"calibration batches gave {name}; pass it, or quantize with batches without "
+                    "it to run without it)"
+                )
             raise TypeError(
                 f"missing input {name!r}{value}; the model was captured with the keyword inputs "
                 f"{list(spec['kwargs'])}"

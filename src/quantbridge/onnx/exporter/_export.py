@@ -47,7 +47,7 @@ from ...torch._deadline import CaptureTimeout, capture_budget, deadline
 from ...torch._export_ops import code_extremes, export_mode
 from ...torch._model import QuantModel, check_dynamic
 from ...torch._placement import CONTAINER
-from ...torch._progress import stage
+from ...torch._progress import progress_enabled, progress_scope, stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
@@ -133,8 +133,10 @@ def to_onnx(
     ``quantize`` captured the model unless given (``"batch"``, ``"all"``, ``"none"``)."""
     if not isinstance(qmodel, QuantModel):
         raise TypeError(
-            f"export expects the QuantModel returned by quantbridge.quantize, got "
-            f"{type(qmodel).__name__}"
+            f"export writes the QuantModel returned by qb.quantize or qb.prepare_qat, got "
+            f"{type(qmodel).__name__}: quantize it first (qmodel = qb.quantize(model, calib)); "
+            "for the fp32 ONNX of a float model use qb.to_engine(model, 'onnxruntime', "
+            "example_inputs=x).save_onnx(path)"
         )
     check_dynamic(qmodel, dynamic, "export")
     opset = _choose_opset(qmodel, opset)
@@ -361,8 +363,11 @@ def export(
     dynamic: str | None = None,
     check: bool = True,
     target: str = "onnxruntime",
+    progress: bool | None = None,
 ) -> onnx.ModelProto:
     """Write ``qmodel`` as a QDQ ONNX file at ``path``; returns the ModelProto.
+
+    ``progress=False``: no progress line on stderr for this call (as ``quantize``'s).
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs, as in
     a calibration batch. ``onnx.checker`` runs with ``full_check=True`` unless ``check=False``.
@@ -383,7 +388,8 @@ def export(
             "(an ONNX Runtime file is the canonical QDQ form every other tool reads)"
         )
     path = _check_writable(path)
-    model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
+    with progress_scope(progress_enabled(progress)):
+        model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
     if target == "openvino":
         from ..passes import openvino_layout  # not at import: the passes import the importer
 

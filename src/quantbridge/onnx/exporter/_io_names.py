@@ -1,4 +1,4 @@
-"""The graph input and output names of an export of a model imported from ONNX: the file's own.
+"""The graph input and output names of an export: an imported file's own, else the user's.
 
 ``torch.export`` names graph inputs after ``forward``'s parameters, made python identifiers
 (``input.1`` -> ``input_1``, ``extra:0`` -> ``extra_0``; ``input`` becomes ``input_1`` because
@@ -6,7 +6,9 @@ it shadows a builtin), and graph outputs after the last op (``add``, ``conv2d``)
 came from ``qb.import_onnx`` carries the file's names (``OnnxModule.qb_io_names``, recorded by
 ``qb.quantize`` in ``qb_capture["io_names"]``); ``keep_source_names`` renames the exported
 graph's inputs and outputs back to them, with the call signature in the metadata
-(``_signature``) that the engine layer reads.
+(``_signature``) that the engine layer reads. Any other torch model gets the names its user
+knows (``user_names``): ``forward``'s parameters for the inputs, ``output`` / ``output_0`` / the
+dict's keys for the outputs.
 
 The pairing follows the recorded signature, not list positions: the i-th input leaf of the
 export call is the i-th positional parameter, or the keyword it was passed as; the k-th output
@@ -34,10 +36,13 @@ def io_names_of(module) -> dict | None:
 def keep_source_names(model: onnx.ModelProto, io_names: dict | None) -> None:
     """Rename ``model``'s graph inputs and outputs to ``io_names`` (module docstring), in place."""
     entry = next((p for p in model.metadata_props if p.key == SIGNATURE_KEY), None)
-    if not io_names or entry is None:
+    if entry is None:
         return
     signature = json.loads(entry.value)
     _match_graph_inputs(model.graph, signature)
+    io_names = io_names or user_names(signature)
+    if not io_names:
+        return
     mapping = _input_mapping(signature, io_names) | _output_mapping(model, signature, io_names)
     mapping = rename_values(model.graph, mapping)
     if not mapping:
@@ -79,6 +84,38 @@ def _match_graph_inputs(graph: onnx.GraphProto, signature: dict) -> None:
     if len(leaves) == len(actual) and any(leaf["input"] not in actual for leaf in leaves):
         for leaf, name in zip(leaves, actual, strict=True):
             leaf["input"] = name
+
+
+_NAMED_KINDS = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+
+
+def user_names(signature: dict) -> dict | None:
+    """The names a torch model's user knows, as ``io_names``: inputs after ``forward``'s
+    parameters (``input``, not torch.export's ``input_1``), outputs ``output`` for one tensor,
+    ``output_0``, ``output_1``, ... for a tuple or list, the keys for a dict (not the last op's
+    ``linear`` or ``quantize_dequantize_1``). None for an output structure of other kinds."""
+    params = signature.get("forward") or signature.get("parameters") or []
+    names = [p[0] for p in params if p[1] in _NAMED_KINDS]
+    try:
+        spec = pytree.treespec_loads(signature["out_spec"])
+    except Exception:  # noqa: BLE001 - an unreadable spec: keep the exporter's names
+        return None
+    outputs = _output_names(spec)
+    return None if outputs is None else {"inputs": [[n, n] for n in names], "outputs": outputs}
+
+
+def _output_names(spec) -> list[str] | None:
+    if spec.is_leaf():
+        return ["output"]
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    if not all(child.is_leaf() for child in children):
+        return None  # nested structures keep the exporter's names
+    if spec.type in (tuple, list):
+        return [f"output_{i}" for i in range(len(children))]
+    keys = list(spec.context or []) if spec.type is dict else []
+    if len(keys) == len(children) and all(isinstance(k, str) and k for k in keys):
+        return keys
+    return None
 
 
 def _input_mapping(signature: dict, io_names: dict) -> dict[str, str]:

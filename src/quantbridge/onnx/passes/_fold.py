@@ -10,6 +10,7 @@ as they are (in QDQ form); ``quantbridge inspect`` lists them.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import onnx
@@ -189,7 +190,17 @@ def fold(
     # QLinearConv & co. take float32 scales: a float16 graph (ModelOpt) folds as float32 (warns)
     # a weight quantized at run time (ModelOpt: float W -> QuantizeLinear) folds as its codes
     model = fold_constant_quantize(widen_float16(qonnx_to_qcdq(model), float_casts="identity"))
-    folded = FoldQOperator()(model).model
+    result = FoldQOperator()(model)
+    folded = result.model
+    integer_ops = sorted({n.op_type for n in model.graph.node if n.op_type.startswith("QLinear")})
+    if not result.modified and integer_ops:
+        name = "the model" if isinstance(src, onnx.ModelProto) else repr(os.fspath(src))
+        warnings.warn(
+            f"{name} is already folded ({', '.join(integer_ops[:4])}): nothing left to fold"
+            f"{', written unchanged' if dst is not None else ''}; fold takes the QDQ file that "
+            "qb.export or `quantbridge quantize` writes",
+            stacklevel=2,
+        )
     if dst is not None:
         onnx.save(folded, os.fspath(dst))
     return folded
