@@ -5,10 +5,7 @@
 * the export's saturation check reads each weight's extreme codes from its extrema
   (``torch._export_ops.code_extremes``) instead of quantizing the whole weight;
 * ``prepare`` folds batch norms before copying the captured tensors, and copies only those the
-  capture shares with the user's model: the user's tensors are still never written nor shared;
-* bias correction's float64 channel sums through a reused buffer (``ptq._sequential.Float64Sums``)
-  and max pooling on a channels-last copy (``torch._kernels``): the same numbers as torch's own
-  calls, and the default preset's quantized model bit-identical with and without them.
+  capture shares with the user's model: the user's tensors are still never written nor shared.
 """
 
 from __future__ import annotations
@@ -19,14 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from torch import nn
 
 import quantbridge as qb
 from quantbridge.calibrate import _base, _histogram
-from quantbridge.torch import _kernels
 from quantbridge.torch._export_ops import code_extremes
 from quantbridge.torch._fakequant import Quantizer, WeightQuantizer
-from quantbridge.torch.ptq import _sequential
 from quantbridge.zoo import DigitsCNN, TinyTransformer, resnet18_style
 
 
@@ -155,55 +149,3 @@ def test_quantize_never_writes_nor_shares_the_users_tensors(recipe):
     # the quantized model still follows the float one (the folds and copies are right)
     with torch.no_grad(), qb.float_mode(qmodel):
         torch.testing.assert_close(qmodel(data[0]), model(data[0]), rtol=1e-4, atol=1e-5)
-
-
-def test_float64_sums_through_one_buffer_are_torchs_sums():
-    sums = _sequential.Float64Sums()
-    g = torch.Generator().manual_seed(0)
-    # the largest first, then smaller ones in its buffer, then one that grows it; 1-D and 2-D
-    shapes = [((4, 8, 30, 30), (0, 2, 3)), ((2, 8, 5, 5), (0, 2, 3)), ((6, 3, 40, 41), (0, 2, 3)),
-              ((3, 7, 16), (0, 1)), ((50, 9), (0,))]  # fmt: skip
-    for shape, dims in shapes:
-        y = torch.randn(shape, generator=g) * torch.logspace(-6, 6, shape[-1])  # wide exponents
-        assert torch.equal(sums(y, dims), y.sum(dim=dims, dtype=torch.float64)), shape
-    strided = torch.randn(4, 8, 10, 12, generator=g)[:, :, ::2]  # not contiguous: torch's own call
-    assert torch.equal(sums(strided, (0, 2, 3)), strided.sum(dim=(0, 2, 3), dtype=torch.float64))
-
-
-@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil", [
-    (3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 1, 1, 2, False), (3, 2, 1, 1, True),
-    (5, 3, 2, 1, True),
-])  # fmt: skip
-def test_max_pool_on_a_channels_last_copy_gives_torchs_values(kernel, stride, padding, dilation,
-                                                               ceil):  # fmt: skip
-    g = torch.Generator().manual_seed(kernel * 10 + stride)
-    x = torch.randn(2, 5, 17, 19, generator=g)
-    x[0, 0, 3, 4], x[1, 2, 5, 5], x[1, 3, 7, 7] = float("nan"), float("inf"), -float("inf")
-    x[0, 4] = -float("inf")  # a channel of -inf only
-    call = ([kernel] * 2, [stride] * 2, [padding] * 2, [dilation] * 2, ceil)
-    want = torch.ops.aten.max_pool2d.default(x, *call)
-    with torch.no_grad(), _kernels.faster_kernels():
-        got = torch.ops.aten.max_pool2d.default(x, *call)
-    assert got.stride() == want.stride()
-    assert torch.equal(got.isnan(), want.isnan())
-    assert torch.equal(got.nan_to_num(nan=7.0), want.nan_to_num(nan=7.0))
-
-
-def test_default_quantize_is_the_same_without_the_faster_paths(monkeypatch):
-    """The default preset (calibration, sequential bias correction) on a ResNet-like stem (batch
-    norms folded into corrected biases, a max pool): bit-identical state with torch's own calls."""
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
-        nn.Conv2d(8, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
-    ).eval()  # fmt: skip
-    data = [torch.randn(4, 3, 32, 32) for _ in range(2)]
-    fast = qb.quantize(model, data, progress=False).state_dict()
-    monkeypatch.setattr(_kernels, "FASTER", {})
-    monkeypatch.setattr(
-        _sequential.Float64Sums, "__call__", lambda self, y, dims: y.sum(dims, dtype=torch.float64)
-    )
-    plain = qb.quantize(model, data, progress=False).state_dict()
-    assert fast.keys() == plain.keys()
-    assert [k for k in fast if not torch.equal(fast[k], plain[k])] == []

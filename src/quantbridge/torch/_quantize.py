@@ -20,7 +20,6 @@ from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
 from ._fold_affine import fold_affine as fold_affine_ops
 from ._fold_affine_input import fold_affine_inputs
-from ._kernels import faster_kernels
 from ._model import QuantModel
 from ._ops import PAD_OPS, PAD_OWN_GRID
 from ._outliers import outlier_residuals, outlier_rules
@@ -279,8 +278,7 @@ def calibrate_and_freeze(
         sequential = recipe.bias_correction == "sequential"
         mask, check = recipe.bias_correction_mask, recipe.bias_correction_check
         shrink = recipe.bias_correction_shrink
-        with faster_kernels(qmodel):  # the same values (``_kernels``)
-            correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
+        correct_bias(qmodel, batches, sequential, progress, mask, check, shrink)
         fit_bias_grids(qmodel)  # the corrected biases
     if recipe.distill_steps and freeze_weights:  # last: starts from everything above
         distill(qmodel, model, batches, recipe.distill_steps, progress)
@@ -332,7 +330,7 @@ def _chain(first, rest):
 
 def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
     qmodel.eval()
-    with torch.no_grad(), faster_kernels(qmodel):  # the same values (``_kernels``)
+    with torch.no_grad():
         for i, args, kwargs in progress_bar(calls, progress, "calibrating", total):
             check_like(args, kwargs, *reference, i)
             try:

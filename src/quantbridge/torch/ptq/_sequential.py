@@ -33,58 +33,18 @@ from .._progress import progress_bar, stage
 from ._graph import CONV_OPS, Lockstep, attr_node, get_tensor
 
 
-class Float64Sums:
-    """``y.sum(dims, dtype=torch.float64)`` bit for bit, through one float64 buffer reused from
-    call to call.
-
-    On the CPU, torch computes that sum as ``y.to(torch.float64)`` (a fresh tensor with ``y``'s
-    strides) reduced over ``dims``. Here the conversion is written into a buffer kept from the
-    previous call (grown when a larger value comes), with the same sizes and strides (``y``
-    contiguous) and offset 0, so the reduction runs on the same numbers in the same layout:
-    the same result. What changes is the allocation: a fresh float64 copy of ResNet-18-style's
-    stem output at batch 8 is 51 MB, above glibc's largest mmap threshold (32 MiB), so every one
-    was mapped, page-faulted in and unmapped (85 ms against 17 ms for copy + sum into a reused
-    buffer, one thread). Held: the largest value's float64 copy, for as long as the object
-    lives (a pass); the fresh copy was as large at that layer."""
-
-    def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None
-
-    def __call__(self, y: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-        if y.device.type != "cpu" or y.dtype == torch.float64 or not y.is_contiguous():
-            return y.sum(dim=dims, dtype=torch.float64)
-        n = y.numel()
-        if self._buffer is None or self._buffer.numel() < n:
-            self._buffer = None  # the old one freed before the larger one is allocated
-            self._buffer = torch.empty(n, dtype=torch.float64)
-        wide = self._buffer[:n].view(y.shape)
-        wide.copy_(y)
-        return wide.sum(dim=dims)
-
-
 def _channel_means(
-    node: torch.fx.Node,
-    y: torch.Tensor,
-    sums: dict,
-    counts: dict,
-    keep: torch.Tensor | None = None,
-    sum64: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None = None,
+    node: torch.fx.Node, y: torch.Tensor, sums: dict, counts: dict, keep: torch.Tensor | None = None
 ) -> None:
     """Add ``node``'s output ``y`` to its per-channel sums and counts; with ``keep`` (a bool
-    mask over a linear output's leading dimensions) only the positions it marks. ``sum64``:
-    a ``Float64Sums`` to compute the sums with (the same numbers, less allocation)."""
+    mask over a linear output's leading dimensions) only the positions it marks."""
     if keep is not None and node.target not in CONV_OPS and y.shape[:-1] == keep.shape:
         y = y[keep]
     axis = 1 if node.target in CONV_OPS else y.ndim - 1
-    # one float64-accumulating reduction over every other dim, no transpose (a 1-D output is
-    # its own sum: ``sum(dim=())`` would reduce every dim)
+    # one float64-accumulating reduction over every other dim: no float64 copy, no transpose
+    # (a 1-D output is its own sum: ``sum(dim=())`` would reduce every dim)
     dims = tuple(d for d in range(y.ndim) if d != axis)
-    if not dims:
-        total = y.double()
-    elif sum64 is not None:
-        total = sum64(y, dims)
-    else:
-        total = y.sum(dim=dims, dtype=torch.float64)
+    total = y.sum(dim=dims, dtype=torch.float64) if dims else y.double()
     sums[node] = sums.get(node, 0) + total
     counts[node] = counts.get(node, 0) + y.numel() // y.shape[axis]
 
@@ -131,13 +91,11 @@ def position_masks(batches: list, name: str) -> list:
     return masks
 
 
-def _float_means(
-    qmodel, layers, batches, progress, masks, samples=None, sum64=None
-) -> tuple[dict, list]:
+def _float_means(qmodel, layers, batches, progress, masks, samples=None) -> tuple[dict, list]:
     """One float pass, a batch at a time: (per layer its float mean output over the positions
     ``masks`` keep, the batches kept), the batches kept being the first ones whose live values
     fit ``SEQUENTIAL_MEMORY`` together (at least one). ``samples`` (a dict): filled with, per
-    layer, a list of ``_sample_means`` per kept batch. ``sum64``: see ``_channel_means``."""
+    layer, a list of ``_sample_means`` per kept batch."""
     sums: dict = {}
     counts: dict = {}
     kept: list = []
@@ -146,7 +104,7 @@ def _float_means(
 
     def after(node, values, step, keep, batch_sums, batch_counts, batch_samples):
         if node in watched:
-            _channel_means(node, values[0], batch_sums, batch_counts, keep, sum64)
+            _channel_means(node, values[0], batch_sums, batch_counts, keep)
             if samples is not None:
                 batch_samples[node] = _sample_means(node, values[0], keep)
 
@@ -190,8 +148,7 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks, shrink=False
     means run over (``position_masks``). ``shrink``: the shift is ``numerics.shrink_bias_shift``
     of the per-sample errors instead (``_bias_correction``'s docstring)."""
     samples: dict | None = {} if shrink else None
-    sum64 = Float64Sums()  # both passes' float64 sums: one buffer
-    float_means, kept = _float_means(qmodel, layers, batches, progress, masks, samples, sum64)
+    float_means, kept = _float_means(qmodel, layers, batches, progress, masks, samples)
     sums: dict = {}
     counts: dict = {}
     errors: list = []  # shrink: per kept batch, (per-sample errors, positions per sample)
@@ -199,7 +156,7 @@ def _correct_sequentially(qmodel, layers, batches, progress, masks, shrink=False
     def measure(node, i, value):
         # batch after batch, as the float pass sums
         if samples is None:
-            _channel_means(node, value, sums, counts, masks[i], sum64)
+            _channel_means(node, value, sums, counts, masks[i])
             return
         f_sums, f_counts = samples[node][i]
         q_sums, _ = _sample_means(node, value, masks[i])  # the float pass's shapes and counts
