@@ -4,7 +4,9 @@ credit for an error carried through a GELU, a SiLU, an Exp ...).
 A site ``s`` whose ``QuantizeLinear`` reads ``f(u)``, ``u`` one quantized site read through its
 ``DequantizeLinear`` and ``f`` a chain of elementwise ops with scalar constants (the exporter's
 decomposed GELU ``x * 0.5 * (1 + erf(x / sqrt 2))``, ``x * sigmoid(x)``, ``HardSwish``, ``Exp``
-...), possibly with element-selecting ops (``Transpose``, ``Reshape``, ``Slice`` ...) in between,
+...), possibly with element-selecting ops (``Transpose``, ``Reshape``, ``Slice`` ...) in between
+and ``Where`` of conditions computed from ``u`` (the exporter's ``Where(IsNaN(p), 0, p)`` after
+a Softmax: slope 1),
 can differ between two engines by at most ``L * e``, ``e`` the largest difference of ``u`` and
 ``L`` the largest slope of ``f`` between two neighbouring codes of ``u``:
 ``L = max_k |f(x_{k+1}) - f(x_k)| / step``, ``x_k = (k - zero_point) * step`` over every code of
@@ -44,7 +46,12 @@ SELECTING_OPS = frozenset(
 ELEMENTWISE_OPS = frozenset(
     {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp",
      "Log", "Erf", "Tanh", "Sigmoid", "HardSigmoid", "HardSwish", "Relu", "LeakyRelu", "Clip",
-     "Elu", "Selu", "Celu", "Gelu", "Mish", "Softplus", "Softsign", "Sin", "Cos", "PRelu"}
+     "Elu", "Selu", "Celu", "Gelu", "Mish", "Softplus", "Softsign", "Sin", "Cos", "PRelu",
+     # selection: Where(cond(u), c, f(u)) picks, element by element, a branch computed from u
+     # (the exporter's Where(IsNaN(p), 0, p) after a Softmax; Where(u > t, u, c)); the
+     # condition is a function of u too, so the table over u's codes holds the jumps
+     "Where", "IsNaN", "IsInf", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+     "Not", "And", "Or", "Xor"}
 )  # fmt: skip
 _LIMIT = 64  # nodes in one chain; a longer one gets no credit
 _MAX_CODES = 1 << 16

@@ -33,8 +33,10 @@ def reshape(attrs, x: np.ndarray) -> np.ndarray:
 
 @register_kernel("flatten")
 def flatten(attrs, x: np.ndarray) -> np.ndarray:
-    axis = attrs["axis"] % x.ndim if x.ndim else 0
-    return x.reshape(int(np.prod(x.shape[:axis])), -1)
+    # ONNX: axis in [-r, r]; axis = r flattens everything into the outer dimension (TorchScript
+    # writes Flatten(axis=2) of a rank-2 mask for mask[:, None, None, :]): not ``axis % r``
+    axis = attrs["axis"] + x.ndim if attrs["axis"] < 0 else attrs["axis"]
+    return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
 
 
 def _contiguous(x: np.ndarray) -> np.ndarray:

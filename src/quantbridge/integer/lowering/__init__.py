@@ -57,6 +57,7 @@ from ._core import (
     Value,
     node_name,
 )
+from ._decomposed_norm import fuse_decomposed_layer_norms
 from ._outputs import graph_outputs, with_input_shapes
 
 QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
@@ -259,10 +260,12 @@ def lower(
     if accumulator_bits not in (32, 64):
         raise ValueError(f"accumulator_bits must be 32 or 64, got {accumulator_bits}")
     model = with_input_shapes(_load(src), input_shapes)
+    shapes = _shapes(model)  # before: a LayerNormalization below opset 17 stops inference
+    model = fuse_decomposed_layer_norms(model, shapes)
     _check(model)
     graph = model.graph
     env = _graph_inputs(graph)
-    b = Builder(accumulator_bits, _shapes(model))
+    b = Builder(accumulator_bits, shapes)
     b.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     for name in [t for n in graph.node for t in n.input] + [o.name for o in graph.output]:
         b.readers[name] = b.readers.get(name, 0) + 1

@@ -49,7 +49,7 @@ from ._core import (
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import LinearPending, add_bias
-from ._qdq import rescale_sum
+from ._qdq import float_result_codes, rescale_sum
 from ._rms import RowSquares
 from ._rms import compose as compose_row
 
@@ -200,13 +200,23 @@ def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     return [composed]
 
 
-def _operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> QTensor:
+def _operand(b: Builder, node: onnx.NodeProto, v: Value | None, i: int = -1) -> QTensor:
     if isinstance(v, QValue):
         return v.tensor
     if isinstance(v, QConst) and np.size(v.scale) == 1 and np.size(v.zero_point) == 1:
         zero = int(np.asarray(v.zero_point).reshape(()))
         scale = float(np.asarray(v.scale).reshape(()))
         return b.constant(node_name(node) + "_operand", v.q, scale, zero)
+    if isinstance(v, Pending | Elementwise) and 0 <= i < len(node.input):
+        raise LoweringError(
+            f"{describe_node(node)}: its input {node.input[i]!r} is a float value computed from "
+            "quantized tensors with no QuantizeLinear before this op (the tool that wrote the "
+            "file left it float, as NNCF does with a BERT's attention inputs), and no bound on "
+            "its range is known here, so it has no integer codes. Quantize it: re-quantize the "
+            "float model with quantbridge (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, "
+            f"which quantizes every activation), or add a QuantizeLinear -> DequantizeLinear "
+            f"pair on {node.input[i]!r}"
+        )
     raise LoweringError(
         f"{describe_node(node)}: operands must be quantized tensors (or per-tensor quantized "
         "constants) unless all are functions of one tensor"
@@ -245,6 +255,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
     if biased is not None:
         return [biased]
+    ins = _float_sums_on_int16_grid(b, node, ins)
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
     ins = _accumulators_on_int16_grid(b, node, ins)
@@ -253,7 +264,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
         )
     bound = sum(_real_bound(v) for v in ins)
-    a, c = _operand(b, node, ins[0]), _operand(b, node, ins[1])
+    a, c = _operand(b, node, ins[0], 0), _operand(b, node, ins[1], 1)
     name = node_name(node)
     if node.op_type == "Mul":
         return [_mul(b, name, a, c)]
@@ -302,6 +313,26 @@ def _float_constants_on_fine_grid(node: onnx.NodeProto, ins: list[Value | None])
             v = QConst(np.asarray(q).astype(np.int32), np.asarray(scale), np.asarray(0), None)
         out.append(v)
     return out
+
+
+def _float_sums_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list:
+    """Add / Sub / Mul reading float results that no QuantizeLinear follows, each with a bound on its
+    real value (NNCF's BERT: ``word[ids] + token_type[0] + position``, rows of int8 tables and a
+    float table, then the first LayerNormalization, all float): each realized on symmetric int16
+    codes of ``bound / 32767`` first (``float_result_codes``, the rule for every float result
+    with a bound: half a step of error), then the usual rescaled sum (a float constant on its
+    fine grid) or product (a float factor on its int16 grid: NNCF's SmoothQuant scale, or the
+    gamma, of a float LayerNorm output). Weighted layers' accumulators:
+    ``_accumulators_on_int16_grid``."""
+    if node.op_type not in ("Add", "Sub", "Mul") or len(ins) != 2:
+        return ins
+    floats = [isinstance(v, Pending) and not isinstance(v, LinearPending)
+              and v.bound is not None and math.isfinite(v.bound) and v.bound > 0 for v in ins]  # fmt: skip
+    if not any(floats):
+        return ins
+    return [
+        QValue(float_result_codes(b, node, v)) if f else v for v, f in zip(ins, floats, strict=True)
+    ]
 
 
 def _float_factor_on_int16_grid(node: onnx.NodeProto, ins: list[Value | None]) -> list:

@@ -14,6 +14,8 @@ and a GatherND by run-time indices make CLIP's pooling at the EOS token.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -44,7 +46,7 @@ from ._core import (
 )
 from ._movement import _const_indices, moved
 from ._nonfinite import select_constant
-from ._qdq import rescale_sum
+from ._qdq import dequantize_const, rescale_sum
 
 ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
               onnx.TensorProto.UINT8: np.dtype(np.uint8), onnx.TensorProto.INT16: np.dtype(np.int16),
@@ -312,6 +314,10 @@ def _gather(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     axis = int(attrs_of(node).get("axis", 0))
     if isinstance(indices, Const):
         attrs = {"indices": np.asarray(_const_indices(node, indices)), "axis": axis}
+        if (isinstance(data, QConst) and data.axis is not None and np.size(data.scale) > 1
+                and data.axis % data.q.ndim == axis % data.q.ndim):  # fmt: skip
+            # rows of a per-row table (NNCF's token types, index 0): their float values
+            data = Const(np.asarray(dequantize_const(data), np.float32))
         return [moved(b, node, data, "gather", attrs)]
     idx = _operand(b, node, indices)
     name = node_name(node)
@@ -329,6 +335,8 @@ def _gather(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         out = b.like(node.output[0], table)
         b.step("take", name, [table, idx.tensor], out, axis=axis)
         return [QValue(out)]
+    if isinstance(data, QConst):  # scales along the gathered axis (NNCF's per-row table)
+        data = Const(np.asarray(dequantize_const(data), np.float32))
     if isinstance(data, Const) and data.array.dtype.kind == "f":
         table_values = data.array
 
@@ -338,7 +346,10 @@ def _gather(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
                                      out.scale, out.zero_point)  # fmt: skip
             builder.step("take", name, [table, idx.tensor], out, axis=axis)
 
-        return [Pending(name, realize)]
+        # the rows' values as the float op reads them; bound: a float sum of such rows (NNCF's
+        # embedding sum) is realized on int16 codes of it (_eltwise._float_sums_on_int16_grid)
+        peak = float(np.abs(table_values).max()) if table_values.size else 0.0
+        return [Pending(name, realize, bound=peak if math.isfinite(peak) and peak > 0 else None)]
     if isinstance(data, Const):
         return _integer_step(b, node, [data, idx], "take", data.array.dtype,
                              lambda d, i: np.take(d, i, axis=axis), data.array.dtype.kind == "b",
