@@ -81,10 +81,17 @@ def _load_spec(text: str) -> pytree.TreeSpec:
     try:
         return pytree.treespec_loads(text)
     except Exception as first:  # noqa: BLE001 - the type may simply not be registered yet
-        types = {t.split(".")[0] for t in _types(json.loads(text)[1])}
+        names = _types(json.loads(text)[1])
+        types = {t.split(".")[0] for t in names}
         wanted = [p for p in _OUTPUT_PACKAGES if p in types]
         for package in wanted:
             importlib.import_module(package)
+            # a lazily imported package (transformers) registers a class when its module loads
+            for module in sorted({t.rpartition(".")[0] for t in names if t.startswith(package)}):
+                try:
+                    importlib.import_module(module)
+                except ImportError:  # not a module path: the retry below names the type
+                    pass
         if not wanted:
             raise ValueError(
                 f"the model's recorded output structure uses types {sorted(types)} that are not "
