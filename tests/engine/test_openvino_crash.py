@@ -27,12 +27,12 @@ import quantbridge as qb  # noqa: E402
 from quantbridge.onnx.passes._openvino import openvino_crash_site  # noqa: E402
 
 
-def _pattern(between: str | None = "Add") -> onnx.ModelProto:
+def _pattern(between: str | None = "Add", pos: float = 0.0) -> onnx.ModelProto:
     """x -> Concat(x, x) -> Q -> DQ [-> Add(0)] -> Q -> DQ -> y: the smallest file that crashes."""
     inits = [
         numpy_helper.from_array(np.array(0.0086, np.float32), "s"),
         numpy_helper.from_array(np.array(127, np.uint8), "z"),
-        numpy_helper.from_array(np.zeros((1, 1, 8), np.float32), "pos"),
+        numpy_helper.from_array(np.full((1, 1, 8), pos, np.float32), "pos"),
     ]
     nodes = [
         helper.make_node("Concat", ["x", "x"], ["cat"], axis=1, name="the_cat"),
@@ -76,11 +76,7 @@ def test_the_pattern_is_found(between):
 
 
 def test_a_nonzero_add_is_not_the_pattern():
-    model = _pattern("Add")
-    model.graph.initializer[2].CopyFrom(
-        numpy_helper.from_array(np.full((1, 1, 8), 0.5, np.float32), "pos")
-    )
-    assert openvino_crash_site(model) is None
+    assert openvino_crash_site(_pattern("Add", pos=0.5)) is None
 
 
 def test_to_engine_runs_the_file_and_its_openvino_layout(tmp_path):
@@ -100,13 +96,23 @@ def test_to_engine_runs_the_file_and_its_openvino_layout(tmp_path):
         np.testing.assert_allclose(y, ref, atol=0.0086 * 1.01)  # at most one step of the grid
 
 
-def test_compare_reports_a_crash_as_the_engines_failure(monkeypatch):
-    # no file crashes OpenVINO's compile from bytes in a few nodes (DeiT with compare's extra
-    # outputs does, see the module docstring): the child compiling the file is made to crash
-    from quantbridge.debug import _engines
-
-    monkeypatch.setattr(_engines, "_PROBE", "import os, signal; os.kill(os.getpid(), 11)")
+def test_compare_reports_the_pattern_as_the_engines_failure():
     x = np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32)
     result = qb.debug.compare(_pattern(), inputs={"x": x}, engines=["ort-ref", "openvino"])
+    assert "'the_cat'" in result.errors["openvino"], result.errors
+    assert "ort-ref" not in result.errors
+
+
+def test_compare_reports_a_crash_as_the_engines_failure(monkeypatch):
+    # a crash outside the known pattern (the child compiling the file is made to crash): no file
+    # of a few nodes crashes OpenVINO's compile from bytes (DeiT with compare's outputs does)
+    from quantbridge.debug import _engines
+
+    monkeypatch.setenv("QB_COMPARE_OPENVINO_CHILD", "1")
+    monkeypatch.setattr(_engines, "_PROBE", "import os, signal; os.kill(os.getpid(), 11)")
+    x = np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32)
+    result = qb.debug.compare(
+        _pattern("Add", pos=0.5), inputs={"x": x}, engines=["ort-ref", "openvino"]
+    )
     assert "signal 11" in result.errors["openvino"], result.errors
     assert "ort-ref" not in result.errors
