@@ -19,6 +19,10 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 # and a test of the dynamic image size would then fail by machine speed. The limit's own tests
 # (tests/torch/test_capture_budget.py) set their budgets explicitly.
 os.environ.setdefault("QB_CAPTURE_BUDGET_S", "none")
+# compare's OpenVINO engine compiles in a child process first (a segfault becomes the engine's
+# failure); ~1.5 s per compare, ~30 compares in the suite: off, except in its own test
+# (tests/engine/test_openvino_crash.py), for the CI budget
+os.environ.setdefault("QB_COMPARE_OPENVINO_CHILD", "0")
 
 
 @pytest.fixture(autouse=True)

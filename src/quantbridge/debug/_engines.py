@@ -24,6 +24,7 @@ outputs of QuantizeLinear: ORT's QDQ fusion produces them under the same name (a
 from __future__ import annotations
 
 import copy
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from ..integer import lower
 from ..numerics import dequantize
 from ..onnx import fold, import_onnx
 from ..onnx.exporter import SIGNATURE_KEY
+from ..onnx.passes._openvino import openvino_crash_site
 from ..torch import QuantModel, float_mode
 from ..torch._record import CONTAINER
 from ._match import (
@@ -114,6 +116,8 @@ class OnnxCapture:
         self.sites = {s: by_name[s] for s in self.where}
         self.float_model = float_model
         self.model = model  # the model the session runs (tests read its fused form)
+        if engine == "openvino":
+            _openvino_survives(model)
         self.session = make_session(engine, model.SerializeToString(), None, options)
 
     def run(self, feeds: dict[str, np.ndarray]) -> Values:
@@ -304,6 +308,50 @@ def _tensorrt(subj: Subject, sites: list[Site], ref: onnx.ModelProto, feeds: dic
     )  # fmt: skip
 
 
+def _openvino(subj: Subject, sites: list[Site], ref: onnx.ModelProto, feeds: dict):
+    return OnnxCapture(subj.onnx, sites, "openvino", {"device": "CPU"}, subj.float_pairs)
+
+
+def _openvino_survives(model: onnx.ModelProto) -> None:
+    """RuntimeError for a file OpenVINO 2026.4 dies on with a segmentation fault (HF DeiT, AST,
+    YOLOS, DPT, TimeSformer exports with compare's extra outputs): a crash must be this engine's
+    failure, not the end of ``compare``. The known pattern (``openvino_crash_site``) is refused
+    at no cost; any other crash is caught by compiling in a child process first (about 1.5 s,
+    ``QB_COMPARE_OPENVINO_CHILD=0`` skips it; the tests do, for the CI budget)."""
+    site = openvino_crash_site(model)
+    if site is not None:
+        raise RuntimeError(  # short: compare shows the first 300 characters
+            f"not run: OpenVINO 2026.4 segfaults compiling Concat {site!r} -> Q -> DQ -> Q (or "
+            "Add of zeros -> Q); qb.openvino_layout(file) compiles (to_engine's OpenVINO layout)"
+        )
+    if os.environ.get("QB_COMPARE_OPENVINO_CHILD", "1") != "0":
+        _compiles_in_child(model)
+
+
+_PROBE = (
+    "import io, sys, openvino as ov; c = ov.Core(); "
+    "c.compile_model(ov.convert_model(io.BytesIO(sys.stdin.buffer.read())), 'CPU')"
+)
+
+
+def _compiles_in_child(model: onnx.ModelProto) -> None:
+    """RuntimeError when compiling ``model`` in OpenVINO (CPU) kills a child process."""
+    import signal
+    import subprocess
+    import sys
+
+    data = model.SerializeToString()
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], input=data, capture_output=True, check=False
+    )
+    if proc.returncode < 0:  # killed by a signal; an ordinary error is raised in-process below
+        name = signal.Signals(-proc.returncode).name
+        raise RuntimeError(
+            f"OpenVINO crashed compiling the file ({name}, signal {-proc.returncode}); try "
+            "qb.openvino_layout(file), the layout qb.to_engine(..., 'openvino') uses"
+        )
+
+
 def _torch(quant: bool):
     def build(subj: Subject, sites: list[Site], ref: onnx.ModelProto, feeds: dict):
         model = subj.onnx if subj.onnx is not None else ref
@@ -326,13 +374,7 @@ ENGINES: dict[str, EngineSpec] = {
             fold(subj.onnx), sites, "onnxruntime", {"optimization": "all", "device": "cpu"}
         ),
     ),
-    "openvino": EngineSpec(
-        ("qdq", "float"),
-        lambda subj, sites, ref, feeds: OnnxCapture(
-            subj.onnx, sites, "openvino", {"device": "CPU"}, subj.float_pairs
-        ),
-        ("float",),
-    ),
+    "openvino": EngineSpec(("qdq", "float"), _openvino, ("float",)),
     "integer": EngineSpec(
         ("qdq", "qop"), lambda subj, sites, ref, feeds: IntegerCapture(subj.onnx, sites, feeds)
     ),

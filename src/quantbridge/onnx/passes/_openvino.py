@@ -141,6 +141,71 @@ def openvino_layout(
     return out
 
 
+# ops OpenVINO's front end drops when their constant operand is the identity (0 or 1)
+_IDENTITY_WITH = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
+
+
+def openvino_crash_site(src: str | os.PathLike | onnx.ModelProto) -> str | None:
+    """The name of a ``Concat`` on which OpenVINO 2026.4's ``compile_model`` (CPU) dies with a
+    segmentation fault, or None.
+
+    The pattern (bisected from HF DeiT / AST / YOLOS / DPT / TimeSformer exports, random init):
+    ``Concat -> QuantizeLinear -> DequantizeLinear -> QuantizeLinear``, the second
+    QuantizeLinear reading the DequantizeLinear directly, through ``Identity``, or through an
+    ``Add`` / ``Sub`` of an all-zero constant or a ``Mul`` / ``Div`` by an all-one constant (which
+    OpenVINO removes first: ViT's ``cat([cls, patches]) + position_embeddings`` with the zero
+    position embeddings of an untrained model). Its scale and zero point do not matter. It crashes
+    when OpenVINO reads the file (``compile_model(path)``); compiled from bytes
+    (``convert_model``, as ``to_engine`` does) the few-node pattern survives, the DeiT file with
+    ``compare``'s extra outputs does not, which is why ``compare`` compiles in a child process.
+    The ``openvino_layout`` of such a file removes the inner pair and compiles."""
+    model = _load(src)
+    graph = model.graph
+    index = GraphIndex(
+        list(graph.node), {t.name: t for t in graph.initializer}, (o.name for o in graph.output)
+    )
+    consts, readers, producer = index.constants, index.consumers, index.producer
+    for q in graph.node:
+        if q.op_type != "QuantizeLinear":
+            continue
+        source = producer.get(q.input[0])
+        if source is None or source.op_type != "Concat":
+            continue
+        for dq in readers.get(q.output[0], []):
+            if dq.op_type == "DequantizeLinear" and _reaches_quantize(
+                dq.output[0], readers, consts
+            ):
+                return source.name or source.output[0]
+    return None
+
+
+def _reaches_quantize(tensor: str, readers: dict, consts: dict, depth: int = 0) -> bool:
+    """Whether a QuantizeLinear reads ``tensor`` directly or through ops that are identities."""
+    for r in readers.get(tensor, []):
+        if r.op_type == "QuantizeLinear" and r.input[0] == tensor:
+            return True
+        if depth > 4:
+            continue
+        if r.op_type == "Identity" or (
+            r.op_type in _IDENTITY_WITH and _identity_operand(r, tensor, consts)
+        ):
+            if _reaches_quantize(r.output[0], readers, consts, depth + 1):
+                return True
+    return False
+
+
+def _identity_operand(node: onnx.NodeProto, tensor: str, consts: dict) -> bool:
+    """Whether ``node`` (Add / Sub / Mul / Div) applied to ``tensor`` is the identity: its other
+    operand a constant of 0 (Add, Sub) or 1 (Mul, Div), ``tensor`` first where order matters."""
+    if len(node.input) != 2 or tensor not in node.input:
+        return False
+    other = node.input[1] if node.input[0] == tensor else node.input[0]
+    if other not in consts or (node.op_type in ("Sub", "Div") and node.input[0] != tensor):
+        return False
+    value = numpy_helper.to_array(consts[other])
+    return value.size > 0 and bool(np.all(value == _IDENTITY_WITH[node.op_type]))
+
+
 def _zero_based_top(q: onnx.NodeProto, consts: dict[str, onnx.TensorProto]) -> float | None:
     """The top of ``q``'s grid when the grid starts at 0 (zero point at the integer minimum; no
     zero point: uint8 0), else None."""
