@@ -318,6 +318,28 @@ def _reshape_as(x, other):
     return torch.ops.aten.reshape.default, (x, shape)
 
 
+def _rsub(x, other, alpha=1):
+    """``other - x`` (``rsub.Scalar``: ``1.0 - attention_mask``) -> ``neg(x) + other`` (exact: the
+    negation is exact, the sum the same rounded sum), an integer ``x`` cast to the result dtype
+    first. torchlib has no ``rsub``; torch's decomposition writes it ``sub.Tensor(1.0, x)``, on
+    which its own type-promotion pass fails for an integer ``x`` ("Cannot find a compatible
+    OpOverload for aten.sub": Hugging Face XLNet's ``1.0 - attention_mask`` on an int64 mask,
+    float and quantized models alike, torch 2.13)."""
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if alpha != 1 or not isinstance(val, torch.Tensor) or not isinstance(other, (int, float)):
+        return None  # left to the decomposition (the public path)
+    dtype = torch.result_type(val, other)
+    with x.graph.inserting_after(x):
+        neg = x.graph.call_function(torch.ops.aten.neg.default, (x,))
+    if val.dtype != dtype:
+        with x.graph.inserting_after(x):
+            cast = x.graph.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": dtype})
+        cast.meta["val"] = val.to(dtype)
+        neg.update_arg(0, cast)
+    neg.meta["val"] = -val.to(dtype)
+    return torch.ops.aten.add.Tensor, (neg, other)
+
+
 # operator -> function of its arguments giving (target, args[, kwargs]), a node (identity) or
 # None (keep): what torch's decomposition table would turn the operator into
 _SUBSTITUTES = {
@@ -325,6 +347,7 @@ _SUBSTITUTES = {
     torch.ops.aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     torch.ops.aten.squeeze.dims: _squeeze_dims,
     torch.ops.aten.reshape_as.default: _reshape_as,
+    torch.ops.aten.rsub.Scalar: _rsub,
     torch.ops.aten.to.dtype: _to,
     torch.ops.aten.to.device: _to,
     torch.ops.aten.to.dtype_layout: _to,
