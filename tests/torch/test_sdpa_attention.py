@@ -186,3 +186,24 @@ def test_fully_masked_query_row_quantizes_like_sdpa(mask, tmp_path):
     np.testing.assert_allclose(
         sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], got.numpy(), atol=1e-5
     )
+
+
+def test_fully_masked_query_row_lowers_to_integers(tmp_path):
+    """The decomposed SDPA's ``_safe_softmax`` exports as ``Softmax -> Where(IsNaN(p), 0, p)``
+    (``onnx/exporter/_translate.py``), which the integer lowering reads; torchlib's own form
+    (``Equal(scores, -inf)``, ``ReduceMin``) was refused ("Equal ... reads masked float scores")."""
+    torch.manual_seed(0)
+    model = _FullyMaskedRow("bool").eval()
+    batches = [torch.randn(2, N, D, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    x = torch.randn(3, N, D, generator=torch.Generator().manual_seed(9)).numpy()
+    path = str(tmp_path / "masked.onnx")
+    qb.export(qb.quantize(model, batches, recipe="int8", progress=False), path, batches[0])
+    prog = qb.lower(path, float_outputs="dequantize")
+    options = ort.SessionOptions()  # node by node: the file's QDQ arithmetic exactly
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    (want,), (got,) = sess.run(None, {name: x}), list(prog.run({name: x}).values())
+    # measured equal (max difference 0.0): the program computes the file's integers
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert not np.isnan(got).any()
