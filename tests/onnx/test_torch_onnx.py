@@ -260,3 +260,35 @@ def test_fast_path_rewrites_an_operator_that_is_the_output(fast_export, public_e
         _run(quick, _feeds(quick, batch)), _run(public, _feeds(public, batch)), strict=True
     ):
         np.testing.assert_array_equal(a, b)  # 0 LSB: same integers, same operator sequence
+
+
+class _OneMinusIntMask(torch.nn.Module):
+    """Hugging Face XLNet's ``input_mask = 1.0 - attention_mask`` on an int64 mask (transposed
+    to (T, N) there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x, mask):  # x (T, N, 6), mask (N, T) int64
+        keep = 1.0 - mask.transpose(0, 1).contiguous()
+        return self.linear(x) * keep[..., None]
+
+
+def test_export_casts_the_integer_tensor_of_rsub():
+    """Regression sweep 2026-12-02: torch's decomposition writes ``1.0 - mask`` as
+    ``sub.Tensor(1.0, mask)``, on which its type-promotion pass failed for an int64 ``mask``
+    ("Cannot find a compatible OpOverload for aten.sub"): XLNet's export failed, float or
+    quantized. Now ``1.0 - cast(mask)`` (``Sub(1.0, Cast(mask))``, as for a float mask)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(5, 2, 6), torch.randint(0, 2, (2, 5), generator=g)) for _ in range(2)]
+    qm = qb.quantize(_OneMinusIntMask().eval(), data, progress=False, recipe="int8")
+    model = qb.onnx.to_onnx(qm, data[0])
+    x, mask = torch.randn(5, 2, 6), torch.tensor([[1, 0, 1, 1, 0], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        want = qm(x, mask).numpy()
+    (got,) = _run(model, {"x": x.numpy(), "mask": mask.numpy()})
+    # the same QDQ arithmetic; the float product and bias add may round in another order
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert (got[mask.T.numpy() == 1] == 0).all()  # masked positions: exactly 0

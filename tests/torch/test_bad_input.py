@@ -194,3 +194,28 @@ def test_export_below_opset_13_names_the_real_reason(tmp_path):
     qm = qb.quantize(DigitsCNN(), [torch.randn(2, 1, 8, 8)], recipe="int8")
     with pytest.raises(ValueError, match="opset 11: QDQ export needs opset >= 13"):
         qb.export(qm, tmp_path / "m.onnx", torch.randn(2, 1, 8, 8), opset=11)
+
+
+def test_nan_from_finite_data_does_not_blame_the_data():
+    """NaN computed inside the model from a finite batch: the message names the tensor and says
+    the data is finite (regression sweep 2026-12-02: ModernBERT's NaN came from quantbridge's
+    attention rewrite, and the message read as if the calibration data held it)."""
+
+    class LogOfNegative(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(torch.log(-x.abs() - 1))  # log of < 0: NaN everywhere
+
+    with pytest.raises(ValueError, match=r"calibration batch 0: activation 'log'.*NaN") as e:
+        qb.quantize(LogOfNegative(), [torch.randn(2, 4)], recipe="int8")
+    assert "inputs are all finite" in str(e.value)
+    assert "clean the calibration data" not in str(e.value)
+
+
+def test_nan_in_keyword_input_is_named():
+    data = [{"x": torch.full((4, 1, 8, 8), float("nan"))}]
+    with pytest.raises(ValueError, match=r"input 'x' holds NaN / inf: clean the calibration data"):
+        qb.quantize(DigitsCNN(), data, recipe="int8")

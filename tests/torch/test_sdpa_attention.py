@@ -135,3 +135,75 @@ def test_decomposed_sdpa_keeps_the_kernel_memory_layout():
         ref, got = model(data[0]), qm(data[0])
     # int8 QK^T and Linears only (measured 40.9 dB)
     assert float(10 * torch.log10((ref**2).sum() / ((ref - got) ** 2).sum())) > 30
+
+
+class _FullyMaskedRow(nn.Module):
+    """SDPA whose mask hides every key from query row 2 (ModernBERT: a sliding window over a
+    padded tail). torch's SDPA returns 0 for such a row. Regression sweep, 2026-12-02: the
+    decomposition's plain softmax gave 0 / 0 = NaN there, and ``qb.quantize`` refused the model
+    ("observer got non-finite values" at P @ V) though the float model's output was finite."""
+
+    def __init__(self, mask: str):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        allowed = (torch.rand(N, N) > 0.3) | torch.eye(N, dtype=torch.bool)
+        allowed[2] = False
+        if mask == "float":
+            allowed = torch.zeros(N, N).masked_fill(~allowed, float("-inf"))
+        self.register_buffer("mask", allowed)
+
+    def forward(self, x):
+        b = x.shape[0]
+        q, k, v = self.qkv(x).reshape(b, N, 3, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        return self.proj(out.transpose(1, 2).reshape(b, N, D))
+
+
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_fully_masked_query_row_quantizes_like_sdpa(mask, tmp_path):
+    torch.manual_seed(0)
+    model = _FullyMaskedRow(mask).eval()
+    batches = [torch.randn(2, N, D, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    x = torch.randn(3, N, D, generator=torch.Generator().manual_seed(9))
+    qmodel = qb.quantize(model, batches, recipe="native", progress=False)
+    with torch.no_grad():
+        ref, got = model(x), qmodel(x)
+    # torch's SDPA: attention output 0 on the masked row, so the row is the projection's bias
+    torch.testing.assert_close(ref[:, 2], model.proj.bias.expand(3, D), rtol=0, atol=0)
+    assert not got.isnan().any()
+    # the masked row: the projection's bias through the output quantizer: half its step at most
+    (step,) = [
+        float(z.scale) for z in qmodel.modules() if getattr(z, "name", "") == "proj/linear_1"
+    ]
+    torch.testing.assert_close(got[:, 2], ref[:, 2], rtol=0, atol=step / 2 + 1e-7)
+    # all rows: int8 projections, QK^T and output, random tiny weights (measured 24.5 dB; a NaN
+    # or a wrong masked row would fail above or give far less)
+    sqnr = float(10 * torch.log10((ref**2).sum() / ((ref - got) ** 2).sum()))
+    assert sqnr > 20
+    path = str(tmp_path / "masked.onnx")  # the exported file computes the same (no NaN)
+    qb.export(qmodel, path, example_inputs=batches[0])
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(
+        sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0], got.numpy(), atol=1e-5
+    )
+
+
+def test_fully_masked_query_row_lowers_to_integers(tmp_path):
+    """The decomposed SDPA's ``_safe_softmax`` exports as ``Softmax -> Where(IsNaN(p), 0, p)``
+    (``onnx/exporter/_translate.py``), which the integer lowering reads; torchlib's own form
+    (``Equal(scores, -inf)``, ``ReduceMin``) was refused ("Equal ... reads masked float scores")."""
+    torch.manual_seed(0)
+    model = _FullyMaskedRow("bool").eval()
+    batches = [torch.randn(2, N, D, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    x = torch.randn(3, N, D, generator=torch.Generator().manual_seed(9)).numpy()
+    path = str(tmp_path / "masked.onnx")
+    qb.export(qb.quantize(model, batches, recipe="int8", progress=False), path, batches[0])
+    prog = qb.lower(path, float_outputs="dequantize")
+    options = ort.SessionOptions()  # node by node: the file's QDQ arithmetic exactly
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    (want,), (got,) = sess.run(None, {name: x}), list(prog.run({name: x}).values())
+    # measured equal (max difference 0.0): the program computes the file's integers
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert not np.isnan(got).any()

@@ -77,6 +77,26 @@ def describe(args: tuple, kwargs: dict) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def nonfinite_source(args: tuple, kwargs: dict) -> str:
+    """What to say after "observer got non-finite values" during calibration: the batch's input
+    holding NaN / inf (the data is to blame), else that the batch is finite, so the model (or its
+    capture) computed them: ModernBERT's fully masked attention rows gave NaN in the decomposed
+    attention while the float model's own output was finite (``_sdpa``)."""
+    leaves, _ = torch.utils._pytree.tree_flatten_with_path((args, kwargs))
+    for path, t in leaves:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all():
+            top = path[1]  # positional index or keyword name, then the place inside it
+            where = repr(getattr(top, "key", getattr(top, "idx", top)))
+            where += torch.utils._pytree.keystr(path[2:])
+            return f"; the batch's input {where} holds NaN / inf: clean the calibration data"
+    return (
+        "; the batch's inputs are all finite, so the model computed these values from finite "
+        "data: if the float model's own output on this batch is finite, quantbridge's captured "
+        "graph computes differently from the model here: please report it with the model; "
+        "otherwise the model itself produces them (0 / 0, log(0), an overflow)"
+    )
+
+
 def input_spec(args: tuple, kwargs: dict) -> dict:
     """JSON-able description of a model call (shapes, dtypes, plain values) to re-create it."""
 

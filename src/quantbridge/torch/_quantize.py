@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, resolve_recipe
-from ._batches import as_call, check_like, describe, input_spec, iter_calls
+from ._batches import as_call, check_like, describe, input_spec, iter_calls, nonfinite_source
 from ._bias_fit import fit_bias_grids
 from ._bn_affine import batchnorm_as_conv
 from ._capture import capture, declared_dims_fixed, dtype_fix, user_stacklevel
@@ -336,7 +336,8 @@ def _calibrate(qmodel: QuantModel, calls, reference, progress, total) -> None:
             try:
                 qmodel(*args, **kwargs)
             except ValueError as e:
-                raise ValueError(f"calibration batch {i}: {e}") from None
+                hint = nonfinite_source(args, kwargs) if "non-finite" in str(e) else ""
+                raise ValueError(f"calibration batch {i}: {e}{hint}") from None
             except (RuntimeError, AssertionError) as e:
                 first = str(e).strip().splitlines()[0]
                 fix = dtype_fix(first, float_dtype(qmodel))

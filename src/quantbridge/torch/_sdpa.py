@@ -10,10 +10,14 @@ softmax, ``p @ v``) got an int8 QK^T. Each SDPA of the captured graph becomes::
     s = s + attn_mask                                 # float mask
     s = masked_fill(s, logical_not(attn_mask), -inf)  # bool mask
     s = masked_fill(s, logical_not(tril(ones(L, S))), -inf)   # is_causal
-    out = matmul(softmax(s, -1), v)
+    out = matmul(softmax(s, -1), v)                   # _safe_softmax with attn_mask
 
 which is torch's math reference up to float32 rounding (it scales q and k by sqrt(scale) each
-before the product). Placement then treats it as eager attention: QK^T in int8 (both operands
+before the product). With an ``attn_mask`` the softmax is ``aten._safe_softmax``, as in torch's
+math SDPA: a query row whose keys are all masked (-inf scores: ModernBERT's sliding window over
+a padded tail) gives probabilities 0, so output 0, where plain softmax gives 0/0 = NaN, which
+calibration then refused as non-finite values. ``is_causal`` alone never masks a whole row
+(key 0 is always kept), so it keeps plain softmax. Placement then treats it as eager attention: QK^T in int8 (both operands
 have quantizers), the probabilities float (``_ops.KEEP_FLOAT_OUTPUT_OPS``), so P @ V in float.
 docs/attention.md gives the measurements behind that choice per engine.
 
@@ -80,7 +84,8 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
             ones = call(aten.ones.default, [rows, cols], dtype=torch.bool, device=q_val.device)
             keep = call(aten.tril.default, ones)
             s = call(aten.masked_fill.Scalar, s, call(aten.logical_not.default, keep), -math.inf)
-        out = call(aten.matmul.default, call(aten.softmax.int, s, -1), v)
+        softmax = aten.softmax.int if mask is None else aten._safe_softmax.default
+        out = call(aten.matmul.default, call(softmax, s, -1), v)
     node.replace_all_uses_with(out)
     _reshape_views(out, _val(node))
     graph.erase_node(node)

@@ -318,6 +318,26 @@ def _reshape_as(x, other):
     return torch.ops.aten.reshape.default, (x, shape)
 
 
+def _rsub(x, other, alpha=1):
+    """``other - x`` (``rsub.Scalar``: ``1.0 - attention_mask``) of an integer ``x`` -> the same
+    on ``x`` cast to the result dtype first. torch's decomposition writes it ``sub.Tensor(1.0,
+    x)``, on which its own type-promotion pass fails for an integer ``x`` ("Cannot find a
+    compatible OpOverload for aten.sub": Hugging Face XLNet's ``1.0 - attention_mask`` on an
+    int64 mask, float and quantized models alike, torch 2.13); on a float ``x`` it exports as
+    ``Sub(1.0, x)``, the form the integer lowering reads for masks. torchlib has no ``rsub``:
+    the export still takes the public path, as before."""
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.is_floating_point():
+        return None  # left as it is
+    dtype = torch.result_type(val, other)
+    if not dtype.is_floating_point:
+        return None
+    with x.graph.inserting_after(x):
+        cast = x.graph.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": dtype})
+    cast.meta["val"] = val.to(dtype)
+    return torch.ops.aten.rsub.Scalar, (cast, other, alpha)
+
+
 # operator -> function of its arguments giving (target, args[, kwargs]), a node (identity) or
 # None (keep): what torch's decomposition table would turn the operator into
 _SUBSTITUTES = {
@@ -325,6 +345,7 @@ _SUBSTITUTES = {
     torch.ops.aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     torch.ops.aten.squeeze.dims: _squeeze_dims,
     torch.ops.aten.reshape_as.default: _reshape_as,
+    torch.ops.aten.rsub.Scalar: _rsub,
     torch.ops.aten.to.dtype: _to,
     torch.ops.aten.to.device: _to,
     torch.ops.aten.to.dtype_layout: _to,

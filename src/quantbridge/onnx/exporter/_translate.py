@@ -20,6 +20,12 @@ block_size)`` (group-wise weights of an imported file) one DequantizeLinear with
 
 ``dynamic_quantize_dequantize(x)`` (``torch/_dynamic.py``, a model imported from a dynamically
 quantized file) becomes ``DynamicQuantizeLinear(x) -> DequantizeLinear(y, y_scale, y_zero_point)``.
+
+``aten._safe_softmax`` (the decomposed SDPA with a mask, ``torch/_sdpa.py``: a fully masked row
+gives 0) becomes ``Softmax -> Where(IsNaN(p), 0, p)``, the form torch's TorchScript exporter
+writes for SDPA and which ``integer.lowering`` lowers (torchlib's own form, ``Equal(x, -inf)``
+and ``ReduceMin`` on the float scores, has no integer lowering). The same values wherever the
+scores hold no NaN (a NaN score gives a 0 row here, NaN in torch).
 """
 
 from __future__ import annotations
@@ -77,7 +83,13 @@ def translation_table(opset: int) -> dict:
         y, y_scale, y_zero_point = op.DynamicQuantizeLinear(x)
         return op.DequantizeLinear(y, y_scale, y_zero_point)
 
+    def safe_softmax(x, dim: int, dtype=None):
+        p = op.Softmax(x, axis=dim)
+        zero = op.Constant(value=onnx.numpy_helper.from_array(np.array(0, dtype=np.float32)))
+        return op.Where(op.IsNaN(p), zero, p)
+
     return {
+        torch.ops.aten._safe_softmax.default: safe_softmax,
         torch.ops.quantbridge.quantize_dequantize.default: quantize_dequantize,
         torch.ops.quantbridge.dequantize.default: dequantize,
         torch.ops.quantbridge.dequantize_blocked.default: dequantize_blocked,
