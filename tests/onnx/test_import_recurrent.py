@@ -308,7 +308,10 @@ def test_quantizing_a_reset_first_gru_names_the_layer_and_trains_its_weights():
     ``nn.GRU._flat_weights``, which ``torch.export`` lifted as constants: quantize's warning named
     ``my_GRU.lifted_tensor_0``, advised "write the product as nn.Linear", and the captured
     model's GRU weights got no gradient. Its first step on the zero initial state computed
-    all-zero tensors, so calibration also warned about zeros at five ops."""
+    all-zero tensors, so calibration also warned about zeros at five ops. Since ``x @ W.T`` of a
+    parameter is captured as a linear layer, the input products (``weight_ih``) are quantized;
+    the recurrent products read row slices of ``weight_hh`` and stay float: named once per
+    layer (they went unnamed when a slice hid the parameter: a silently float layer)."""
     model, feeds = _node_model("GRU", "bidirectional")
     module = qb.import_onnx(model)
     x = torch.from_numpy(feeds["X"])
@@ -318,7 +321,13 @@ def test_quantizing_a_reset_first_gru_names_the_layer_and_trains_its_weights():
     texts = [str(w.message) for w in caught]
     assert not [t for t in texts if "lifted_tensor" in t or "only zeros" in t], texts
     (left,) = [t for t in texts if "stay float" in t]
-    assert "'my_GRU': a recurrent layer" in left and "my_GRU.weight_ih_l0" in left
+    assert "'my_GRU': a recurrent layer" in left and "my_GRU.weight_hh_l0" in left
+    assert left.startswith("2 layer(s)"), left  # weight_hh_l0 and weight_hh_l0_reverse, once each
+    quantized = {n for n, _ in qmodel.named_modules() if n.startswith("_quantbridge.my_GRU_weight")}
+    assert quantized == {
+        "_quantbridge.my_GRU_weight_ih_l0",
+        "_quantbridge.my_GRU_weight_ih_l0_reverse",
+    }
     y, _ = qmodel(x)
     y.square().sum().backward()
     grads = {n: p.grad for n, p in qmodel.named_parameters() if n.startswith("my_GRU.")}

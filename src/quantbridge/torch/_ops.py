@@ -358,8 +358,9 @@ _CONSTANT_PRODUCT_OPS: frozenset = frozenset(
 
 
 _TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
-# how a product may read a parameter: transposed, or rows picked by index (HF MoE ``batched_mm``)
-_VIEWS = _TRANSPOSES | {aten.numpy_T.default, aten.index.Tensor, aten.unsqueeze.default}
+# how a product reads a parameter: transposed, rows by index (HF MoE), sliced (a GRU's gate rows)
+_VIEWS = _TRANSPOSES | {aten.numpy_T.default, aten.index.Tensor, aten.unsqueeze.default,
+                        aten.slice.Tensor, aten.select.int, aten.narrow.default}  # fmt: skip
 
 
 # torch's names of a recurrent layer's weights (nn.RNNBase: ``weight_ih_l0``, ``weight_hh_l1_reverse``):
@@ -369,7 +370,7 @@ _RECURRENT_WEIGHT = re.compile(r"(^|\.)weight_(ih|hh)_l\d+(_reverse)?\b")
 
 def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
-    found = []
+    found = []  # through ``_VIEWS``
     for a in node.args[1] if node.target is aten.einsum.default else node.args[:2]:
         while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _VIEWS:
             a = a.args[0]

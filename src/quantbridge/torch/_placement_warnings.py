@@ -12,6 +12,7 @@ from ._capture import user_stacklevel
 def warn_placement(recipe: Recipe, left_float: list, seen_modules: set) -> None:
     """``left_float``: (layer, reason) of weighted ops no rule skips that stay float;
     ``seen_modules``: the (module path, type name) pairs the walk met."""
+    left_float = list(dict.fromkeys(left_float))  # a loop's steps: one entry per layer and why
     if left_float:
         shown = "; ".join(f"{name!r}: {why}" for name, why in left_float[:6])
         more = f" and {len(left_float) - 6} more" if len(left_float) > 6 else ""
