@@ -363,7 +363,7 @@ MEAN_MINMAX = "default with mean_minmax activations"
 
 def mean_minmax_recipe():
     """The default preset with activations calibrated by ``mean_minmax`` (the mean over
-    calibration samples of per-sample min / max, NNCF's default for per-tensor activations)
+    calibration batches of batch min / max, NNCF's default for per-tensor activations)
     instead of ``minmax``: does our gap to NNCF's default on the OCR detector at the full bench
     sizes (32 calibration images, where the running min / max widens with outliers) come from
     the range estimator?"""

@@ -12,7 +12,7 @@ method                     range                                        granular
 =========================  ===========================================  ===================
 ``minmax``                 running min / max (exact merge)              tensor, channel
 ``moving_average_minmax``  EMA of batch min / max, constant 0.01        tensor, channel
-``mean_minmax``            mean of per-sample min / max (NNCF default)  tensor, channel
+``mean_minmax``            mean of batch min / max (NNCF default)       tensor, channel
 ``percentile``             ``[P_{100-p}, P_p]`` from the histogram      tensor
 ``entropy``                min KL divergence (TensorRT), needs scheme   tensor
 ``mse``                    min expected quantization MSE, needs scheme  tensor

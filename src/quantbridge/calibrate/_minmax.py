@@ -19,20 +19,18 @@ the average weighted by the number of batches each side saw,
 
 ``mean_minmax`` is NNCF's default for per-tensor activations (``RangeEstimatorParametersSet.
 MEAN_MINMAX``: statistic MIN / MAX, aggregator MEAN; nncf/quantization/algorithms/min_max/
-algorithm.py ``_get_range_estimator_parameters``). NNCF quantizes with ``batchwise_statistics``
-on whenever the batch size exceeds 1 (nncf/quantization/quantize_model.py), i.e. its extrema are
-per *sample* (reduced over every axis but the batch axis 0), then averaged over all samples seen.
-We take the same: sample :math:`s` is ``x_t[i]`` for each item ``i`` along axis 0 of every
-batch, with extrema :math:`m_s, M_s` (per channel: over every axis but 0 and ``axis``), and
+algorithm.py ``_get_range_estimator_parameters``): the mean over batches of the batch extrema,
 
-.. math:: lo = \\frac{1}{S} \\sum_s m_s, \\qquad hi = \\frac{1}{S} \\sum_s M_s
+.. math:: lo = \\frac{1}{T} \\sum_t m_t, \\qquad hi = \\frac{1}{T} \\sum_t M_t
 
-A batch of rank 0 or 1 (no axis beyond the samples'), or a per-channel observer whose channel
-axis is axis 0, counts the whole batch as one sample. Unlike ``minmax``, the range does not grow with the amount of data (one outlier
-sample moves it by :math:`1/S` of its excess). The state is the float64 sums and the sample count
-:math:`S`, so merge is the exact count-weighted average (sums add; equal to one stream up to the
-order of the float64 additions). Batches given by their extrema (``update_extrema``) count as
-one sample each.
+Per batch, not per sample: NNCF reduces per sample only with ``batchwise_statistics``, which it
+switches on only when its dataset reports a batch size > 1 (a torch ``DataLoader``;
+nncf/quantization/quantize_model.py ``_update_advanced_quantization_parameters``), never for a
+list of feeds, which is how the bench (and ONNX users) give it data. Unlike ``minmax``, the range
+does not grow with the amount of data (one outlier batch moves it by :math:`1/T` of its excess);
+it depends on the batch size (smaller batches: narrower range). The state is the float64 sums and
+the batch count :math:`T`, so merge is the exact count-weighted average (sums add; equal to one
+stream up to the order of the float64 additions). ``update_extrema`` counts one batch per call.
 
 All check that every batch of a per-channel observer has the channel count of the first.
 """
@@ -234,68 +232,41 @@ class MovingAverageMinMaxObserver(_ExtremaObserver):
 
 @register_observer("mean_minmax")
 class MeanMinMaxObserver(_ExtremaObserver):
-    """Mean over samples (items along axis 0) of per-sample extrema: NNCF's ``MEAN_MINMAX``."""
+    """Mean over batches of the batch extrema: NNCF's ``MEAN_MINMAX`` (see the module docstring)."""
 
     def __init__(self, granularity: PerTensor | PerChannel | None = None) -> None:
         super().__init__(granularity)
-        self.samples = 0
-
-    def _sample_axis(self, arr: np.ndarray) -> int | None:
-        """Axis 0 when it can hold samples (not the channel axis; rank >= 2), else None."""
-        if arr.ndim < 2:
-            return None
-        if (
-            isinstance(self.granularity, PerChannel)
-            and self.granularity.resolve_axis(arr.ndim) == 0
-        ):
-            return None
-        return 0
-
-    def _update(self, arr: np.ndarray, lo: float, hi: float) -> None:
-        if self._sample_axis(arr) is None:
-            self._fold(*self._batch_extrema(arr, lo, hi))
-            return
-        if isinstance(self.granularity, PerChannel):
-            axis = self.granularity.resolve_axis(arr.ndim)
-            others = tuple(i for i in range(1, arr.ndim) if i != axis)
-        else:
-            others = tuple(range(1, arr.ndim))
-        # (N,) per tensor, (N, C) per channel: the channel axis keeps its place after axis 0
-        m = arr.min(axis=others).astype(np.float64) if others else arr.astype(np.float64)
-        big = arr.max(axis=others).astype(np.float64) if others else arr.astype(np.float64)
-        self._add(m.sum(axis=0), big.sum(axis=0), arr.shape[0])
+        self.batches = 0
 
     def _fold(self, batch_lo: np.ndarray, batch_hi: np.ndarray) -> None:
-        self._add(batch_lo, batch_hi, 1)
-
-    def _add(self, sum_lo: np.ndarray, sum_hi: np.ndarray, n: int) -> None:
+        # the sums of the batch extrema; range() divides by the batch count
         if self._lo is None:
-            self._lo, self._hi = np.array(sum_lo), np.array(sum_hi)
+            self._lo, self._hi = np.array(batch_lo), np.array(batch_hi)
         else:
-            self._lo = self._lo + sum_lo
-            self._hi = self._hi + sum_hi
-        self.samples += int(n)
+            self._lo = self._lo + batch_lo
+            self._hi = self._hi + batch_hi
+        self.batches += 1
 
     def _range(self, scheme: QScheme | None) -> tuple[np.ndarray, np.ndarray]:
         assert self._lo is not None and self._hi is not None
-        return self._lo / self.samples, self._hi / self.samples
+        return self._lo / self.batches, self._hi / self.batches
 
     def _state(self) -> StateDict:
         if self._lo is None:
-            return {"min": self._empty(), "max": self._empty(), "samples": 0}
+            return {"min": self._empty(), "max": self._empty(), "batches": 0}
         lo, hi = self._range(None)
-        return {"min": lo, "max": hi, "samples": int(self.samples)}
+        return {"min": lo, "max": hi, "batches": int(self.batches)}
 
     def _load_state(self, state: Mapping[str, StateValue]) -> None:
         lo, hi = self._read_state(state, merging=False)
-        n = int(state["samples"]) if int(state["values_seen"]) > 0 else 0
+        n = int(state["batches"]) if int(state["values_seen"]) > 0 else 0
         self._lo, self._hi = (lo * n, hi * n) if n else (None, None)
-        self.samples = n
+        self.batches = n
 
     def _merge_state(self, state: Mapping[str, StateValue]) -> None:
-        """Count-weighted average: the other side's mean times its sample count adds to ours."""
+        """Count-weighted average: the other side's mean times its batch count adds to ours."""
         lo, hi = self._read_state(state, merging=True)
-        n = int(state["samples"])
+        n = int(state["batches"])
         self._lo = self._lo + lo * n
         self._hi = self._hi + hi * n
-        self.samples += n
+        self.batches += n
