@@ -15,7 +15,7 @@ from quantbridge.calibrate import (
 )
 from quantbridge.numerics import PerChannel, QScheme
 
-ALL = ["minmax", "moving_average_minmax", "percentile", "entropy", "mse"]
+ALL = ["minmax", "moving_average_minmax", "mean_minmax", "percentile", "entropy", "mse"]
 
 
 def test_registry_lists_every_method() -> None:
@@ -23,7 +23,7 @@ def test_registry_lists_every_method() -> None:
 
 
 def test_unknown_method_lists_the_registered_ones() -> None:
-    with pytest.raises(ValueError, match="unknown calibration method 'kl'.*entropy, minmax"):
+    with pytest.raises(ValueError, match="unknown calibration method 'kl'.*entropy, mean_minmax, minmax"):
         make_observer("kl")
 
 

@@ -61,9 +61,10 @@ def test_tensor_merge_equals_one_observer_over_every_shard(case, scales, empty, 
         _equal_states(obs.state_dict(), whole.state_dict())
 
 
-def test_only_the_moving_average_merges_by_state_dicts():
-    """The moving average depends on batch order: no elementwise reduction reproduces it."""
+def test_only_the_averages_merge_by_state_dicts():
+    """The moving average depends on batch order, and mean_minmax averages by sample counts:
+    no elementwise max reproduces either."""
     by_states = {m for m in registered_methods() if not make_observer(m).tensor_merge}
-    assert by_states == {"moving_average_minmax"}
+    assert by_states == {"moving_average_minmax", "mean_minmax"}
     with pytest.raises(NotImplementedError, match="merges by state dicts only"):
         make_observer("moving_average_minmax").merge_maxima(1)

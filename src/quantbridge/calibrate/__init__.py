@@ -12,6 +12,7 @@ method                     range                                        granular
 =========================  ===========================================  ===================
 ``minmax``                 running min / max (exact merge)              tensor, channel
 ``moving_average_minmax``  EMA of batch min / max, constant 0.01        tensor, channel
+``mean_minmax``            mean of batch min / max (NNCF default)       tensor, channel
 ``percentile``             ``[P_{100-p}, P_p]`` from the histogram      tensor
 ``entropy``                min KL divergence (TensorRT), needs scheme   tensor
 ``mse``                    min expected quantization MSE, needs scheme  tensor
@@ -21,7 +22,7 @@ method                     range                                        granular
 from ._base import Observer, as_numpy
 from ._entropy import EntropyObserver, kl_divergences
 from ._histogram import DEFAULT_NUM_BINS, Histogram, HistogramObserver
-from ._minmax import MinMaxObserver, MovingAverageMinMaxObserver
+from ._minmax import MeanMinMaxObserver, MinMaxObserver, MovingAverageMinMaxObserver
 from ._mse import MSEObserver, cumulative_squared_error
 from ._percentile import PercentileObserver, histogram_percentile
 from ._registry import make_observer, observer_class, register_observer, registered_methods
@@ -32,6 +33,7 @@ __all__ = [
     "Histogram",
     "HistogramObserver",
     "MSEObserver",
+    "MeanMinMaxObserver",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "Observer",

@@ -17,7 +17,22 @@ The EMA depends on batch order, so no merge can reproduce one stream over all ba
 the average weighted by the number of batches each side saw,
 :math:`lo = (n_a lo_a + n_b lo_b) / (n_a + n_b)` -- an approximation, documented as such.
 
-Both check that every batch of a per-channel observer has the channel count of the first.
+``mean_minmax`` is NNCF's default for per-tensor activations (``RangeEstimatorParametersSet.
+MEAN_MINMAX``: statistic MIN / MAX, aggregator MEAN; nncf/quantization/algorithms/min_max/
+algorithm.py ``_get_range_estimator_parameters``): the mean over batches of the batch extrema,
+
+.. math:: lo = \\frac{1}{T} \\sum_t m_t, \\qquad hi = \\frac{1}{T} \\sum_t M_t
+
+Per batch, not per sample: NNCF reduces per sample only with ``batchwise_statistics``, which it
+switches on only when its dataset reports a batch size > 1 (a torch ``DataLoader``;
+nncf/quantization/quantize_model.py ``_update_advanced_quantization_parameters``), never for a
+list of feeds, which is how the bench (and ONNX users) give it data. Unlike ``minmax``, the range
+does not grow with the amount of data (one outlier batch moves it by :math:`1/T` of its excess);
+it depends on the batch size (smaller batches: narrower range). The state is the float64 sums and
+the batch count :math:`T`, so merge is the exact count-weighted average (sums add; equal to one
+stream up to the order of the float64 additions). ``update_extrema`` counts one batch per call.
+
+All check that every batch of a per-channel observer has the channel count of the first.
 """
 
 from __future__ import annotations
@@ -213,3 +228,45 @@ class MovingAverageMinMaxObserver(_ExtremaObserver):
         self._lo = (n_self * self._lo + n_other * lo) / total
         self._hi = (n_self * self._hi + n_other * hi) / total
         self.batches = total
+
+
+@register_observer("mean_minmax")
+class MeanMinMaxObserver(_ExtremaObserver):
+    """Mean over batches of the batch extrema: NNCF's ``MEAN_MINMAX`` (see the module docstring)."""
+
+    def __init__(self, granularity: PerTensor | PerChannel | None = None) -> None:
+        super().__init__(granularity)
+        self.batches = 0
+
+    def _fold(self, batch_lo: np.ndarray, batch_hi: np.ndarray) -> None:
+        # the sums of the batch extrema; range() divides by the batch count
+        if self._lo is None:
+            self._lo, self._hi = np.array(batch_lo), np.array(batch_hi)
+        else:
+            self._lo = self._lo + batch_lo
+            self._hi = self._hi + batch_hi
+        self.batches += 1
+
+    def _range(self, scheme: QScheme | None) -> tuple[np.ndarray, np.ndarray]:
+        assert self._lo is not None and self._hi is not None
+        return self._lo / self.batches, self._hi / self.batches
+
+    def _state(self) -> StateDict:
+        if self._lo is None:
+            return {"min": self._empty(), "max": self._empty(), "batches": 0}
+        lo, hi = self._range(None)
+        return {"min": lo, "max": hi, "batches": int(self.batches)}
+
+    def _load_state(self, state: Mapping[str, StateValue]) -> None:
+        lo, hi = self._read_state(state, merging=False)
+        n = int(state["batches"]) if int(state["values_seen"]) > 0 else 0
+        self._lo, self._hi = (lo * n, hi * n) if n else (None, None)
+        self.batches = n
+
+    def _merge_state(self, state: Mapping[str, StateValue]) -> None:
+        """Count-weighted average: the other side's mean times its batch count adds to ours."""
+        lo, hi = self._read_state(state, merging=True)
+        n = int(state["batches"])
+        self._lo = self._lo + lo * n
+        self._hi = self._hi + hi * n
+        self.batches += n
