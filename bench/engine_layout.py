@@ -27,16 +27,11 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from bench.suite.accuracy import sqnr_db
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _sqnr(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = ref.astype(np.float64), out.astype(np.float64)
-    noise = float(np.sum((ref - out) ** 2))
-    return float("inf") if noise == 0 else 10 * float(np.log10(np.sum(ref**2) / noise))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             "layout": engines[name].layout,
             "float_over_form": ratio,
             "float_over_form_cpu": cpu,
-            "sqnr_vs_qmodel_db": _sqnr(ref, outs[name]),
-            "sqnr_vs_float_db": _sqnr(outs["float"], outs[name]),
+            "sqnr_vs_qmodel_db": sqnr_db(ref, outs[name]),
+            "sqnr_vs_float_db": sqnr_db(outs["float"], outs[name]),
         }
         result["forms"][name] = row
         print(
@@ -93,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in runs.items():
         s = timing.summary(run["wall_ms"])
         print(f"{name:5s} {s['median']:.1f} ms [{s['min']:.1f}-{s['max']:.1f}]")
-    result["float_sqnr_vs_qmodel_db"] = _sqnr(ref, outs["float"])
+    result["float_sqnr_vs_qmodel_db"] = sqnr_db(ref, outs["float"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ort = qb.to_engine(qmodel, "onnxruntime", example_inputs=x, threads=args.threads)(x)
-    result["onnxruntime_sqnr_vs_qmodel_db"] = _sqnr(ref, ort.numpy())
+    result["onnxruntime_sqnr_vs_qmodel_db"] = sqnr_db(ref, ort.numpy())
     print(
         f"references: OpenVINO float vs QuantModel {result['float_sqnr_vs_qmodel_db']:.1f} dB; "
         f"qb.to_engine(qmodel, 'onnxruntime') vs QuantModel "

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.suite.accuracy import sqnr_db
+
 ROOT = Path(__file__).resolve().parents[1]
 
 NNCF_CHILD = """
@@ -125,12 +127,6 @@ def _perf(compiled, feeds: dict, reps: int = 5) -> dict[str, float]:
     return dict(total.most_common())
 
 
-def _sqnr(ref: np.ndarray, out: np.ndarray) -> float:
-    ref, out = ref.astype(np.float64), out.astype(np.float64)
-    noise = float(np.sum((ref - out) ** 2))
-    return float("inf") if noise == 0 else 10 * float(np.log10(np.sum(ref**2) / noise))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=480)
@@ -177,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = engines.ov_runner(compiled, feeds)
         out = np.asarray(next(iter(runner().values())))
         check = speed.check_output(ref_out.get(name, ref_out["float"]), out)
-        form = {"check": check, "sqnr_vs_float_db": _sqnr(ref_out["float"], out)}
+        form = {"check": check, "sqnr_vs_float_db": sqnr_db(ref_out["float"], out)}
         form["census"] = _census(compiled)
         if args.perf:
             form["perf_ms"] = _perf(compiled, feeds)
