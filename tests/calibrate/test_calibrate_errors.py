@@ -23,7 +23,9 @@ def test_registry_lists_every_method() -> None:
 
 
 def test_unknown_method_lists_the_registered_ones() -> None:
-    with pytest.raises(ValueError, match="unknown calibration method 'kl'.*entropy, mean_minmax, minmax"):
+    with pytest.raises(
+        ValueError, match="unknown calibration method 'kl'.*entropy, mean_minmax, minmax"
+    ):
         make_observer("kl")
 
 
