@@ -160,12 +160,11 @@ def _check(model: onnx.ModelProto) -> None:
             "or onnxruntime's quantize_static) and lower that file"
         )
     _refuse_blocked(nodes)
-    if not any(n.op_type in QUANTIZATION_OPS for n in nodes) and refusal(model, "lower"):
-        raise LoweringError(refusal(model, "lower"))
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
-            "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a float "
-            "model; quantize it first (qb.quantize + qb.export, or `quantbridge quantize`)"
+            refusal(model, "lower")
+            or "the model has no QuantizeLinear/DequantizeLinear or integer operators: it is a "
+            "float model; quantize it first (qb.quantize + qb.export, or `quantbridge quantize`)"
         )
     missing: dict[str, list[str]] = {}
     for n in nodes:

@@ -58,6 +58,7 @@ class FoldQOperator:
 def check_foldable(g: GraphView) -> None:
     """ValueError for a float model, and for a QuantizeLinear whose DequantizeLinear partner
     uses other parameters (the pair would not be a quantization but a silent rescale)."""
+    has_qdq = bool({n.op_type for n in g.nodes} & set(_QDQ))
     dynamic = [label(n) for n in g.nodes if n.op_type == "DynamicQuantizeLinear"]
     if dynamic:
         raise ValueError(
@@ -69,7 +70,7 @@ def check_foldable(g: GraphView) -> None:
             "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
     nbits = [label(n) for n in g.nodes if n.op_type == "MatMulNBits"]
-    if nbits and not {n.op_type for n in g.nodes} & set(_QDQ):
+    if nbits and not has_qdq:
         raise ValueError(
             f"{nbits[0]} holds group-wise weights (ONNX Runtime's weight-only MatMulNBits"
             f"{f', {len(nbits)} such nodes' if len(nbits) > 1 else ''}) and the model has no "
@@ -79,7 +80,7 @@ def check_foldable(g: GraphView) -> None:
             "(`quantbridge quantize FLOAT.onnx --calib CALIB.npz`) and fold that file"
         )
     fused = [label(n) for n in g.nodes if n.op_type in FUSED_DYNAMIC_OPS]
-    if fused and not {n.op_type for n in g.nodes} & set(_QDQ):
+    if fused and not has_qdq:
         raise ValueError(
             f"the model is dynamically quantized ({', '.join(fused[:3])}"
             f"{', ...' if len(fused) > 3 else ''}: ONNX Runtime's quantize_dynamic, fused by its "
@@ -88,13 +89,14 @@ def check_foldable(g: GraphView) -> None:
             "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
             "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
-    if not {n.op_type for n in g.nodes} & set(_QDQ) and refusal(g.graph, "fold"):
-        raise ValueError(refusal(g.graph, "fold"))
-    if not {n.op_type for n in g.nodes} & set(_QDQ):
+    if not has_qdq:
         raise ValueError(
-            "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "
-            "Quantize it first (qb.quantize + qb.export, or onnxruntime's quantize_static in QDQ "
-            "format), then fold the QDQ file"
+            refusal(g.graph, "fold")
+            or (
+                "the model has no QuantizeLinear/DequantizeLinear nodes: it is a float model. "
+                "Quantize it first (qb.quantize + qb.export, or onnxruntime's quantize_static in QDQ "
+                "format), then fold the QDQ file"
+            )
         )
     for q in g.nodes:
         if q.op_type != "QuantizeLinear":
