@@ -22,7 +22,6 @@ The engine layer (``quantbridge.engine``) reads it to call the graph like the us
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import onnx
@@ -45,10 +44,7 @@ def _constant(value) -> dict:
 
 def call_signature(program: torch.export.ExportedProgram, forward) -> dict:
     """The JSON-able record described in the module docstring."""
-    try:
-        params = [[p.name, p.kind.name] for p in inspect.signature(forward).parameters.values()]
-    except (TypeError, ValueError):
-        params = []
+    params = [[name, kind] for name, kind, _ in forward_parameters(forward) or []]
     inputs = []
     for spec in program.graph_signature.input_specs:
         if spec.kind != InputKind.USER_INPUT:
