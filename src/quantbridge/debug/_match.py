@@ -32,7 +32,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ..optables import (
+    FUSED_DYNAMIC_OPS,
+    GROUP_WISE_OPS,
+    QOPERATOR_OUTPUT_QPARAMS,
+    UNIT_GAIN_OPS,
+)
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -96,10 +101,10 @@ def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
 
 def has_blocked_weights(model: onnx.ModelProto) -> bool:
     """Group-wise weights (weight-only quantization): a DequantizeLinear with ``block_size`` or
-    ONNX Runtime's ``MatMulNBits``. Such a file may have no quantized activation: ``compare``
+    ONNX Runtime's ``MatMulNBits`` / ``GatherBlockQuantized``. Such a file may have no quantized activation: ``compare``
     then compares its outputs (float, in absolute units)."""
     return any(
-        n.op_type == "MatMulNBits"
+        n.op_type in GROUP_WISE_OPS
         or (
             n.op_type == "DequantizeLinear"
             and any(a.name == "block_size" and a.i for a in n.attribute)

@@ -22,7 +22,7 @@ import torch
 
 from ..onnx import to_onnx
 from ..onnx._qonnx import qonnx_to_qcdq
-from ..optables import INTEGER_OPS
+from ..optables import GROUP_WISE_OPS, INTEGER_OPS
 from ..torch import QuantModel
 from ._match import has_blocked_weights
 
@@ -49,11 +49,11 @@ class Subject:
 
 
 def onnx_form(model: onnx.ModelProto) -> str:
-    """'qop' when the graph has integer operators (or ONNX Runtime's ``MatMulNBits``), 'qdq' with
+    """'qop' when the graph has integer operators (or ONNX Runtime's ``MatMulNBits`` / ``GatherBlockQuantized``), 'qdq' with
     QuantizeLinear or group-wise weights (a blocked DequantizeLinear, weight-only quantization),
     else 'float'."""
     ops = {n.op_type for n in model.graph.node}
-    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops) or "MatMulNBits" in ops:
+    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops) or ops & GROUP_WISE_OPS:
         return "qop"
     return "qdq" if "QuantizeLinear" in ops or has_blocked_weights(model) else "float"
 

@@ -30,7 +30,7 @@ from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from ...onnx.passes import unfold, unfoldable_ops
 from ...onnx.passes._graph import MS_DOMAIN
-from ...optables import FUSED_DYNAMIC_OPS
+from ...optables import FUSED_DYNAMIC_OPS, GROUP_WISE_OPS
 from .._program import IntegerProgram
 from . import (  # noqa: F401  (registry)
     _einsum,
@@ -182,14 +182,18 @@ def _check(model: onnx.ModelProto) -> None:
         )  # fmt: skip
 
 
+_CONTRIB_BLOCK = 128  # the block_size attribute's default in ONNX Runtime's contrib-op specs
+
+
 def _refuse_blocked(nodes) -> None:
-    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits) have no
-    integer-only lowering: LoweringError naming them and the fix."""
+    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits or
+    GatherBlockQuantized) have no integer-only lowering: LoweringError naming them and the fix."""
     blocked = [
-        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0))
+        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0)
+         or (_CONTRIB_BLOCK if n.op_type in GROUP_WISE_OPS else 0))
         for n in nodes
-        if n.op_type in ("DequantizeLinear", "MatMulNBits")
-    ]
+        if n.op_type == "DequantizeLinear" or n.op_type in GROUP_WISE_OPS
+    ]  # fmt: skip
     blocked = [(n, size) for n, size in blocked if size]
     if not blocked:
         return
