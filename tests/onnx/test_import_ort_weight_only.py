@@ -109,3 +109,62 @@ def test_accuracy_level_4_is_named_with_what_ort_computes():
     y = qm(torch.from_numpy(ids)).detach().numpy()
     assert np.abs(y - level0).max() <= 1e-5 * np.abs(level0).max()
     assert np.abs(level4 - level0).max() > 1e-3 * np.abs(level0).max()  # the warned difference
+
+
+def _nncf_int8_weight_only() -> onnx.ModelProto:
+    """The layout of NNCF's ``compress_weights(mode=INT8_ASYM)`` on ONNX (measured on a GPT-2):
+    the embedding table per row (``axis=0``) read by Gather, the MatMul weight per output column
+    with ``axis=-1``, uint8 codes and zero points; no QuantizeLinear anywhere."""
+    rng = np.random.default_rng(4)
+    table_codes = rng.integers(0, 256, (V, D)).astype(np.uint8)
+    w_codes = rng.integers(0, 256, (D, N)).astype(np.uint8)
+    inits = [
+        numpy_helper.from_array(table_codes, "table_q"),
+        numpy_helper.from_array(rng.uniform(0.005, 0.02, V).astype(np.float32), "table_s"),
+        numpy_helper.from_array(rng.integers(100, 156, V).astype(np.uint8), "table_z"),
+        numpy_helper.from_array(w_codes, "w_q"),
+        numpy_helper.from_array(rng.uniform(0.002, 0.01, N).astype(np.float32), "w_s"),
+        numpy_helper.from_array(rng.integers(100, 156, N).astype(np.uint8), "w_z"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["table_q", "table_s", "table_z"], ["table"], axis=0),
+        helper.make_node("Gather", ["table", "ids"], ["e"], axis=0),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=-1),
+        helper.make_node("MatMul", ["e", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "nncf_int8", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", T])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", T, N])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_int8_weight_only_file_is_compared_and_refused_by_lower_by_name(tmp_path):
+    """compare called NNCF's INT8 weight-only file "a float model" and lower said "its input is
+    an unquantized float result"; now compare compares the outputs and lower names the weight."""
+    model = _nncf_int8_weight_only()
+    path = tmp_path / "w8.onnx"
+    onnx.save(model, path)
+    ids = np.random.default_rng(5).integers(0, V, (2, T))
+    ref = _run_ort(model, {"ids": ids})
+    qm = qb.import_onnx(path)
+    qm.eval()
+    y = qm(torch.from_numpy(ids)).detach().numpy()
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+    with pytest.raises(ValueError, match="DequantizeLinear.*integer weight.*no activation"):
+        qb.lower(path, input_shapes={"ids": (2, T)})
+    result = qb.compare(path, inputs={"ids": ids}, engines=["ort-ref", "torch-quant"])
+    (row,) = result.tensors
+    (pair,) = row["pairs"]
+    assert pair["max_abs"] <= 1e-5 * np.abs(ref).max()
+
+
+def test_signed_per_channel_scales_are_refused_naming_nncf_int8_sym():
+    """NNCF's INT8_SYM writes negative per-row scales (ORT runs them); the import refuses them by
+    tensor, now saying where they come from and which mode to use instead."""
+    model = _nncf_int8_weight_only()
+    inits = {i.name: i for i in model.graph.initializer}
+    scale = numpy_helper.to_array(inits["table_s"]) * np.float32(-1)
+    inits["table_s"].CopyFrom(numpy_helper.from_array(scale, "table_s"))
+    with pytest.raises(ValueError, match="'table_q'.*not positive.*NNCF.*INT8_ASYM"):
+        qb.import_onnx(model)

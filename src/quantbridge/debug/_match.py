@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..onnx._weight_only import weight_only_readers
 from ..optables import (
     FUSED_DYNAMIC_OPS,
     GROUP_WISE_OPS,
@@ -99,11 +100,13 @@ def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
     return {}
 
 
-def has_blocked_weights(model: onnx.ModelProto) -> bool:
-    """Group-wise weights (weight-only quantization): a DequantizeLinear with ``block_size`` or
-    ONNX Runtime's ``MatMulNBits`` / ``GatherBlockQuantized``. Such a file may have no quantized activation: ``compare``
-    then compares its outputs (float, in absolute units)."""
-    return any(
+def has_weight_only_weights(model: onnx.ModelProto) -> bool:
+    """Weight-only quantization: group-wise weights (a DequantizeLinear with ``block_size``,
+    ONNX Runtime's ``MatMulNBits`` / ``GatherBlockQuantized``), or integer weights read by
+    DequantizeLinear in a model that quantizes no activation (NNCF's ``compress_weights`` INT8,
+    ``onnx._weight_only``). Such a file may have no quantized activation: ``compare`` then
+    compares its outputs (float, in absolute units)."""
+    blocked = any(
         n.op_type in GROUP_WISE_OPS
         or (
             n.op_type == "DequantizeLinear"
@@ -111,6 +114,7 @@ def has_blocked_weights(model: onnx.ModelProto) -> bool:
         )
         for n in model.graph.node
     )
+    return blocked or bool(weight_only_readers(model))
 
 
 def find_sites(model: onnx.ModelProto) -> list[Site]:
@@ -161,7 +165,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             "DynamicQuantizeLinear -> MatMulInteger, which compare matches), or a statically "
             "quantized file (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`)"
         )
-    if not sites and not has_blocked_weights(model):  # weight-only: the outputs are compared
+    if not sites and not has_weight_only_weights(model):  # weight-only: the outputs are compared
         raise ValueError(
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"

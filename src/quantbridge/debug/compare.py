@@ -19,7 +19,7 @@ from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._gain import chain_values, conv_bound
-from ._match import Site, find_sites, has_blocked_weights, match_other_file
+from ._match import Site, find_sites, has_weight_only_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
@@ -166,7 +166,7 @@ def compare(
 
 def _group_wise_weights(model: onnx.ModelProto | None) -> list[str]:
     """``inspect``'s line for each group-wise (blocked) weight of ``model`` (bits, block size)."""
-    if model is None or not has_blocked_weights(model):
+    if model is None or not has_weight_only_weights(model):
         return []
     return [w.describe() for w in inspect_model(model).weights if "per-block" in w.granularity]
 
