@@ -33,7 +33,9 @@ of ``MatMulNBitsQuantizer(op_types_to_quantize=(..., "Gather"))``) is, by its co
 quantizer), ``scales`` / ``zero_points`` of the data's rank with ``ceil(D / block_size)`` along
 that axis. The rewrite reads it as that blocked DequantizeLinear of a constant (the table recorded
 with its codes) followed by a float ``Gather``. Packed ``uint8`` data (the ``bits`` attribute)
-and absent zero points are refused by name (ONNX Runtime's quantizer writes neither).
+and absent zero points are refused by name (ONNX Runtime's quantizer writes neither). A block of
+scale 0 (an all-zero row: BERT's padding embedding) is read as scale 1 with its codes on the zero
+point: the same values, 0.
 """
 
 from __future__ import annotations
@@ -163,7 +165,23 @@ def _gather_block_quantized(ctx: Normaliser, node: onnx.NodeProto) -> None:
         )
     axis = int(attrs.get("quantize_axis", 1))
     block = int(attrs.get("block_size", 128))
-    qp = ctx.qparams(node, data, 2, 3, axis=axis, block_size=block)
+    scale, zero_point = ctx.const(scale), ctx.const(zero)
+    if scale is not None and zero_point is not None and (scale == 0).any():
+        scale, codes = _zero_blocks(scale, zero_point, codes, axis, block)
+        data = ctx.add_const(f"{data}_qb_zero_blocks", codes)
+    qp = read_qparams(f"{where} operand {data!r}", scale, zero_point, axis, codes.ndim, None,
+                      block)  # fmt: skip
     table = ctx.read(node, data, qp)
     ctx.emit("Gather", [table, indices], [node.output[0]], name=node.name,
              axis=int(attrs.get("gather_axis", 0)))  # fmt: skip
+
+
+def _zero_blocks(scale, zero_point, codes, axis: int, block: int):
+    """Blocks of scale 0 (an all-zero row of the table: BERT's padding embedding) as scale 1 with
+    every code on the zero point: the same dequantized values (0), on a valid grid."""
+    axis = axis % codes.ndim
+    zero_block = np.repeat(scale == 0, block, axis=axis)
+    zero_block = np.take(zero_block, np.arange(codes.shape[axis]), axis=axis)
+    at_zero = np.repeat(zero_point, block, axis=axis)
+    at_zero = np.take(at_zero, np.arange(codes.shape[axis]), axis=axis)
+    return np.where(scale == 0, np.float32(1), scale), np.where(zero_block, at_zero, codes)
