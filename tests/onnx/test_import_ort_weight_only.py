@@ -173,3 +173,18 @@ def test_signed_per_channel_scales_are_refused_naming_nncf_int8_sym():
     inits["table_s"].CopyFrom(numpy_helper.from_array(scale, "table_s"))
     with pytest.raises(ValueError, match="'table_q'.*not positive.*NNCF.*INT8_ASYM"):
         qb.import_onnx(model)
+
+
+def test_compare_notes_where_onnxruntime_rounds_the_activation_to_int8():
+    """compare's text says where ORT quantizes a weight-only product's input (measured on a
+    GPT-2: 'ort' vs 'ort-ref' SQNR 47.7 dB, reported as 'rounding' with no note before)."""
+    from blocked_files import ort_quantized
+
+    from quantbridge.onnx._weight_only import int8_activation_products
+
+    level4 = _ort_quantize(_embedding_model(), op_types_to_quantize=("MatMul",), accuracy_level=4)
+    (line,) = int8_activation_products(level4)
+    assert "accuracy_level=4" in line and "MatMulNBits" in line
+    (line,) = int8_activation_products(ort_quantized("qdq", symmetric=True))
+    assert "DequantizeLinear" in line and "fuses it into MatMulNBits" in line
+    assert int8_activation_products(_embedding_model()) == []

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from ..onnx._control_flow import refusal
+from ..onnx._weight_only import int8_activation_products
 from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
@@ -161,6 +162,9 @@ def compare(
     blocked = _group_wise_weights(ref_subj.onnx)
     if blocked:  # optional key: weight-only files have no activation grid to count LSBs on
         result["group_wise_weights"] = blocked
+    int8_inputs = int8_activation_products(ref_subj.onnx) if ref_subj.onnx is not None else []
+    if int8_inputs:  # optional key: where ONNX Runtime rounds a weight-only product's input
+        result["int8_activation_products"] = int8_inputs
     return CompareResult(result)
 
 
