@@ -101,6 +101,10 @@ FUSED_DYNAMIC_OPS: frozenset[str] = frozenset(
     {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
 )
 
+# ONNX Runtime's weight-only contrib ops (MatMulNBitsQuantizer): group-wise (blocked) weights, float
+# activations; no per-tensor / per-channel form exists to fold or lower them to.
+GROUP_WISE_OPS: frozenset[str] = frozenset({"MatMulNBits", "GatherBlockQuantized"})
+
 # Ops ONNX Runtime runs with int8 operands and a float output when every data input comes from a
 # DequantizeLinear but no QuantizeLinear follows (MatMul -> MatMulIntegerToFloat).
 INT8_FLOAT_OUTPUT_OPS: frozenset[str] = frozenset({"MatMul"})

@@ -396,3 +396,42 @@ def test_residual_sum_float_output(qdq_graph):
     (ref,) = sess.run(None, {"x": x})
     assert got.shape == ref.shape == (2, 8)
     assert np.abs(got.astype(np.float64) - ref).max() <= (0.05 + 0.07) * 128 / 32767
+
+
+def test_per_channel_accumulator_split_into_float_outputs():
+    """``MatMul(per-channel weights) -> Split`` into two float graph outputs (ModelOpt's int8
+    GPT-2 splits the fused q, k, v projection): each part keeps its channels' scales. The lowering
+    of Split crashed with IndexError (its Slice parts had no input to look the shape up by).
+    Tolerance: the same float rounding bound as above, ``(gamma(K + 3) + 2 u) * S``, with
+    ``S <= K * 255 * 127`` codes; here 1e-4 of the largest output covers it (K = 6)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    k, n = 6, 8
+    w_scale = rng.uniform(0.01, 0.05, n).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "wq"),
+        numpy_helper.from_array(w_scale, "ws"),
+        numpy_helper.from_array(np.zeros(n, np.int8), "wz"),
+        numpy_helper.from_array(np.float32(0.02), "xs"),
+        numpy_helper.from_array(np.int8(0), "xz"),
+        numpy_helper.from_array(np.array([3, 5], np.int64), "parts"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xf"]),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1),
+        helper.make_node("MatMul", ["xf", "w"], ["h"]),
+        helper.make_node("Split", ["h", "parts"], ["y1", "y2"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y1", "y2")], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
+    prog = qb.lower(model, float_outputs="dequantize")
+    got = prog.run({"x": x})
+    ref = _ort(model).run(None, {"x": x})
+    for name, want in zip(("y1", "y2"), ref, strict=True):
+        assert np.abs(got[name] - want).max() <= 1e-4 * np.abs(want).max()

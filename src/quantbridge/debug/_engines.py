@@ -45,7 +45,7 @@ from ..torch import QuantModel, float_mode
 from ..torch._record import CONTAINER
 from ._match import (
     Site,
-    has_blocked_weights,
+    has_weight_only_weights,
     match_names,
     match_quantizers,
     match_sources,
@@ -87,7 +87,7 @@ class OnnxCapture:
         model = copy.deepcopy(model)
         names = _graph_names(model)
         float_model = not any(s.quantized and s.name in names for s in sites)
-        float_model = float_model and not has_blocked_weights(model)  # weight-only: by name
+        float_model = float_model and not has_weight_only_weights(model)  # weight-only: by name
         if float_model and float_pairs is not None:  # paired by name and structure
             self.where = {s: t for s, (t, _) in float_pairs.items() if t in names}
         elif float_model:  # a float file: the float tensor each QuantizeLinear reads

@@ -32,7 +32,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
+from ..onnx._weight_only import weight_only_readers
+from ..optables import (
+    FUSED_DYNAMIC_OPS,
+    GROUP_WISE_OPS,
+    QOPERATOR_OUTPUT_QPARAMS,
+    UNIT_GAIN_OPS,
+)
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -94,18 +100,21 @@ def quantizer_names(model: onnx.ModelProto) -> dict[str, str]:
     return {}
 
 
-def has_blocked_weights(model: onnx.ModelProto) -> bool:
-    """Group-wise weights (weight-only quantization): a DequantizeLinear with ``block_size`` or
-    ONNX Runtime's ``MatMulNBits``. Such a file may have no quantized activation: ``compare``
-    then compares its outputs (float, in absolute units)."""
-    return any(
-        n.op_type == "MatMulNBits"
+def has_weight_only_weights(model: onnx.ModelProto) -> bool:
+    """Weight-only quantization: group-wise weights (a DequantizeLinear with ``block_size``,
+    ONNX Runtime's ``MatMulNBits`` / ``GatherBlockQuantized``), or integer weights read by
+    DequantizeLinear in a model that quantizes no activation (NNCF's ``compress_weights`` INT8,
+    ``onnx._weight_only``). Such a file may have no quantized activation: ``compare`` then
+    compares its outputs (float, in absolute units)."""
+    blocked = any(
+        n.op_type in GROUP_WISE_OPS
         or (
             n.op_type == "DequantizeLinear"
             and any(a.name == "block_size" and a.i for a in n.attribute)
         )
         for n in model.graph.node
     )
+    return blocked or bool(weight_only_readers(model))
 
 
 def find_sites(model: onnx.ModelProto) -> list[Site]:
@@ -156,7 +165,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             "DynamicQuantizeLinear -> MatMulInteger, which compare matches), or a statically "
             "quantized file (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`)"
         )
-    if not sites and not has_blocked_weights(model):  # weight-only: the outputs are compared
+    if not sites and not has_weight_only_weights(model):  # weight-only: the outputs are compared
         raise ValueError(
             f"{graph.name or 'the model'}: no quantized tensor (no QuantizeLinear, "
             "DynamicQuantizeLinear or QLinear* op); compare needs a quantized model, e.g. from qb.quantize + qb.export"

@@ -179,6 +179,7 @@ class CompareResult:
         if blocked:
             lines.append(f"group-wise weights ({len(blocked)}): " + "; ".join(blocked[:4])
                          + (" ..." if len(blocked) > 4 else ""))  # fmt: skip
+        lines.extend(f"note: {line}" for line in d.get("int8_activation_products") or [])
         for engine, reason in d["errors"].items():
             lines.append(f"engine {engine} failed: {reason}")
         lines.extend(_pairing_lines(self.tensors))

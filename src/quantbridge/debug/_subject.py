@@ -22,9 +22,9 @@ import torch
 
 from ..onnx import to_onnx
 from ..onnx._qonnx import qonnx_to_qcdq
-from ..optables import INTEGER_OPS
+from ..optables import GROUP_WISE_OPS, INTEGER_OPS
 from ..torch import QuantModel
-from ._match import has_blocked_weights
+from ._match import has_weight_only_weights
 
 PLAIN_VALUES = (bool, int, float, str, type(None))  # a call's non-tensor values, as Python types
 _ELEM = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64}
@@ -49,13 +49,13 @@ class Subject:
 
 
 def onnx_form(model: onnx.ModelProto) -> str:
-    """'qop' when the graph has integer operators (or ONNX Runtime's ``MatMulNBits``), 'qdq' with
-    QuantizeLinear or group-wise weights (a blocked DequantizeLinear, weight-only quantization),
-    else 'float'."""
+    """'qop' when the graph has integer operators (or ONNX Runtime's ``MatMulNBits`` /
+    ``GatherBlockQuantized``), 'qdq' with QuantizeLinear or weight-only quantized weights (a
+    blocked DequantizeLinear, or NNCF's integer weights read by DequantizeLinear), else 'float'."""
     ops = {n.op_type for n in model.graph.node}
-    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops) or "MatMulNBits" in ops:
+    if ops & INTEGER_OPS or any(op.startswith("QLinear") for op in ops) or ops & GROUP_WISE_OPS:
         return "qop"
-    return "qdq" if "QuantizeLinear" in ops or has_blocked_weights(model) else "float"
+    return "qdq" if "QuantizeLinear" in ops or has_weight_only_weights(model) else "float"
 
 
 def _load_onnx(path: str | os.PathLike) -> onnx.ModelProto:

@@ -15,11 +15,12 @@ import numpy as np
 import onnx
 
 from ..onnx._control_flow import refusal
+from ..onnx._weight_only import int8_activation_products
 from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._gain import chain_values, conv_bound
-from ._match import Site, find_sites, has_blocked_weights, match_other_file
+from ._match import Site, find_sites, has_weight_only_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
@@ -161,12 +162,15 @@ def compare(
     blocked = _group_wise_weights(ref_subj.onnx)
     if blocked:  # optional key: weight-only files have no activation grid to count LSBs on
         result["group_wise_weights"] = blocked
+    int8_inputs = int8_activation_products(ref_subj.onnx) if ref_subj.onnx is not None else []
+    if int8_inputs:  # optional key: where ONNX Runtime rounds a weight-only product's input
+        result["int8_activation_products"] = int8_inputs
     return CompareResult(result)
 
 
 def _group_wise_weights(model: onnx.ModelProto | None) -> list[str]:
     """``inspect``'s line for each group-wise (blocked) weight of ``model`` (bits, block size)."""
-    if model is None or not has_blocked_weights(model):
+    if model is None or not has_weight_only_weights(model):
         return []
     return [w.describe() for w in inspect_model(model).weights if "per-block" in w.granularity]
 

@@ -26,11 +26,12 @@ from onnx import numpy_helper
 from ...onnx._control_flow import refusal
 from ...onnx._load import parse_onnx
 from ...onnx._qonnx import qonnx_to_qcdq
+from ...onnx._weight_only import weight_only_readers
 from ...onnx.importer._const_quantize import fold_constant_quantize
 from ...onnx.importer._fp16 import widen_float16
 from ...onnx.passes import unfold, unfoldable_ops
 from ...onnx.passes._graph import MS_DOMAIN
-from ...optables import FUSED_DYNAMIC_OPS
+from ...optables import FUSED_DYNAMIC_OPS, GROUP_WISE_OPS
 from .._program import IntegerProgram
 from . import (  # noqa: F401  (registry)
     _einsum,
@@ -160,6 +161,7 @@ def _check(model: onnx.ModelProto) -> None:
             "or onnxruntime's quantize_static) and lower that file"
         )
     _refuse_blocked(nodes)
+    _refuse_weight_only(model)
     if not any(n.op_type in QUANTIZATION_OPS for n in nodes):
         raise LoweringError(
             refusal(model, "lower")
@@ -182,14 +184,18 @@ def _check(model: onnx.ModelProto) -> None:
         )  # fmt: skip
 
 
+_CONTRIB_BLOCK = 128  # the block_size attribute's default in ONNX Runtime's contrib-op specs
+
+
 def _refuse_blocked(nodes) -> None:
-    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits) have no
-    integer-only lowering: LoweringError naming them and the fix."""
+    """Group-wise weights (a blocked DequantizeLinear, ONNX Runtime's MatMulNBits or
+    GatherBlockQuantized) have no integer-only lowering: LoweringError naming them and the fix."""
     blocked = [
-        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0))
+        (n, next((a.i for a in n.attribute if a.name == "block_size"), 0)
+         or (_CONTRIB_BLOCK if n.op_type in GROUP_WISE_OPS else 0))
         for n in nodes
-        if n.op_type in ("DequantizeLinear", "MatMulNBits")
-    ]
+        if n.op_type == "DequantizeLinear" or n.op_type in GROUP_WISE_OPS
+    ]  # fmt: skip
     blocked = [(n, size) for n, size in blocked if size]
     if not blocked:
         return
@@ -203,6 +209,21 @@ def _refuse_blocked(nodes) -> None:
         "per-channel weights (qb.quantize, or `quantbridge quantize FLOAT.onnx --calib "
         "CALIB.npz`) and lower that file"
     )
+
+
+def _refuse_weight_only(model: onnx.ModelProto) -> None:
+    """A weight-only model (integer weights, no quantized activation: NNCF's compress_weights
+    INT8) has no integer-only program: LoweringError naming its first weight reader and the fix."""
+    readers = weight_only_readers(model)
+    if readers:
+        raise LoweringError(
+            f"{readers[0].op_type} {node_name(readers[0])!r} dequantizes an integer weight, and "
+            f"the model quantizes no activation ({len(readers)} integer weights, float "
+            "activations: weight-only compression such as NNCF's compress_weights), so there is "
+            "no integer-only program to lower. Run it as it is in ONNX Runtime, or quantize the "
+            "float model statically with int8 activations (qb.quantize, or `quantbridge quantize "
+            "FLOAT.onnx --calib CALIB.npz`) and lower that file"
+        )
 
 
 def _contrib_fix(nodes, missing: dict[str, list[str]]) -> str:

@@ -352,7 +352,9 @@ def _split(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     ends = np.cumsum(sizes).tolist()
     outs = []
     for i, (output, end) in enumerate(zip(node.output, ends, strict=True)):
-        part = onnx.helper.make_node("Slice", [], [output], name=f"{node_name(node)}_{i}")
+        part = onnx.helper.make_node(
+            "Slice", [node.input[0]], [output], name=f"{node_name(node)}_{i}"
+        )
         attrs = {"starts": (end - sizes[i],), "ends": (end,), "axes": (axis,), "steps": (1,)}
         outs.append(moved(b, part, ins[0], "slice", attrs))
     return outs

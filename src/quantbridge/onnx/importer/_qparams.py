@@ -162,9 +162,17 @@ def read_qparams(
         )
     bad = ~(np.isfinite(scale) & (scale > 0))
     if bad.any():
+        signed = bool(np.isfinite(scale).all() and (scale != 0).all())
         raise ValueError(
             f"{where}: scale {scale.reshape(-1)[bad.reshape(-1)][:4].tolist()} is not positive "
             "and finite; every scale must be > 0 (re-quantize the model, or replace the scale)"
+            + (
+                ". Negative per-channel scales are what NNCF's compress_weights writes in its "
+                "symmetric mode (mode=INT8_SYM: the extreme weight of each row on code -128): "
+                "compress with mode=INT8_ASYM, or import the float model"
+                if signed
+                else ""
+            )
         )
     zero_point, onnx_type, lo, hi = _zero_point(where, scale, zero_point, output_type)
     if scale.size == 1:  # one element: per tensor, whatever the axis says

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ...optables import FUSED_DYNAMIC_OPS
+from ...optables import FUSED_DYNAMIC_OPS, GROUP_WISE_OPS
 from .._control_flow import refusal
 from .._load import parse_onnx
 from .._qonnx import qonnx_to_qcdq
@@ -69,10 +69,12 @@ def check_foldable(g: GraphView) -> None:
             "float model statically (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, or "
             "onnxruntime's quantize_static in QDQ format), then fold that file"
         )
-    nbits = [label(n) for n in g.nodes if n.op_type == "MatMulNBits"]
+    group_wise = [n for n in g.nodes if n.op_type in GROUP_WISE_OPS]
+    nbits = [label(n) for n in group_wise]
     if nbits and not has_qdq:
         raise ValueError(
-            f"{nbits[0]} holds group-wise weights (ONNX Runtime's weight-only MatMulNBits"
+            f"{nbits[0]} holds group-wise weights (ONNX Runtime's weight-only "
+            f"{group_wise[0].op_type}"
             f"{f', {len(nbits)} such nodes' if len(nbits) > 1 else ''}) and the model has no "
             "QuantizeLinear/DequantizeLinear: there is nothing to fold (the integer operators "
             "take per-tensor or per-channel weight scales). Run the file as it is in ONNX "
