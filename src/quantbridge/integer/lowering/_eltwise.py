@@ -89,6 +89,8 @@ UNARY: dict[str, Callable[[dict], Fn]] = {
     "HardSwish": lambda a: lambda r: r * np.clip(r / 6.0 + 0.5, 0.0, 1.0),
     "LeakyRelu": lambda a: lambda r: np.where(r >= 0, r, a.get("alpha", 0.01) * r),
     "Gelu": _gelu,
+    "Sin": lambda a: np.sin,
+    "Cos": lambda a: np.cos,
 }
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add,

@@ -37,6 +37,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._unit_axis import lifted
 
 
 def _per_channel(v: np.ndarray, channels: int, what: str, node: onnx.NodeProto) -> np.ndarray:
@@ -143,7 +144,7 @@ def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
 def _conv_geometry(node: onnx.NodeProto, weight: np.ndarray, transpose: bool) -> dict[str, Any]:
     a = attrs_of(node)
     spatial = weight.ndim - 2
-    if spatial not in ((1, 2) if not transpose else (2,)):
+    if spatial not in ((1, 2, 3) if not transpose else (2,)):
         raise LoweringError(f"{describe_node(node)}: {spatial}-D convolution is not lowered")
     auto_pad = a.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
@@ -195,6 +196,8 @@ def _group_tile(v, channels: int, group: int, node) -> np.ndarray:
 
 @register_lowering("Conv", "ConvTranspose")
 def _conv_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if node.op_type == "ConvTranspose" and isinstance(ins[1], QConst) and np.ndim(ins[1].q) == 3:
+        return lifted(b, node, ins, _conv_qdq)  # ConvTranspose1d: 2-D with a unit height
     x = as_activation(node, ins[0])
     w = as_qconst(node, ins[1], "the weight")
     bias = _bias_operand(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None

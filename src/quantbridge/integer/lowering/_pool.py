@@ -34,6 +34,7 @@ from ._groupnorm import Normalized, as_codes
 from ._movement import moved
 from ._qdq import float_result_codes
 from ._rms import mean_of_squares
+from ._unit_axis import lifted
 
 
 def _window(b: Builder, node: onnx.NodeProto) -> dict:
@@ -95,6 +96,8 @@ def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
 
 @register_lowering("MaxPool")
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if len(attrs_of(node).get("kernel_shape", ())) == 1:  # MaxPool1d: 2-D with a unit height
+        return lifted(b, node, ins, _maxpool)
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
     return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(b, node))]
@@ -174,6 +177,8 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if len(attrs_of(node).get("kernel_shape", ())) == 1:  # AvgPool1d: 2-D with a unit height
+        return lifted(b, node, ins, _average_pool)
     x = _averaged_input(b, node, ins[0])
     window = _window(b, node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))

@@ -1,0 +1,120 @@
+"""Ops the architecture sweeps found refused by ``lower`` (session 13): a 3-D convolution (a
+video block), a 1-D transposed convolution (an upsampler), 1-D average / max pools (SEW's
+squeeze), a softmax over a non-last axis (ConvBERT's span kernel). Each on a small torch model
+quantized, exported and lowered, the program compared with ONNX Runtime on the QDQ file layer by
+layer (each layer fed the program's own codes: ``conftest.layerwise_lsb``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import quantbridge as qb
+
+
+def _lowered(model: nn.Module, shape: tuple[int, ...], tmp_path, seed: int = 0):
+    torch.manual_seed(seed)
+    calib = [torch.randn(*shape) for _ in range(4)]
+    qmodel = qb.quantize(model.eval(), calib, progress=False)
+    path = tmp_path / "q.onnx"
+    qb.export(qmodel, path, calib[0])
+    import onnx
+
+    onnx_model = onnx.load(str(path))
+    feeds = {onnx_model.graph.input[0].name: torch.randn(*shape).numpy()}
+    return onnx_model, qb.lower(onnx_model), feeds
+
+
+class VideoBlock(nn.Module):
+    """A Conv3d stem (VideoMAE's tubelet embedding is a strided Conv3d) and a (1, 3, 3) conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv3d(3, 8, (2, 3, 3), stride=(2, 2, 2), padding=(0, 1, 1))
+        self.conv = nn.Conv3d(8, 8, (1, 3, 3), padding=(0, 1, 1), groups=2)
+
+    def forward(self, x):
+        return self.conv(torch.relu(self.stem(x)))
+
+
+class Upsampler(nn.Module):
+    """A 1-D decoder stage: Conv1d, then a ConvTranspose1d doubling the length."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.up = nn.ConvTranspose1d(16, 8, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.up(torch.relu(self.conv(x)))
+
+
+class Pools1d(nn.Module):
+    """SEW's squeeze (``AvgPool1d(k, k)``), a padded average pool and a max pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.squeeze = nn.AvgPool1d(2, 2)
+        self.avg = nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False)
+        self.max = nn.MaxPool1d(3, stride=1, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return torch.cat([self.squeeze(h), self.avg(h), self.max(h)[..., ::2]], dim=1)
+
+
+class SpanKernel(nn.Module):
+    """ConvBERT's dynamic span kernel: a Linear gives one weight per kernel tap, softmax over
+    the taps (axis 1 of (B*T*heads, taps, 1)), times the unfolded values."""
+
+    def __init__(self, taps: int = 9):
+        super().__init__()
+        self.taps = taps
+        self.kernel = nn.Linear(32, 4 * taps)
+        self.values = nn.Linear(32, 4 * 8 * taps)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        k = self.kernel(x).reshape(b * t * 4, self.taps, 1)
+        k = torch.softmax(k, dim=1)
+        v = self.values(x).reshape(b * t * 4, 8, self.taps)
+        return torch.matmul(v, k).reshape(b, t, 32)
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "limit"),
+    [
+        # each conv requantizes its exact int32 sum once, as ORT's DQ -> Conv -> Q does in float:
+        # at most 1 LSB where ORT's float32 sum rounds an exact tie the other way
+        (VideoBlock, (2, 3, 4, 12, 12), 1),
+        (Upsampler, (2, 8, 20), 1),
+        # averages: the exact window sum requantized once by s_x / (count s_y); ORT's float32 mean
+        # can round a tie the other way (1 LSB); the max is the codes themselves (0 LSB)
+        (Pools1d, (2, 8, 20), 1),
+        # the softmax's int16 probabilities (2**-15) are 256 times finer than the 8-bit output
+        # step; the P @ V product requantized once: 1 LSB, as for last-axis attention softmax
+        (SpanKernel, (2, 6, 32), 1),
+    ],
+)
+def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, layerwise):
+    """Before (2026-12-02): "3-D convolution is not lowered", "1-D convolution is not lowered"
+    (ConvTranspose), "only 2-D pools with explicit pads are lowered", "softmax over axis 1 of a
+    rank-3 tensor; only the last axis is lowered"."""
+    onnx_model, prog, feeds = _lowered(model(), shape, tmp_path)
+    diffs = layerwise(onnx_model, prog, feeds)
+    assert diffs, "no activation QuantizeLinear compared"
+    worst = max(int(d.max()) for d in diffs.values())
+    assert worst <= limit, {k: int(d.max()) for k, d in diffs.items()}
+    # the integer ONNX emission runs in ONNX Runtime and gives the numpy program's codes
+    env = prog.run(feeds, integer=True)
+    integer_model = prog.to_onnx({k: v.shape for k, v in feeds.items()})
+    from conftest import ort_session
+
+    sess = ort_session(integer_model)
+    codes = prog.run_integer(feeds)
+    got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
+    for b, out in zip(prog.outputs, got, strict=True):
+        np.testing.assert_array_equal(out, env[b.name])
