@@ -49,7 +49,7 @@ from ._core import (
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import LinearPending, add_bias
-from ._qdq import float_result_codes, rescale_sum
+from ._qdq import float_result_codes, rescale_sum, table_step
 from ._rms import RowSquares
 from ._rms import compose as compose_row
 
@@ -401,12 +401,21 @@ def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return [Const(np.concatenate([v.array for v in ins], axis=axis))]
     if any(isinstance(v, IndexValue | IntInput) for v in ins):  # index pairs, not codes
         return integer_concat(b, node, ins)
-    parts = [_operand(b, node, v) for v in ins]
+    # a float function of one 8-bit tensor (rotary embeddings' stack((-x2, x1)): Neg of one
+    # half) becomes a table straight onto the output's grid, then concatenated as it is
+    parts = [v if isinstance(v, Elementwise) else _operand(b, node, v) for v in ins]
     name = node_name(node)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
-        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in parts])
-        builder.step("concat", name, parts, out, zeros=[t.zero_point for t in parts],
+        tensors = []
+        for v in parts:
+            if isinstance(v, Elementwise):
+                t = builder.like(out.name + "_part", out)
+                table_step(builder, v.node, v.source, v.fn, t, qmin, qmax)
+                v = t
+            tensors.append(v)
+        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in tensors])
+        builder.step("concat", name, tensors, out, zeros=[t.zero_point for t in tensors],
                      multipliers=[int(m) for m in multiplier], shifts=[int(s) for s in shift],
                      axis=axis, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
                      dtype=out.dtype)  # fmt: skip

@@ -37,20 +37,24 @@ from ._rms import mean_of_squares
 from ._unit_axis import lifted
 
 
-def _window(b: Builder, node: onnx.NodeProto) -> dict:
+def _window(b: Builder, node: onnx.NodeProto, ranks: tuple[int, ...] = (2,)) -> dict:
+    """The pool's window attributes, its spatial rank one of ``ranks`` (1-D pools come here as
+    their 2-D forms, ``_unit_axis``; a max of codes also takes 3-D windows)."""
     a = attrs_of(node)
     kernel = tuple(a["kernel_shape"])
+    rank = len(kernel)
     auto_pad = a.get("auto_pad", b"NOTSET")
-    if len(kernel) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
-        raise LoweringError(f"{describe_node(node)}: only 2-D pools with explicit pads are "
-                            "lowered (export with padding=... rather than auto_pad)")  # fmt: skip
+    if rank not in ranks or auto_pad not in (b"NOTSET", "NOTSET"):
+        raise LoweringError(f"{describe_node(node)}: only {'/'.join(f'{r}-D' for r in ranks)} "
+                            "pools with explicit pads are lowered here (export with padding=... "
+                            "rather than auto_pad)")  # fmt: skip
     if a.get("storage_order", 0):
         raise LoweringError(f"{describe_node(node)}: storage_order=1 is not lowered")
     window = {
         "kernel": kernel,
-        "strides": tuple(a.get("strides", [1, 1])),
-        "pads": tuple(a.get("pads", [0, 0, 0, 0])),
-        "dilations": tuple(a.get("dilations", [1, 1])),
+        "strides": tuple(a.get("strides", [1] * rank)),
+        "pads": tuple(a.get("pads", [0] * 2 * rank)),
+        "dilations": tuple(a.get("dilations", [1] * rank)),
     }
     if a.get("ceil_mode", 0):
         window["pads"] = _ceil_pads(b, node, window)
@@ -70,10 +74,11 @@ def _ceil_pads(b: Builder, node: onnx.NodeProto, window: dict) -> tuple[int, ...
             raise LoweringError(f"{describe_node(node)}: ceil_mode=1 needs static spatial sizes; "
                                 "pass lower(..., input_shapes=...)")  # fmt: skip
         span = (k - 1) * d + 1
-        out = -(-(n + pads[i] + pads[i + 2] - span) // s) + 1
+        end = i + len(window["kernel"])
+        out = -(-(n + pads[i] + pads[end] - span) // s) + 1
         if (out - 1) * s >= n + pads[i]:
             out -= 1
-        pads[i + 2] += max(0, (out - 1) * s + span - (n + pads[i] + pads[i + 2]))
+        pads[end] += max(0, (out - 1) * s + span - (n + pads[i] + pads[end]))
     return tuple(pads)
 
 
@@ -100,7 +105,8 @@ def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
         return lifted(b, node, ins, _maxpool)
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(b, node))]
+    window = _window(b, node, (2, 3))
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", window)]
 
 
 def _reduce_axes(node: onnx.NodeProto, ins: list[Value | None], a: dict) -> list[int] | None:
