@@ -50,7 +50,7 @@ from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import LinearPending, add_bias
 from ._qdq import float_result_codes, rescale_sum, table_step
-from ._rms import RowSquares
+from ._rms import CenteredSquares, RowMean, RowSquares
 from ._rms import compose as compose_row
 
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -231,6 +231,10 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    squares = _centered_squares(node, ins)
+    if squares is not None:  # a layer norm's variance written out: (x - mean(x))**2
+        return [squares]
+    centered = _centered_source(node, ins)
     ins = settled(b, ins)
     folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
     if folded is not None:
@@ -275,7 +279,31 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
 
-    return [SumPending(name, realize, bound=bound if math.isfinite(bound) else None)]
+    bound = bound if math.isfinite(bound) else None
+    if centered is not None:
+        return [CenteredSum(name, realize, bound=bound, source=centered[0], n=centered[1])]
+    return [SumPending(name, realize, bound=bound)]
+
+
+def _centered_source(node: onnx.NodeProto, ins: list[Value | None]) -> tuple | None:
+    """``(x, n)`` for ``Sub(x, ReduceMean(x))`` over the last axis of the 8-bit tensor x."""
+    if node.op_type != "Sub" or len(ins) != 2:
+        return None
+    x, mean = ins
+    if (isinstance(x, QValue) and not x.integer and isinstance(mean, RowMean)
+            and mean.source is not None and mean.source.name == x.tensor.name):  # fmt: skip
+        return x.tensor, mean.n
+    return None
+
+
+def _centered_squares(node: onnx.NodeProto, ins: list[Value | None]) -> CenteredSquares | None:
+    """``Pow(x - mean(x), 2)`` (``CenteredSum``, exponent the constant 2), else None."""
+    if node.op_type != "Pow" or len(ins) != 2 or not isinstance(ins[0], CenteredSum):
+        return None
+    e = ins[1]
+    if not (isinstance(e, Const) and np.size(e.array) == 1 and float(np.ravel(e.array)[0]) == 2):
+        return None
+    return CenteredSquares(ins[0].source, ins[0].n, node_name(node))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +311,15 @@ class SumPending(Pending):
     """An Add / Sub of two tensors before its QuantizeLinear; ``bound`` bounds ``|real|`` (a
     Softmax reading it directly, Swin's scores plus a relative position bias, picks its int16
     grid from it: ``_normalize``; so do a LayerNormalization and a float graph output)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CenteredSum(SumPending):
+    """``x - mean(x)`` along the last axis of ``source`` (``n`` elements): realized as the
+    rescaled sum where a QuantizeLinear reads it; squared, the rows' variance (``_rms``)."""
+
+    source: QTensor | None = None
+    n: int = 0
 
 
 def _real_bound(v: Value | None) -> float:

@@ -22,6 +22,7 @@ from ._core import (
     Elementwise,
     LoweringError,
     Pending,
+    QValue,
     Value,
     as_activation,
     attrs_of,
@@ -33,7 +34,7 @@ from ._core import (
 from ._groupnorm import Normalized, as_codes
 from ._movement import moved
 from ._qdq import float_result_codes
-from ._rms import mean_of_squares
+from ._rms import RowMean, mean_of_squares
 from ._unit_axis import lifted
 
 
@@ -220,7 +221,12 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
     if squares is not None:  # RMSNorm's mean(x**2)
         return [squares]
     x = _averaged_input(b, node, ins[0])
-    return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
+    mean = _reduce(b, node, x, axes, bool(a.get("keepdims", 1)))
+    n = b.dim(node.input[0], -1)
+    if isinstance(ins[0], QValue) and rank and axes == [rank - 1] and a.get("keepdims", 1) and n:
+        return [RowMean(mean.node, mean.realize, mean.lo, mean.hi, mean.bound, mean.accumulator,
+                        source=x, n=int(n))]  # fmt: skip
+    return [mean]
 
 
 REDUCE_FOLD = {"ReduceSum": lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep),
