@@ -121,7 +121,7 @@ def _as_function(v: Value | None) -> tuple[QTensor | None, Fn] | None:
     return None
 
 
-def _compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
+def compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
     parts = [_as_function(v) for v in operands]
     if any(p is None for p in parts):
         return None
@@ -157,7 +157,7 @@ def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> lis
     if node.op_type == "Clip" and isinstance(x, Const) and x.array.dtype.kind in "iu":
         # integer weight codes -> Clip -> DequantizeLinear (Brevitas's QCDQ export): the codes
         return [Const(np.clip(x.array, lo, hi).astype(x.array.dtype))]
-    composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))
+    composed = compose(node, [x], lambda r: np.clip(r, lo, hi))
     if composed is None:
         raise LoweringError(f"{describe_node(node)}: input is not a quantized tensor")
     return [composed]
@@ -193,7 +193,7 @@ def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         ins = [as_codes(b, v)]
     if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
         return [compose_row(ins[0], fn)]
-    composed = _compose(node, ins[:1], fn)
+    composed = compose(node, ins[:1], fn)
     if composed is None:
         raise LoweringError(
             f"{describe_node(node)}: lowered as a table, its input must be a quantized 8-bit "
@@ -255,7 +255,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
                 and isinstance(v.scores, Const) and isinstance(ins[1 - i], QValue)):  # fmt: skip
             biased = _binary(b, node, [ins[1 - i], v.scores])[0]
             return [MaskedScores(biased, v.keep, node_name(node), v.nan_rows, v.fill)]
-    composed = _compose(node, ins, BINARY[node.op_type])
+    composed = compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)

@@ -105,6 +105,10 @@ def _logic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
 @register_lowering(*COMPARE)
 def _compare(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fold = COMPARE[node.op_type]
+    if any(isinstance(v, QValue | Elementwise) and not getattr(v, "integer", False) for v in ins):
+        composed = _of_one_tensor(node, ins, lambda *r: fold(*r).astype(np.float64))
+        if composed is not None:  # Mamba's softplus threshold: Greater(x, 20) of x's codes
+            return [composed]
     return _integer_step(b, node, ins, "compare", bool, fold, True, fn=node.op_type)
 
 
@@ -136,12 +140,24 @@ def _nan_rows(fill: Value | None) -> bool:
     return bool(np.isneginf(np.asarray(fill.array, np.float64)).all())
 
 
+def _of_one_tensor(node: onnx.NodeProto, ins: list[Value | None], combine) -> Elementwise | None:
+    """``combine`` of operands that are all functions of one 8-bit tensor (or scalars): the
+    composed ``Elementwise`` (a table at its QuantizeLinear), else None."""
+    from ._eltwise import compose  # _eltwise reads this module (integer arithmetic)
+
+    return compose(node, ins, combine)
+
+
 @register_lowering("Where")
 def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     """On integer / bool tensors: a ``where`` step. ``Where(mask, -inf, scores)`` and
     ``Where(keep, scores, -inf)`` on quantized scores: ``MaskedScores`` for the Softmax after it
     (a ``Not`` step makes ``keep`` from ``mask``)."""
     cond, x, y = ins
+    if isinstance(cond, Elementwise):  # Where(x > 20, x, softplus(x)): a function of x
+        composed = _of_one_tensor(node, ins, lambda c, p, q: np.where(c != 0, p, q))
+        if composed is not None:
+            return [composed]
     selected = select_constant(b, node, ins)
     if selected is not None:
         return [selected]

@@ -37,6 +37,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._movement import moved
 from ._unit_axis import lifted
 
 
@@ -275,8 +276,35 @@ def _constant_operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> Valu
     return v
 
 
+def _float_weight_on_left(b: Builder, node: onnx.NodeProto, w: np.ndarray, x: QTensor) -> Value:
+    """``W @ x`` with a float constant ``W`` (N, K) that the file keeps float on the left of a
+    quantized ``x`` (..., K, L) (Mamba's ``dt_proj.weight @ x``, which placement leaves float):
+    computed as ``(x^T @ W^T)^T`` with ``W`` on symmetric integer codes per output row N, of
+    ``max |W[n]| / top`` with ``top = min(32767, (2**31 - 1) / (K max|q_x - z_x|))`` (the
+    accumulator stays in int32). Error of the sum, before the output's rounding: at most
+    ``K max|W[n]| max|x| / (2 top)``, about 2**-16 of the sum's reach at top = 32767: far
+    below one 8-bit output step."""
+    rank = len(b.shapes.get(node.input[1]) or ())
+    if w.ndim != 2 or rank < 2:
+        raise LoweringError(f"{describe_node(node)}: a float constant of rank {w.ndim} times a "
+                            f"rank-{rank or '?'} tensor is not lowered")  # fmt: skip
+    k = w.shape[1]
+    top = int(min(2**15 - 1, (2**31 - 1) // max(1, k * code_range(x, x.zero_point))))
+    peak = np.abs(w.astype(np.float64)).max(axis=1)
+    scale = np.where(peak > 0, peak / top, 1.0)
+    codes = np.clip(np.rint(w / scale[:, None]), -top, top).astype(np.int16 if top > 127 else np.int8)
+    perm = {"perm": (*range(rank - 2), rank - 1, rank - 2)}
+    xt = moved(b, node, QValue(x), "transpose", perm)
+    wt = QConst(codes.T.copy(), scale, np.zeros(scale.size, np.int64), 1)
+    y = matmul_const(b, node, xt.tensor, x.scale, x.zero_point, wt, None)
+    return moved(b, node, y, "transpose", perm)
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if (isinstance(ins[0], Const) and ins[0].array.dtype.kind == "f"
+            and isinstance(ins[1], QValue) and not ins[1].integer):  # fmt: skip
+        return [_float_weight_on_left(b, node, np.asarray(ins[0].array), ins[1].tensor)]
     ins = [_constant_operand(b, node, ins[0]), *ins[1:]]
     a, ca = scaled_activation(node, ins[0])
     if isinstance(ins[1], QValue | Elementwise):
