@@ -84,6 +84,58 @@ class SpanKernel(nn.Module):
         return torch.matmul(v, k).reshape(b, t, 32)
 
 
+class Rotary(nn.Module):
+    """GPT-J / CodeGen rotary embedding: ``q * cos + rotate_every_two(q) * sin`` where
+    ``rotate_every_two`` is ``stack((-q[..., 1::2], q[..., ::2]), -1).flatten(-2)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+        self.o = nn.Linear(16, 16)
+        angles = torch.arange(8)[:, None] * 0.3 * torch.arange(1, 17)[None, :] / 16
+        self.register_buffer("sin", torch.sin(angles))
+        self.register_buffer("cos", torch.cos(angles))
+
+    def forward(self, x):
+        q = self.q(x)
+        rotated = torch.stack((-q[..., 1::2], q[..., ::2]), dim=-1).flatten(-2)
+        y = q * self.cos + rotated * self.sin
+        return self.o(y)
+
+
+class WrittenOutLayerNorm(nn.Module):
+    """Cohere's LayerNorm: mean, ``(x - mean).pow(2).mean()``, ``rsqrt(var + eps)``, weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 32)
+        self.weight = nn.Parameter(torch.rand(32) + 0.5)
+
+    def forward(self, x):
+        h = self.proj(x)
+        mean = h.mean(-1, keepdim=True)
+        variance = (h - mean).pow(2).mean(-1, keepdim=True)
+        return self.weight * ((h - mean) * torch.rsqrt(variance + 1e-5))
+
+
+class SelectiveScanStep(nn.Module):
+    """Mamba's ``dt_proj.weight @ x`` (a parameter on the left: placement leaves it float),
+    ``softplus`` (exported with its threshold: Greater / Where), and SEW's GELU padded as the
+    output."""
+
+    def __init__(self):
+        super().__init__()
+        self.x_proj = nn.Linear(8, 4)
+        self.dt_weight = nn.Parameter(torch.randn(16, 4) * 0.5)
+        self.up = nn.Linear(8, 8)
+
+    def forward(self, x):
+        dt = self.dt_weight @ self.x_proj(x).transpose(1, 2)  # (B, 16, L)
+        gate = nn.functional.softplus(dt)
+        out = nn.functional.pad(nn.functional.gelu(self.up(x)), (0, 3))
+        return gate, out
+
+
 @pytest.mark.parametrize(
     ("model", "shape", "limit"),
     [
@@ -97,12 +149,23 @@ class SpanKernel(nn.Module):
         # the softmax's int16 probabilities (2**-15) are 256 times finer than the 8-bit output
         # step; the P @ V product requantized once: 1 LSB, as for last-axis attention softmax
         (SpanKernel, (2, 6, 32), 1),
+        # -q as a table onto the output grid, rounded once as ORT's float Neg -> Q: 1 LSB at
+        # most (a tie); the products as for any quantized Mul
+        (Rotary, (2, 8, 16), 1),
+        # the variance exact in int64 and its rsqrt thresholds exact against float64: 1 LSB
+        # where ORT's float32 chain rounds across a step (``lowering._rms``)
+        (WrittenOutLayerNorm, (2, 6, 16), 1),
+        # the float weight on int16 codes: its error is 2**-16 of the sum's reach (``_linear``)
+        (SelectiveScanStep, (2, 6, 8), 1),
     ],
 )
 def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, layerwise):
     """Before (2026-12-02): "3-D convolution is not lowered", "1-D convolution is not lowered"
     (ConvTranspose), "only 2-D pools with explicit pads are lowered", "softmax over axis 1 of a
-    rank-3 tensor; only the last axis is lowered"."""
+    rank-3 tensor; only the last axis is lowered", "Concat 'node_stack': operands must be
+    quantized tensors ...", "Pow ...: lowered only as a function of one 8-bit tensor and
+    scalars", "MatMul ...: its input is a constant", "Greater ...: reads a quantized tensor",
+    "Pad ...: the padded tensor must be integer codes", no lowering of Sin / Cos."""
     onnx_model, prog, feeds = _lowered(model(), shape, tmp_path)
     diffs = layerwise(onnx_model, prog, feeds)
     assert diffs, "no activation QuantizeLinear compared"
@@ -118,3 +181,15 @@ def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, laye
     got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
     for b, out in zip(prog.outputs, got, strict=True):
         np.testing.assert_array_equal(out, env[b.name])
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos"])
+def test_sin_cos_of_codes_are_tables(op, qdq_graph, layerwise):
+    """Before: "cannot lower ... Sin / Cos" (DETR's sinusoidal features, rotary tables computed
+    in the graph). A table computed in float64, rounded once where ORT rounds its float32
+    result once: within 1 LSB (a float32 value on the other side of a rounding tie)."""
+    g = qdq_graph((2, 64), scale=0.05, zero=128)
+    model = g.model(g.quant(g.node(op, [g.x]), 2 / 255, 128))
+    feeds = {"x": np.random.default_rng(1).uniform(-6, 6, (2, 64)).astype(np.float32)}
+    (d,) = layerwise(model, qb.lower(model), feeds).values()
+    assert int(d.max()) <= 1

@@ -48,7 +48,7 @@ from ._core import (
 )
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
-from ._linear import LinearPending, add_bias
+from ._linear import LinearPending, add_bias, scaled_accumulator
 from ._qdq import float_result_codes, rescale_sum, table_step
 from ._rms import CenteredSquares, RowMean, RowSquares
 from ._rms import compose as compose_row
@@ -261,10 +261,14 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
     if biased is not None:
         return [biased]
+    scaled = scaled_accumulator(node, ins)  # Bloom: (q @ k^T) * alpha
+    if scaled is not None:
+        return [scaled]
     ins = _float_sums_on_int16_grid(b, node, ins)
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
     ins = _accumulators_on_int16_grid(b, node, ins)
+    ins = _float_constants_on_fine_grid(node, ins)  # a float constant added to those codes
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
@@ -397,8 +401,11 @@ def _accumulators_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list) -> 
     """Add / Sub of a MatMul of two activations that no QuantizeLinear follows and a quantized
     tensor (WavLM's ``baddbmm(position_bias, q, k^T)``): the int32 accumulator realized on
     int16 codes of one accumulator unit (exact) or, past 32767 units, of ``bound / 32767``
-    (half of that per element), then the usual rescaled sum."""
-    if node.op_type not in ("Add", "Sub") or not any(isinstance(v, QValue) for v in ins):
+    (half of that per element), then the usual rescaled sum. A float constant tensor as the
+    other operand (Bloom's ALiBi bias added to its scores) goes on its fine grid after."""
+    others = [isinstance(v, QValue) or isinstance(v, Const) and v.array.dtype.kind == "f"
+              and v.array.size > 1 for v in ins]  # fmt: skip
+    if node.op_type not in ("Add", "Sub") or not any(others):
         return ins
     out = []
     for v in ins:

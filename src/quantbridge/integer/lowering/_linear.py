@@ -122,6 +122,46 @@ class LinearPending(Pending):
     acc_bound: float | None = None  # max |accumulator| (a Softmax reading it picks its grid)
 
 
+def scaled_accumulator(node: onnx.NodeProto, ins: list[Value | None]) -> LinearPending | None:
+    """``Mul(acc, c)`` / ``Div(acc, c)`` of a weighted layer's accumulator and a positive scalar
+    constant (Bloom's ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))``: ``(q @ k^T) * alpha``): the
+    same accumulator with its scale times ``c`` (exact: ``c`` joins the requantization
+    multiplier). None when ``ins`` is not that pattern."""
+    if node.op_type not in ("Mul", "Div") or len(ins) != 2:
+        return None
+    for i, (acc, c) in enumerate((ins, ins[::-1])):
+        if node.op_type == "Div" and i == 1:
+            break  # c / acc is not a scaling
+        if not (isinstance(acc, LinearPending) and acc.acc_scale is not None
+                and isinstance(c, Const) and np.size(c.array) == 1
+                and c.array.dtype.kind == "f"):  # fmt: skip
+            continue
+        factor = float(np.asarray(c.array, np.float64).reshape(()))
+        factor = 1.0 / factor if node.op_type == "Div" else factor
+        if not (factor > 0 and np.isfinite(factor)) or acc.lo != -np.inf or acc.hi != np.inf:
+            return None
+        return _scaled(acc, factor)
+    return None
+
+
+def _scaled(acc: LinearPending, factor: float) -> LinearPending:
+    """``acc`` with every real value times ``factor > 0``: realized onto a grid ``factor``
+    times finer (the same codes), its bias entry point scaled alike."""
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        acc.realize(builder, dataclasses.replace(out, scale=out.scale / factor), qmin, qmax)
+
+    def with_bias(add: onnx.NodeProto, codes: np.ndarray) -> Pending:
+        inner = acc.with_bias(add, codes)  # codes in accumulator units: the same integers
+        return _scaled(inner, factor) if isinstance(inner, LinearPending) else inner
+
+    a = acc.accumulator
+    scaled = None if a is None else Accumulator(a.scale * factor, a.axis, a.bound, a.write)
+    return LinearPending(acc.node, realize, accumulator=scaled, acc_scale=acc.acc_scale * factor,
+                         with_bias=with_bias if acc.with_bias else None,
+                         acc_bound=acc.acc_bound)  # fmt: skip
+
+
 def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
     """``MatMul -> Add(bias)`` with an integer bias along the last axis (``DequantizeLinear``
     of int32 codes): the bias joins the accumulator (rescaled offline, as ``_bias_codes``, when

@@ -116,7 +116,7 @@ def _scores_from_accumulator(b: Builder, node: onnx.NodeProto, acc: LinearPendin
     return out, step
 
 
-def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: SumPending) -> tuple[QTensor, float]:
+def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: Pending) -> tuple[QTensor, float]:
     """``(int16 score codes, beta)`` for a Softmax reading an Add of quantized scores and a
     float constant (Swin / BEiT: ``scores + relative_position_bias``, the shifted windows' -100
     mask folded in; the constant is on a grid 256 times finer than the scores'): the sum is
@@ -137,8 +137,8 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
-    elif isinstance(v, SumPending) and v.bound is not None:
-        source, beta = _scores_from_sum(b, node, v)
+    elif (isinstance(v, SumPending) or type(v) is Pending) and v.bound is not None:
+        source, beta = _scores_from_sum(b, node, v)  # a sum moved by a Reshape: a Pending
     else:
         source, beta = _softmax_source(node, v)
     rank = len(b.shapes.get(node.input[0], ())) or None
