@@ -136,6 +136,26 @@ class SelectiveScanStep(nn.Module):
         return gate, out
 
 
+class AlibiAttention(nn.Module):
+    """Bloom's attention scores: ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))`` plus a causal
+    mask of finfo.min, softmax, then ``@ v``."""
+
+    def __init__(self, t: int = 6):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        slopes = torch.tensor([0.5, 0.25])[:, None, None]
+        self.register_buffer("alibi", (slopes * torch.arange(t)[None, None, :]).repeat(2, 1, 1))
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        self.register_buffer("mask", torch.zeros(t, t).masked_fill(causal, -3.4e38))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4).reshape(3, b * 2, t, 8)
+        scores = torch.baddbmm(self.alibi, q, k.transpose(1, 2), beta=1.0, alpha=8**-0.5)
+        probs = torch.softmax(scores.reshape(b, 2, t, t) + self.mask, dim=-1)
+        return torch.matmul(probs.reshape(b * 2, t, t), v).reshape(b, 2 * t * 8)
+
+
 @pytest.mark.parametrize(
     ("model", "shape", "limit"),
     [
@@ -157,6 +177,9 @@ class SelectiveScanStep(nn.Module):
         (WrittenOutLayerNorm, (2, 6, 16), 1),
         # the float weight on int16 codes: its error is 2**-16 of the sum's reach (``_linear``)
         (SelectiveScanStep, (2, 6, 8), 1),
+        # scores on int16 codes of 2**-10 (``_normalize.SCORE_STEP``), ALiBi on a grid 256 times
+        # finer than theirs: P @ V within 1 LSB, as for the other attention softmaxes
+        (AlibiAttention, (2, 6, 16), 1),
     ],
 )
 def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, layerwise):
@@ -165,7 +188,8 @@ def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, laye
     rank-3 tensor; only the last axis is lowered", "Concat 'node_stack': operands must be
     quantized tensors ...", "Pow ...: lowered only as a function of one 8-bit tensor and
     scalars", "MatMul ...: its input is a constant", "Greater ...: reads a quantized tensor",
-    "Pad ...: the padded tensor must be integer codes", no lowering of Sin / Cos."""
+    "Pad ...: the padded tensor must be integer codes", "Mul ...: its input ... is a float value
+    computed from quantized tensors" (Bloom's scores times alpha)."""
     onnx_model, prog, feeds = _lowered(model(), shape, tmp_path)
     diffs = layerwise(onnx_model, prog, feeds)
     assert diffs, "no activation QuantizeLinear compared"
@@ -191,5 +215,16 @@ def test_sin_cos_of_codes_are_tables(op, qdq_graph, layerwise):
     g = qdq_graph((2, 64), scale=0.05, zero=128)
     model = g.model(g.quant(g.node(op, [g.x]), 2 / 255, 128))
     feeds = {"x": np.random.default_rng(1).uniform(-6, 6, (2, 64)).astype(np.float32)}
+    (d,) = layerwise(model, qb.lower(model), feeds).values()
+    assert int(d.max()) <= 1
+
+
+def test_softmax_over_a_middle_axis_matches_ort(qdq_graph, layerwise):
+    """Before: "softmax over axis 1 of a rank-3 tensor; only the last axis is lowered" (this
+    graph was the refusal's test). The codes are transposed to the kernel's rows and back; the
+    int16 probabilities requantized once to the 8-bit grid: within 1 LSB of ORT's float32."""
+    g = qdq_graph((2, 4, 8), scale=0.05, zero=128)
+    model = g.model(g.quant(g.node("Softmax", [g.x], axis=1), 1 / 256, 0))
+    feeds = {"x": np.random.default_rng(2).normal(0, 2, (2, 4, 8)).astype(np.float32)}
     (d,) = layerwise(model, qb.lower(model), feeds).values()
     assert int(d.max()) <= 1

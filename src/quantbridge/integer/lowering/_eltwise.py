@@ -39,9 +39,11 @@ from ._core import (
     Pending,
     QConst,
     QValue,
+    SumPending,
     Value,
     attrs_of,
     code_range,
+    compose,
     describe_node,
     node_name,
     register_lowering,
@@ -50,7 +52,7 @@ from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
 from ._linear import LinearPending, add_bias, scaled_accumulator
 from ._qdq import float_result_codes, rescale_sum, table_step
-from ._rms import CenteredSquares, RowMean, RowSquares
+from ._rms import CenteredSum, RowSquares, centered_source, centered_squares
 from ._rms import compose as compose_row
 
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -107,30 +109,6 @@ def _fold_constants(op: str, a: np.ndarray, c: np.ndarray) -> np.ndarray:
     if op == "Div" and a.dtype.kind in "iu":
         return np.asarray(np.trunc(a / c)).astype(a.dtype)
     return np.asarray(BINARY[op](a, c)).astype(a.dtype)
-
-
-def _as_function(v: Value | None) -> tuple[QTensor | None, Fn] | None:
-    """``(source, f)`` when ``v`` is ``f(source)`` (source None: a scalar constant)."""
-    if isinstance(v, QValue) and not v.integer:
-        return v.tensor, lambda r: r
-    if isinstance(v, Elementwise):
-        return v.source, v.fn
-    if isinstance(v, Const) and np.size(v.array) == 1 and v.array.dtype.kind == "f":
-        c = np.float64(np.asarray(v.array).reshape(()))
-        return None, lambda r: c
-    return None
-
-
-def compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
-    parts = [_as_function(v) for v in operands]
-    if any(p is None for p in parts):
-        return None
-    sources = {p[0].name: p[0] for p in parts if p[0] is not None}
-    if len(sources) != 1:
-        return None
-    fns = [p[1] for p in parts]
-    return Elementwise(next(iter(sources.values())), lambda r: combine(*(f(r) for f in fns)),
-                       node_name(node))  # fmt: skip
 
 
 def _clip_bounds(node: onnx.NodeProto, ins: list[Value | None]) -> tuple[float, float]:
@@ -231,10 +209,10 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
-    squares = _centered_squares(node, ins)
+    squares = centered_squares(node, ins)
     if squares is not None:  # a layer norm's variance written out: (x - mean(x))**2
         return [squares]
-    centered = _centered_source(node, ins)
+    centered = centered_source(node, ins)
     ins = settled(b, ins)
     folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
     if folded is not None:
@@ -287,43 +265,6 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     if centered is not None:
         return [CenteredSum(name, realize, bound=bound, source=centered[0], n=centered[1])]
     return [SumPending(name, realize, bound=bound)]
-
-
-def _centered_source(node: onnx.NodeProto, ins: list[Value | None]) -> tuple | None:
-    """``(x, n)`` for ``Sub(x, ReduceMean(x))`` over the last axis of the 8-bit tensor x."""
-    if node.op_type != "Sub" or len(ins) != 2:
-        return None
-    x, mean = ins
-    if (isinstance(x, QValue) and not x.integer and isinstance(mean, RowMean)
-            and mean.source is not None and mean.source.name == x.tensor.name):  # fmt: skip
-        return x.tensor, mean.n
-    return None
-
-
-def _centered_squares(node: onnx.NodeProto, ins: list[Value | None]) -> CenteredSquares | None:
-    """``Pow(x - mean(x), 2)`` (``CenteredSum``, exponent the constant 2), else None."""
-    if node.op_type != "Pow" or len(ins) != 2 or not isinstance(ins[0], CenteredSum):
-        return None
-    e = ins[1]
-    if not (isinstance(e, Const) and np.size(e.array) == 1 and float(np.ravel(e.array)[0]) == 2):
-        return None
-    return CenteredSquares(ins[0].source, ins[0].n, node_name(node))
-
-
-@dataclasses.dataclass(frozen=True)
-class SumPending(Pending):
-    """An Add / Sub of two tensors before its QuantizeLinear; ``bound`` bounds ``|real|`` (a
-    Softmax reading it directly, Swin's scores plus a relative position bias, picks its int16
-    grid from it: ``_normalize``; so do a LayerNormalization and a float graph output)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CenteredSum(SumPending):
-    """``x - mean(x)`` along the last axis of ``source`` (``n`` elements): realized as the
-    rescaled sum where a QuantizeLinear reads it; squared, the rows' variance (``_rms``)."""
-
-    source: QTensor | None = None
-    n: int = 0
 
 
 def _real_bound(v: Value | None) -> float:

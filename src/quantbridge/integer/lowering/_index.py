@@ -38,6 +38,7 @@ from ._core import (
     Value,
     _kind,
     attrs_of,
+    compose,
     describe_node,
     held,
     index_input,
@@ -106,7 +107,7 @@ def _logic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
 def _compare(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fold = COMPARE[node.op_type]
     if any(isinstance(v, QValue | Elementwise) and not getattr(v, "integer", False) for v in ins):
-        composed = _of_one_tensor(node, ins, lambda *r: fold(*r).astype(np.float64))
+        composed = compose(node, ins, lambda *r: fold(*r).astype(np.float64))
         if composed is not None:  # Mamba's softplus threshold: Greater(x, 20) of x's codes
             return [composed]
     return _integer_step(b, node, ins, "compare", bool, fold, True, fn=node.op_type)
@@ -140,14 +141,6 @@ def _nan_rows(fill: Value | None) -> bool:
     return bool(np.isneginf(np.asarray(fill.array, np.float64)).all())
 
 
-def _of_one_tensor(node: onnx.NodeProto, ins: list[Value | None], combine) -> Elementwise | None:
-    """``combine`` of operands that are all functions of one 8-bit tensor (or scalars): the
-    composed ``Elementwise`` (a table at its QuantizeLinear), else None."""
-    from ._eltwise import compose  # _eltwise reads this module (integer arithmetic)
-
-    return compose(node, ins, combine)
-
-
 @register_lowering("Where")
 def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     """On integer / bool tensors: a ``where`` step. ``Where(mask, -inf, scores)`` and
@@ -155,7 +148,7 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     (a ``Not`` step makes ``keep`` from ``mask``)."""
     cond, x, y = ins
     if isinstance(cond, Elementwise):  # Where(x > 20, x, softplus(x)): a function of x
-        composed = _of_one_tensor(node, ins, lambda c, p, q: np.where(c != 0, p, q))
+        composed = compose(node, ins, lambda c, p, q: np.where(c != 0, p, q))
         if composed is not None:
             return [composed]
     selected = select_constant(b, node, ins)

@@ -332,7 +332,9 @@ def _float_weight_on_left(b: Builder, node: onnx.NodeProto, w: np.ndarray, x: QT
     top = int(min(2**15 - 1, (2**31 - 1) // max(1, k * code_range(x, x.zero_point))))
     peak = np.abs(w.astype(np.float64)).max(axis=1)
     scale = np.where(peak > 0, peak / top, 1.0)
-    codes = np.clip(np.rint(w / scale[:, None]), -top, top).astype(np.int16 if top > 127 else np.int8)
+    codes = np.clip(np.rint(w / scale[:, None]), -top, top).astype(
+        np.int16 if top > 127 else np.int8
+    )
     perm = {"perm": (*range(rank - 2), rank - 1, rank - 2)}
     xt = moved(b, node, QValue(x), "transpose", perm)
     wt = QConst(codes.T.copy(), scale, np.zeros(scale.size, np.int64), 1)

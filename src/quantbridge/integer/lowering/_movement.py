@@ -320,6 +320,7 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
 
 def _tabled(v: Elementwise) -> Pending:
     """A float function of 8-bit codes as the table that its QuantizeLinear will make."""
+
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         table_step(builder, v.node, v.source, v.fn, out, qmin, qmax)
 

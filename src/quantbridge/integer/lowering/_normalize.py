@@ -40,6 +40,7 @@ from ._core import (
     Pending,
     QConst,
     QValue,
+    SumPending,
     Value,
     accumulator_multiplier_bits,
     as_activation,
@@ -49,7 +50,6 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._eltwise import SumPending
 from ._groupnorm import normalized
 from ._linear import LinearPending
 from ._qdq import float_result_codes

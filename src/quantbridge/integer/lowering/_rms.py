@@ -31,9 +31,13 @@ from ...numerics import quantize
 from .._program import QTensor
 from ._core import (
     Builder,
+    Const,
     Elementwise,
     LoweringError,
     Pending,
+    QValue,
+    SumPending,
+    Value,
     code_range,
     describe_node,
     node_name,
@@ -66,6 +70,36 @@ class CenteredSquares:
     source: QTensor
     n: int
     node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CenteredSum(SumPending):
+    """``x - mean(x)`` along the last axis of ``source`` (``n`` elements): realized as the
+    rescaled sum where a QuantizeLinear reads it; squared, the rows' variance (``_rms``)."""
+
+    source: QTensor | None = None
+    n: int = 0
+
+
+def centered_source(node: onnx.NodeProto, ins: list[Value | None]) -> tuple | None:
+    """``(x, n)`` for ``Sub(x, ReduceMean(x))`` over the last axis of the 8-bit tensor x."""
+    if node.op_type != "Sub" or len(ins) != 2:
+        return None
+    x, mean = ins
+    if (isinstance(x, QValue) and not x.integer and isinstance(mean, RowMean)
+            and mean.source is not None and mean.source.name == x.tensor.name):  # fmt: skip
+        return x.tensor, mean.n
+    return None
+
+
+def centered_squares(node: onnx.NodeProto, ins: list[Value | None]) -> CenteredSquares | None:
+    """``Pow(x - mean(x), 2)`` (``CenteredSum``, exponent the constant 2), else None."""
+    if node.op_type != "Pow" or len(ins) != 2 or not isinstance(ins[0], CenteredSum):
+        return None
+    e = ins[1]
+    if not (isinstance(e, Const) and np.size(e.array) == 1 and float(np.ravel(e.array)[0]) == 2):
+        return None
+    return CenteredSquares(ins[0].source, ins[0].n, node_name(node))
 
 
 def mean_of_squares(b: Builder, node: onnx.NodeProto, v, axes, keepdims: bool):
