@@ -228,3 +228,22 @@ def test_softmax_over_a_middle_axis_matches_ort(qdq_graph, layerwise):
     feeds = {"x": np.random.default_rng(2).normal(0, 2, (2, 4, 8)).astype(np.float32)}
     (d,) = layerwise(model, qb.lower(model), feeds).values()
     assert int(d.max()) <= 1
+
+
+def test_masked_fill_with_zero_and_division_by_counts(qdq_graph, layerwise):
+    """UperNet's pyramid pooling as torch decomposes an adaptive average pool whose sizes do not
+    divide: ``masked_fill(mask, 0.0)`` of gathered windows, their sum, ``/ counts`` (a float
+    constant tensor). Before: "Where ...: selects float values", then "Div ...: lowered only as
+    a function of one 8-bit tensor and scalars". The fill is the code z (exact); the counts'
+    reciprocals on int16 codes (error 2**-16 of the product's reach) and the sum rounded once:
+    within 1 LSB of ORT."""
+    rng = np.random.default_rng(4)
+    g = qdq_graph((2, 3, 4), scale=0.05, zero=128)
+    mask = g.const(rng.integers(0, 2, (2, 3, 4)).astype(bool))
+    filled = g.node("Where", [mask, g.const(np.float32(0.0)), g.x])
+    total = g.node("Add", [filled, g.node("Where", [mask, g.x, g.const(np.float32(0.0))])])
+    counts = g.const(rng.integers(1, 5, (3, 4)).astype(np.float32))
+    model = g.model(g.quant(g.node("Div", [total, counts]), 0.04, 128))
+    feeds = {"x": rng.normal(0, 2, (2, 3, 4)).astype(np.float32)}
+    (d,) = layerwise(model, qb.lower(model), feeds).values()
+    assert int(d.max()) <= 1

@@ -209,6 +209,14 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    if (node.op_type == "Div" and isinstance(ins[1], Const) and ins[1].array.dtype.kind == "f"
+            and ins[1].array.size > 1 and np.all(ins[1].array != 0)
+            and isinstance(ins[0], Pending | QValue)):  # fmt: skip
+        # x / counts (torch's decomposed adaptive average pool): x times 1 / counts, on the
+        # int16 grid of a float factor (``_float_factor_on_int16_grid``)
+        reciprocal = Const(1.0 / np.asarray(ins[1].array, np.float64))
+        mul = onnx.helper.make_node("Mul", list(node.input), list(node.output), name=node.name)
+        return _binary(b, mul, [ins[0], reciprocal])
     squares = centered_squares(node, ins)
     if squares is not None:  # a layer norm's variance written out: (x - mean(x))**2
         return [squares]
