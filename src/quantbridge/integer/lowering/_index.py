@@ -48,6 +48,7 @@ from ._core import (
 from ._movement import _const_indices, moved
 from ._nonfinite import select_constant
 from ._qdq import dequantize_const, rescale_sum
+from ._select import fill_on_grid
 
 ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
               onnx.TensorProto.UINT8: np.dtype(np.uint8), onnx.TensorProto.INT16: np.dtype(np.int16),
@@ -168,7 +169,7 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node), nan_rows, fill)]
     if all(isinstance(v, QValue) and not v.integer for v in (x, y)):
         return [_select_quantized(b, node, cond, x, y)]
-    filled = _fill_on_grid(b, node, cond, x, y)
+    filled = fill_on_grid(b, node, lambda: _tensor(b, node, _operand(b, node, cond)), x, y)
     if filled is not None:
         return [filled]
     if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
@@ -210,28 +211,6 @@ def additive_mask(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> 
                 and not np.any(mask.scores.array)
                 and not isinstance(scores, MaskedScores | Const)):  # fmt: skip
             return MaskedScores(scores, mask.keep, node_name(node), mask.nan_rows, mask.fill)
-    return None
-
-
-def _fill_on_grid(b: Builder, node: onnx.NodeProto, cond, x, y) -> QValue | None:
-    """``Where(cond, c, DQ(q))`` or ``Where(cond, DQ(q), c)`` with a float scalar ``c`` on the
-    grid of ``q`` (``masked_fill(mask, 0.0)``: 0 is the code ``z``): a ``where`` step on the
-    codes, the same grid, exact. None for any other operands."""
-    for t, c, first in ((y, x, False), (x, y, True)):
-        if not (isinstance(t, QValue) and not t.integer and isinstance(c, Const)
-                and c.array.dtype.kind == "f" and c.array.size == 1):  # fmt: skip
-            continue
-        q = t.tensor
-        code = float(np.asarray(c.array, np.float64).reshape(())) / q.scale + q.zero_point
-        if not (np.isfinite(code) and code == round(code) and q.qmin <= code <= q.qmax):
-            return None
-        keep = _tensor(b, node, _operand(b, node, cond))
-        fill = b.constant(node_name(node) + "_fill", np.full(1, int(code), q.dtype), q.scale,
-                          q.zero_point)  # fmt: skip
-        out = b.like(node.output[0], q)
-        b.step("where", node_name(node), [keep, *((q, fill) if first else (fill, q))], out,
-               dtype=q.dtype)  # fmt: skip
-        return QValue(out)
     return None
 
 
