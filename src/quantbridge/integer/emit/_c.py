@@ -252,6 +252,11 @@ def _lut(c: _Ctx, k: str, step) -> str:
 
 def _pool_loops(c: _Ctx, step, inner: str, init: str, finish: str) -> str:
     a = step.attrs
+    if len(a["kernel"]) != 2:
+        raise ValueError(
+            f"C emitter: {step.op} {step.node!r} has a {len(a['kernel'])}-D window; "
+            "the C emitter writes 2-D ones (the numpy and ONNX programs run it)"
+        )
     n, ch, h, w = c.shapes[step.inputs[0]]
     oh, ow = c.shapes[step.output][2:]
     (kh, kw), (sh, sw), (dh, dw), pads = a["kernel"], a["strides"], a["dilations"], a["pads"]

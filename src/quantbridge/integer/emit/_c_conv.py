@@ -50,6 +50,11 @@ def _conv(c: _Ctx, k: str, step) -> str:
     xs, ys = c.shapes[step.inputs[0]], c.shapes[step.output]
     w = np.asarray(a["weight"])
     strides, pads, dil = a["strides"], a["pads"], a["dilations"]
+    if w.ndim > 4:
+        raise ValueError(
+            f"C emitter: conv {step.node!r} is a {w.ndim - 2}-D convolution; the C "
+            "emitter writes 1-D and 2-D ones (the numpy and ONNX programs run it)"
+        )
     if w.ndim == 3:  # 1-D as 2-D with unit height
         w, xs, ys = w[:, :, None], (*xs[:2], 1, xs[2]), (*ys[:2], 1, ys[2])
         strides, dil, pads = (1, strides[0]), (1, dil[0]), (0, pads[0], 0, pads[1])

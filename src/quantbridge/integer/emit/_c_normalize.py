@@ -137,11 +137,13 @@ def _row_squares(c: _Ctx, k: str, step) -> str:
     c.const("int64_t", f"{k}_t", thresholds if thresholds.size else np.zeros(1, np.int64))
     x, y = c.names[step.inputs[0]], c.names[step.output]
     return f"""    for (int r = 0; r < {rows}; r++) {{
-        int64_t s2 = 0;
+        int64_t s2 = 0, s1 = 0;
         for (int i = 0; i < {n}; i++) {{
             const int64_t v = (int64_t){x}[r * {n} + i] - {a["x_zero"]};
             s2 += v * v;
+            s1 += v;
         }}
+        {"s2 = " + str(n) + " * s2 - s1 * s1;" if a.get("centered", False) else "(void)s1;"}
         int count = 0;
         for (int j = 0; j < {thresholds.size}; j++) count += {k}_t[j] <= s2;
         {y}[r] = ({c.ctype(step.output)})({a["base"]} + {a["sign"]} * count);

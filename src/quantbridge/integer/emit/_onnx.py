@@ -189,7 +189,9 @@ def _conv_transpose(g: _Graph, step, ins: list[str], out: str) -> None:
 @_register("matmul")
 def _matmul(g: _Graph, step, ins: list[str], out: str) -> None:
     a = step.attrs
-    if any(np.dtype(g.program.tensors[t].dtype).itemsize > 1 for t in step.inputs):
+    if any(np.dtype(g.program.tensors[t].dtype).itemsize > 1 for t in step.inputs) or (
+        len(ins) == 1 and np.asarray(a["weight"]).dtype.itemsize > 1
+    ):  # 16-bit codes, or int16 weight codes (a float weight on int16 codes: ``_linear``)
         return _matmul_wide(g, step, ins, out)
     x, az = _x_u8(g, step, ins[0], a["a_zero"])
     if len(ins) == 1:

@@ -88,6 +88,10 @@ def _row_squares(g: _Graph, step, ins: list[str], out: str) -> None:
     a = step.attrs
     c = g.centered(ins[0], a["x_zero"])
     s2 = g.op("ReduceSum", [g.op("Mul", [c, c]), g.const([-1])], keepdims=1)
+    if a.get("centered", False):  # N S2 - S1**2
+        s1 = g.op("ReduceSum", [c, g.const([-1])], keepdims=1)
+        n = g.shapes[step.inputs[0]][-1]
+        s2 = g.op("Sub", [g.op("Mul", [s2, g.const(n)]), g.op("Mul", [s1, s1])])
     thresholds = np.asarray(a["thresholds"], np.int64)
     if thresholds.size:
         reached = g.op("Cast", [g.op("LessOrEqual", [g.const(thresholds), s2])],

@@ -1,4 +1,4 @@
-"""Conv, ConvTranspose and MatMul kernels: int8 x int8 sums, + int32 bias, one requantize.
+"""Conv (1-D, 2-D, 3-D), ConvTranspose and MatMul kernels: int8 x int8 sums, + int32 bias, one requantize.
 
 Real arithmetic: ``r_x = s_x (q_x - z_x)``, ``r_w = s_w[c] (q_w - z_w[c])``, bias
 ``r_b = s_x s_w[c] q_b`` (zero point 0), output ``r_y = s_y (q_y - z_y)``. Integer pipeline:
@@ -49,24 +49,28 @@ def _centered(q: np.ndarray, zero: object, dtype: type, shape: tuple[int, ...] =
 
 
 def conv_sums(x, w, strides, pads, dilations, group) -> np.ndarray:
-    """``sum_k x * w`` of a 2-D convolution (N, C, H, W) x (O, C/group, KH, KW), any dtype."""
-    n, _, _, _ = x.shape
-    o, cg, kh, kw = w.shape
-    (sh, sw), (dh, dw) = strides, dilations
-    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    win = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
-    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # N, C, OH, OW, KH, KW
-    oh, ow = win.shape[2:4]
-    cols = win.reshape(n, group, cg, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
-    cols = cols.reshape(n, group, oh * ow, cg * kh * kw)
-    wm = w.reshape(group, o // group, cg * kh * kw).transpose(0, 2, 1)
-    out = np.matmul(cols, wm)  # N, G, OH*OW, O/G
-    return out.transpose(0, 1, 3, 2).reshape(n, o, oh, ow)
+    """``sum_k x * w`` of an N-D convolution (N, C, *S) x (O, C/group, *K), any dtype (im2col
+    per group: the windows of each output position times the weight matrix)."""
+    n, o, cg, ks = x.shape[0], w.shape[0], w.shape[1], w.shape[2:]
+    rank = len(ks)
+    x = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + rank]) for i in range(rank))))
+    spans = tuple((k - 1) * d + 1 for k, d in zip(ks, dilations, strict=True))
+    win = sliding_window_view(x, spans, axis=tuple(range(2, 2 + rank)))
+    win = win[(slice(None), slice(None), *(slice(None, None, s) for s in strides),
+               *(slice(None, None, d) for d in dilations))]  # N, C, *OUT, *K  # fmt: skip
+    outs = win.shape[2 : 2 + rank]
+    win = win.reshape(n, group, cg, *outs, *ks)  # -> N, G, *OUT, C/G, *K
+    win = win.transpose(0, 1, *range(3, 3 + rank), 2, *range(3 + rank, 3 + 2 * rank))
+    cols = win.reshape(n, group, int(np.prod(outs)), cg * int(np.prod(ks)))
+    wm = w.reshape(group, o // group, -1).transpose(0, 2, 1)
+    out = np.matmul(cols, wm)  # N, G, prod(OUT), O/G
+    return out.transpose(0, 1, 3, 2).reshape(n, o, *outs)
 
 
 def _as_2d(x: np.ndarray, w: np.ndarray, attrs) -> tuple:
-    """1-D convolutions run as 2-D ones with a unit height (codes or centered values)."""
-    if x.ndim == 4:
+    """1-D convolutions run as 2-D ones with a unit height (codes or centered values); 2-D and
+    3-D ones as they are."""
+    if x.ndim != 3:
         return x, w, attrs["strides"], attrs["pads"], attrs["dilations"]
     (s,), (d,), (p0, p1) = attrs["strides"], attrs["dilations"], attrs["pads"]
     return x[:, :, None], w[:, :, None], (1, s), (0, p0, 0, p1), (1, d)
@@ -75,12 +79,14 @@ def _as_2d(x: np.ndarray, w: np.ndarray, attrs) -> tuple:
 @register_kernel("conv")
 def conv(attrs, x: np.ndarray) -> np.ndarray:
     x2, w2, strides, pads, dilations = _as_2d(x, attrs["weight"], attrs)
-    acc = conv2d_sums(x2, attrs["x_zero"], w2, attrs["w_zero"], strides, pads, dilations,
-                      attrs["group"], attrs["bound"])  # fmt: skip
-    if acc is None:  # grouped (not depthwise) or int64 sums: im2col per group
+    acc = None
+    if x2.ndim == 4:  # the fast layouts of 2-D convolutions
+        acc = conv2d_sums(x2, attrs["x_zero"], w2, attrs["w_zero"], strides, pads, dilations,
+                          attrs["group"], attrs["bound"])  # fmt: skip
+    if acc is None:  # 3-D, grouped (not depthwise) or int64 sums: im2col per group
         dtype = _sum_dtype(attrs)
         xc = _centered(x2, attrs["x_zero"], dtype)
-        wc = _centered(w2, attrs["w_zero"], dtype, (-1, 1, 1, 1))
+        wc = _centered(w2, attrs["w_zero"], dtype, (-1,) + (1,) * (w2.ndim - 1))
         acc = conv_sums(xc, wc, strides, pads, dilations, attrs["group"])
     return _finish(attrs, acc.reshape(acc.shape[:2] + acc.shape[-(x.ndim - 2) :]), 1)
 

@@ -85,8 +85,13 @@ def layernorm(attrs, x: np.ndarray) -> np.ndarray:
 @register_kernel("row_squares")
 def row_squares(attrs, x: np.ndarray) -> np.ndarray:
     """``code = base + sign * #{thresholds <= S2}`` with ``S2 = sum (q - z)**2`` over the last
-    axis (kept, size 1): a monotone function of a row's mean square (``lowering._rms``)."""
+    axis (kept, size 1): a monotone function of a row's mean square (``lowering._rms``); with
+    ``centered``, ``S2 = N sum (q - z)**2 - (sum (q - z))**2 = N**2 var`` (a layer norm's
+    variance written out: ``mean((x - mean(x))**2)``)."""
     c = x.astype(np.int64) - np.int64(attrs["x_zero"])
     s2 = (c * c).sum(axis=-1, keepdims=True)
+    if attrs.get("centered", False):
+        s1 = c.sum(axis=-1, keepdims=True)
+        s2 = c.shape[-1] * s2 - s1 * s1
     k = np.searchsorted(np.asarray(attrs["thresholds"], np.int64), s2, side="right")
     return (attrs["base"] + attrs["sign"] * k).astype(attrs["dtype"])

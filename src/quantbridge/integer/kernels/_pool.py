@@ -21,26 +21,29 @@ from ._registry import register_kernel
 
 
 def windows(x: np.ndarray, attrs, pad_value: int) -> np.ndarray:
-    """(N, C, OH, OW, KH, KW) windows of a 2-D pool, padding filled with ``pad_value``."""
-    kh, kw = attrs["kernel"]
-    (sh, sw), (dh, dw), pads = attrs["strides"], attrs["dilations"], attrs["pads"]
+    """(N, C, *OUT, *K) windows of a 2-D (or 3-D) pool, padding filled with ``pad_value``."""
+    kernel, strides, dilations, pads = (attrs["kernel"], attrs["strides"], attrs["dilations"],
+                                        attrs["pads"])  # fmt: skip
+    rank = len(kernel)
     x = np.pad(
         x,
-        ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])),
+        ((0, 0), (0, 0), *((pads[i], pads[i + rank]) for i in range(rank))),
         constant_values=pad_value,
     )
-    win = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
-    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+    spans = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True))
+    win = sliding_window_view(x, spans, axis=tuple(range(2, 2 + rank)))
+    return win[(slice(None), slice(None), *(slice(None, None, s) for s in strides),
+                *(slice(None, None, d) for d in dilations))]  # fmt: skip
 
 
 @register_kernel("maxpool")
 def maxpool(attrs, x: np.ndarray) -> np.ndarray:
     pad = int(np.iinfo(x.dtype).min)
     win = windows(x, attrs, pad)
-    out = win[..., 0, 0].copy()
-    for i in range(win.shape[-2]):  # one elementwise max per window position (fast strides)
-        for j in range(win.shape[-1]):
-            np.maximum(out, win[..., i, j], out=out)
+    taps = list(np.ndindex(*attrs["kernel"]))
+    out = win[(..., *taps[0])].copy()
+    for tap in taps[1:]:  # one elementwise max per window position (fast strides)
+        np.maximum(out, win[(..., *tap)], out=out)
     return out
 
 

@@ -135,6 +135,13 @@ Value = (Const | FloatInput | IntInput | QConst | QValue | Pending | Elementwise
          | MaskedScores)  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class SumPending(Pending):
+    """An Add / Sub of two tensors before its QuantizeLinear; ``bound`` bounds ``|real|`` (a
+    Softmax reading it directly, Swin's scores plus a relative position bias, picks its int16
+    grid from it: ``_normalize``; so do a LayerNormalization and a float graph output)."""
+
+
 def node_name(node: onnx.NodeProto) -> str:
     return node.name or (node.output[0] if node.output else node.op_type)
 
@@ -316,3 +323,29 @@ def _kind(v: Value | None) -> str:
         "input of a Softmax",
     }
     return next((kinds[c] for c in type(v).__mro__ if c in kinds), f"a {type(v).__name__}")
+
+
+def as_function(v: Value | None) -> tuple[QTensor | None, Callable] | None:
+    """``(source, f)`` when ``v`` is ``f(source)`` (source None: a scalar constant)."""
+    if isinstance(v, QValue) and not v.integer:
+        return v.tensor, lambda r: r
+    if isinstance(v, Elementwise):
+        return v.source, v.fn
+    if isinstance(v, Const) and np.size(v.array) == 1 and v.array.dtype.kind == "f":
+        c = np.float64(np.asarray(v.array).reshape(()))
+        return None, lambda r: c
+    return None
+
+
+def compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
+    """``combine`` of operands that are all functions of one 8-bit tensor (or scalar float
+    constants): the composed ``Elementwise`` (a table at its QuantizeLinear), else None."""
+    parts = [as_function(v) for v in operands]
+    if any(p is None for p in parts):
+        return None
+    sources = {p[0].name: p[0] for p in parts if p[0] is not None}
+    if len(sources) != 1:
+        return None
+    fns = [p[1] for p in parts]
+    return Elementwise(next(iter(sources.values())), lambda r: combine(*(f(r) for f in fns)),
+                       node_name(node))  # fmt: skip

@@ -39,18 +39,20 @@ from ._core import (
     Pending,
     QConst,
     QValue,
+    SumPending,
     Value,
     attrs_of,
     code_range,
+    compose,
     describe_node,
     node_name,
     register_lowering,
 )
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
-from ._linear import LinearPending, add_bias
-from ._qdq import float_result_codes, rescale_sum
-from ._rms import RowSquares
+from ._linear import LinearPending, add_bias, scaled_accumulator
+from ._qdq import float_result_codes, rescale_sum, table_step
+from ._rms import CenteredSum, RowSquares, centered_source, centered_squares
 from ._rms import compose as compose_row
 
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -89,6 +91,8 @@ UNARY: dict[str, Callable[[dict], Fn]] = {
     "HardSwish": lambda a: lambda r: r * np.clip(r / 6.0 + 0.5, 0.0, 1.0),
     "LeakyRelu": lambda a: lambda r: np.where(r >= 0, r, a.get("alpha", 0.01) * r),
     "Gelu": _gelu,
+    "Sin": lambda a: np.sin,
+    "Cos": lambda a: np.cos,
 }
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add,
@@ -105,30 +109,6 @@ def _fold_constants(op: str, a: np.ndarray, c: np.ndarray) -> np.ndarray:
     if op == "Div" and a.dtype.kind in "iu":
         return np.asarray(np.trunc(a / c)).astype(a.dtype)
     return np.asarray(BINARY[op](a, c)).astype(a.dtype)
-
-
-def _as_function(v: Value | None) -> tuple[QTensor | None, Fn] | None:
-    """``(source, f)`` when ``v`` is ``f(source)`` (source None: a scalar constant)."""
-    if isinstance(v, QValue) and not v.integer:
-        return v.tensor, lambda r: r
-    if isinstance(v, Elementwise):
-        return v.source, v.fn
-    if isinstance(v, Const) and np.size(v.array) == 1 and v.array.dtype.kind == "f":
-        c = np.float64(np.asarray(v.array).reshape(()))
-        return None, lambda r: c
-    return None
-
-
-def _compose(node: onnx.NodeProto, operands: list[Value | None], combine) -> Elementwise | None:
-    parts = [_as_function(v) for v in operands]
-    if any(p is None for p in parts):
-        return None
-    sources = {p[0].name: p[0] for p in parts if p[0] is not None}
-    if len(sources) != 1:
-        return None
-    fns = [p[1] for p in parts]
-    return Elementwise(next(iter(sources.values())), lambda r: combine(*(f(r) for f in fns)),
-                       node_name(node))  # fmt: skip
 
 
 def _clip_bounds(node: onnx.NodeProto, ins: list[Value | None]) -> tuple[float, float]:
@@ -155,7 +135,7 @@ def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> lis
     if node.op_type == "Clip" and isinstance(x, Const) and x.array.dtype.kind in "iu":
         # integer weight codes -> Clip -> DequantizeLinear (Brevitas's QCDQ export): the codes
         return [Const(np.clip(x.array, lo, hi).astype(x.array.dtype))]
-    composed = _compose(node, [x], lambda r: np.clip(r, lo, hi))
+    composed = compose(node, [x], lambda r: np.clip(r, lo, hi))
     if composed is None:
         raise LoweringError(f"{describe_node(node)}: input is not a quantized tensor")
     return [composed]
@@ -191,7 +171,7 @@ def _unary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         ins = [as_codes(b, v)]
     if isinstance(ins[0], RowSquares):  # RMSNorm: sqrt / reciprocal of the mean square
         return [compose_row(ins[0], fn)]
-    composed = _compose(node, ins[:1], fn)
+    composed = compose(node, ins[:1], fn)
     if composed is None:
         raise LoweringError(
             f"{describe_node(node)}: lowered as a table, its input must be a quantized 8-bit "
@@ -229,6 +209,18 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return integer_arithmetic(b, node, ins)
     if all(isinstance(v, Const) for v in ins):  # shape arithmetic (DeBERTa: size * constant)
         return [Const(_fold_constants(node.op_type, *(v.array for v in ins)))]
+    if (node.op_type == "Div" and isinstance(ins[1], Const) and ins[1].array.dtype.kind == "f"
+            and ins[1].array.size > 1 and np.all(ins[1].array != 0)
+            and isinstance(ins[0], Pending | QValue)):  # fmt: skip
+        # x / counts (torch's decomposed adaptive average pool): x times 1 / counts, on the
+        # int16 grid of a float factor (``_float_factor_on_int16_grid``)
+        reciprocal = Const(1.0 / np.asarray(ins[1].array, np.float64))
+        mul = onnx.helper.make_node("Mul", list(node.input), list(node.output), name=node.name)
+        return _binary(b, mul, [ins[0], reciprocal])
+    squares = centered_squares(node, ins)
+    if squares is not None:  # a layer norm's variance written out: (x - mean(x))**2
+        return [squares]
+    centered = centered_source(node, ins)
     ins = settled(b, ins)
     folded = fold_affine(b, node, ins)  # a group norm's gamma, beta
     if folded is not None:
@@ -249,16 +241,20 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
                 and isinstance(v.scores, Const) and isinstance(ins[1 - i], QValue)):  # fmt: skip
             biased = _binary(b, node, [ins[1 - i], v.scores])[0]
             return [MaskedScores(biased, v.keep, node_name(node), v.nan_rows, v.fill)]
-    composed = _compose(node, ins, BINARY[node.op_type])
+    composed = compose(node, ins, BINARY[node.op_type])
     if composed is not None:
         return [composed]
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
     if biased is not None:
         return [biased]
+    scaled = scaled_accumulator(node, ins)  # Bloom: (q @ k^T) * alpha
+    if scaled is not None:
+        return [scaled]
     ins = _float_sums_on_int16_grid(b, node, ins)
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
     ins = _accumulators_on_int16_grid(b, node, ins)
+    ins = _float_constants_on_fine_grid(node, ins)  # a float constant added to those codes
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"
@@ -273,14 +269,10 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
         rescale_sum(builder, name, [a, c], out, qmin, qmax, signs=(1, sign))
 
-    return [SumPending(name, realize, bound=bound if math.isfinite(bound) else None)]
-
-
-@dataclasses.dataclass(frozen=True)
-class SumPending(Pending):
-    """An Add / Sub of two tensors before its QuantizeLinear; ``bound`` bounds ``|real|`` (a
-    Softmax reading it directly, Swin's scores plus a relative position bias, picks its int16
-    grid from it: ``_normalize``; so do a LayerNormalization and a float graph output)."""
+    bound = bound if math.isfinite(bound) else None
+    if centered is not None:
+        return [CenteredSum(name, realize, bound=bound, source=centered[0], n=centered[1])]
+    return [SumPending(name, realize, bound=bound)]
 
 
 def _real_bound(v: Value | None) -> float:
@@ -358,8 +350,11 @@ def _accumulators_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list) -> 
     """Add / Sub of a MatMul of two activations that no QuantizeLinear follows and a quantized
     tensor (WavLM's ``baddbmm(position_bias, q, k^T)``): the int32 accumulator realized on
     int16 codes of one accumulator unit (exact) or, past 32767 units, of ``bound / 32767``
-    (half of that per element), then the usual rescaled sum."""
-    if node.op_type not in ("Add", "Sub") or not any(isinstance(v, QValue) for v in ins):
+    (half of that per element), then the usual rescaled sum. A float constant tensor as the
+    other operand (Bloom's ALiBi bias added to its scores) goes on its fine grid after."""
+    others = [isinstance(v, QValue) or isinstance(v, Const) and v.array.dtype.kind == "f"
+              and v.array.size > 1 for v in ins]  # fmt: skip
+    if node.op_type not in ("Add", "Sub") or not any(others):
         return ins
     out = []
     for v in ins:
@@ -399,12 +394,21 @@ def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
         return [Const(np.concatenate([v.array for v in ins], axis=axis))]
     if any(isinstance(v, IndexValue | IntInput) for v in ins):  # index pairs, not codes
         return integer_concat(b, node, ins)
-    parts = [_operand(b, node, v) for v in ins]
+    # a float function of one 8-bit tensor (rotary embeddings' stack((-x2, x1)): Neg of one
+    # half) becomes a table straight onto the output's grid, then concatenated as it is
+    parts = [v if isinstance(v, Elementwise) else _operand(b, node, v) for v in ins]
     name = node_name(node)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
-        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in parts])
-        builder.step("concat", name, parts, out, zeros=[t.zero_point for t in parts],
+        tensors = []
+        for v in parts:
+            if isinstance(v, Elementwise):
+                t = builder.like(out.name + "_part", out)
+                table_step(builder, v.node, v.source, v.fn, t, qmin, qmax)
+                v = t
+            tensors.append(v)
+        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in tensors])
+        builder.step("concat", name, tensors, out, zeros=[t.zero_point for t in tensors],
                      multipliers=[int(m) for m in multiplier], shifts=[int(s) for s in shift],
                      axis=axis, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
                      dtype=out.dtype)  # fmt: skip

@@ -38,6 +38,7 @@ from ._core import (
     Value,
     _kind,
     attrs_of,
+    compose,
     describe_node,
     held,
     index_input,
@@ -47,6 +48,7 @@ from ._core import (
 from ._movement import _const_indices, moved
 from ._nonfinite import select_constant
 from ._qdq import dequantize_const, rescale_sum
+from ._select import fill_on_grid
 
 ONNX_TYPES = {onnx.TensorProto.BOOL: np.dtype(bool), onnx.TensorProto.INT8: np.dtype(np.int8),
               onnx.TensorProto.UINT8: np.dtype(np.uint8), onnx.TensorProto.INT16: np.dtype(np.int16),
@@ -105,6 +107,10 @@ def _logic(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
 @register_lowering(*COMPARE)
 def _compare(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     fold = COMPARE[node.op_type]
+    if any(isinstance(v, QValue | Elementwise) and not getattr(v, "integer", False) for v in ins):
+        composed = compose(node, ins, lambda *r: fold(*r).astype(np.float64))
+        if composed is not None:  # Mamba's softplus threshold: Greater(x, 20) of x's codes
+            return [composed]
     return _integer_step(b, node, ins, "compare", bool, fold, True, fn=node.op_type)
 
 
@@ -142,6 +148,10 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
     ``Where(keep, scores, -inf)`` on quantized scores: ``MaskedScores`` for the Softmax after it
     (a ``Not`` step makes ``keep`` from ``mask``)."""
     cond, x, y = ins
+    if isinstance(cond, Elementwise):  # Where(x > 20, x, softplus(x)): a function of x
+        composed = compose(node, ins, lambda c, p, q: np.where(c != 0, p, q))
+        if composed is not None:
+            return [composed]
     selected = select_constant(b, node, ins)
     if selected is not None:
         return [selected]
@@ -159,6 +169,9 @@ def _where(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Va
         return [MaskedScores(y if _fill(x) else x, keep.tensor, node_name(node), nan_rows, fill)]
     if all(isinstance(v, QValue) and not v.integer for v in (x, y)):
         return [_select_quantized(b, node, cond, x, y)]
+    filled = fill_on_grid(b, node, lambda: _tensor(b, node, _operand(b, node, cond)), x, y)
+    if filled is not None:
+        return [filled]
     if not all(isinstance(v, IntInput | IndexValue | Const) for v in ins) or any(
         isinstance(v, Const) and v.array.dtype.kind == "f" for v in ins[1:]
     ):

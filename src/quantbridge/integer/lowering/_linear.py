@@ -37,6 +37,8 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._movement import moved
+from ._unit_axis import lifted
 
 
 def _per_channel(v: np.ndarray, channels: int, what: str, node: onnx.NodeProto) -> np.ndarray:
@@ -120,6 +122,46 @@ class LinearPending(Pending):
     acc_bound: float | None = None  # max |accumulator| (a Softmax reading it picks its grid)
 
 
+def scaled_accumulator(node: onnx.NodeProto, ins: list[Value | None]) -> LinearPending | None:
+    """``Mul(acc, c)`` / ``Div(acc, c)`` of a weighted layer's accumulator and a positive scalar
+    constant (Bloom's ``baddbmm(alibi, q, k^T, alpha=1/sqrt(d))``: ``(q @ k^T) * alpha``): the
+    same accumulator with its scale times ``c`` (exact: ``c`` joins the requantization
+    multiplier). None when ``ins`` is not that pattern."""
+    if node.op_type not in ("Mul", "Div") or len(ins) != 2:
+        return None
+    for i, (acc, c) in enumerate((ins, ins[::-1])):
+        if node.op_type == "Div" and i == 1:
+            break  # c / acc is not a scaling
+        if not (isinstance(acc, LinearPending) and acc.acc_scale is not None
+                and isinstance(c, Const) and np.size(c.array) == 1
+                and c.array.dtype.kind == "f"):  # fmt: skip
+            continue
+        factor = float(np.asarray(c.array, np.float64).reshape(()))
+        factor = 1.0 / factor if node.op_type == "Div" else factor
+        if not (factor > 0 and np.isfinite(factor)) or acc.lo != -np.inf or acc.hi != np.inf:
+            return None
+        return _scaled(acc, factor)
+    return None
+
+
+def _scaled(acc: LinearPending, factor: float) -> LinearPending:
+    """``acc`` with every real value times ``factor > 0``: realized onto a grid ``factor``
+    times finer (the same codes), its bias entry point scaled alike."""
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        acc.realize(builder, dataclasses.replace(out, scale=out.scale / factor), qmin, qmax)
+
+    def with_bias(add: onnx.NodeProto, codes: np.ndarray) -> Pending:
+        inner = acc.with_bias(add, codes)  # codes in accumulator units: the same integers
+        return _scaled(inner, factor) if isinstance(inner, LinearPending) else inner
+
+    a = acc.accumulator
+    scaled = None if a is None else Accumulator(a.scale * factor, a.axis, a.bound, a.write)
+    return LinearPending(acc.node, realize, accumulator=scaled, acc_scale=acc.acc_scale * factor,
+                         with_bias=with_bias if acc.with_bias else None,
+                         acc_bound=acc.acc_bound)  # fmt: skip
+
+
 def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
     """``MatMul -> Add(bias)`` with an integer bias along the last axis (``DequantizeLinear``
     of int32 codes): the bias joins the accumulator (rescaled offline, as ``_bias_codes``, when
@@ -143,7 +185,7 @@ def add_bias(node: onnx.NodeProto, ins: list[Value | None]) -> Pending | None:
 def _conv_geometry(node: onnx.NodeProto, weight: np.ndarray, transpose: bool) -> dict[str, Any]:
     a = attrs_of(node)
     spatial = weight.ndim - 2
-    if spatial not in ((1, 2) if not transpose else (2,)):
+    if spatial not in ((1, 2, 3) if not transpose else (2,)):
         raise LoweringError(f"{describe_node(node)}: {spatial}-D convolution is not lowered")
     auto_pad = a.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
@@ -195,6 +237,8 @@ def _group_tile(v, channels: int, group: int, node) -> np.ndarray:
 
 @register_lowering("Conv", "ConvTranspose")
 def _conv_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if node.op_type == "ConvTranspose" and isinstance(ins[1], QConst) and np.ndim(ins[1].q) == 3:
+        return lifted(b, node, ins, _conv_qdq)  # ConvTranspose1d: 2-D with a unit height
     x = as_activation(node, ins[0])
     w = as_qconst(node, ins[1], "the weight")
     bias = _bias_operand(node, ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
@@ -272,8 +316,37 @@ def _constant_operand(b: Builder, node: onnx.NodeProto, v: Value | None) -> Valu
     return v
 
 
+def _float_weight_on_left(b: Builder, node: onnx.NodeProto, w: np.ndarray, x: QTensor) -> Value:
+    """``W @ x`` with a float constant ``W`` (N, K) that the file keeps float on the left of a
+    quantized ``x`` (..., K, L) (Mamba's ``dt_proj.weight @ x``, which placement leaves float):
+    computed as ``(x^T @ W^T)^T`` with ``W`` on symmetric integer codes per output row N, of
+    ``max |W[n]| / top`` with ``top = min(32767, (2**31 - 1) / (K max|q_x - z_x|))`` (the
+    accumulator stays in int32). Error of the sum, before the output's rounding: at most
+    ``K max|W[n]| max|x| / (2 top)``, about 2**-16 of the sum's reach at top = 32767: far
+    below one 8-bit output step."""
+    rank = len(b.shapes.get(node.input[1]) or ())
+    if w.ndim != 2 or rank < 2:
+        raise LoweringError(f"{describe_node(node)}: a float constant of rank {w.ndim} times a "
+                            f"rank-{rank or '?'} tensor is not lowered")  # fmt: skip
+    k = w.shape[1]
+    top = int(min(2**15 - 1, (2**31 - 1) // max(1, k * code_range(x, x.zero_point))))
+    peak = np.abs(w.astype(np.float64)).max(axis=1)
+    scale = np.where(peak > 0, peak / top, 1.0)
+    codes = np.clip(np.rint(w / scale[:, None]), -top, top).astype(
+        np.int16 if top > 127 else np.int8
+    )
+    perm = {"perm": (*range(rank - 2), rank - 1, rank - 2)}
+    xt = moved(b, node, QValue(x), "transpose", perm)
+    wt = QConst(codes.T.copy(), scale, np.zeros(scale.size, np.int64), 1)
+    y = matmul_const(b, node, xt.tensor, x.scale, x.zero_point, wt, None)
+    return moved(b, node, y, "transpose", perm)
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if (isinstance(ins[0], Const) and ins[0].array.dtype.kind == "f"
+            and isinstance(ins[1], QValue) and not ins[1].integer):  # fmt: skip
+        return [_float_weight_on_left(b, node, np.asarray(ins[0].array), ins[1].tensor)]
     ins = [_constant_operand(b, node, ins[0]), *ins[1:]]
     a, ca = scaled_activation(node, ins[0])
     if isinstance(ins[1], QValue | Elementwise):

@@ -42,6 +42,7 @@ from ._core import (
     register_lowering,
 )
 from ._groupnorm import Normalized, reshaped
+from ._qdq import table_step
 
 _FLAT_ORDER = ("reshape", "flatten", "squeeze", "unsqueeze", "identity")  # keep the flat order
 
@@ -287,6 +288,15 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
             f"{describe_node(node)}: only non-negative constant pads in mode constant, reflect, "
             f"edge or wrap are lowered (got pads={pads}, mode={mode!r})"
         )
+    if isinstance(v, Elementwise):  # SEW: GELU -> Pad (a graph output, or its QuantizeLinear)
+        if mode != "constant" or (_is_zero(constant) if constant is not None else True):
+            with np.errstate(all="ignore"):
+                at_zero = float(np.asarray(v.fn(np.zeros(1)), np.float64).reshape(-1)[0])
+            if mode != "constant" or at_zero == 0.0:  # f(0) = 0: pad the source with code z
+                attrs = {"pads": tuple(int(p) for p in pads), "mode": mode,
+                         "value": int(v.source.zero_point)}  # fmt: skip
+                return [moved(b, node, v, "pad", attrs)]
+        v = _tabled(v)
     if isinstance(v, Pending | FloatInput):
         if mode == "constant" and constant is not None and not _is_zero(constant):
             raise LoweringError(
@@ -306,6 +316,15 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
             )
     attrs = {"pads": tuple(int(p) for p in pads), "mode": mode, "value": int(value)}
     return [moved(b, node, v, "pad", attrs)]
+
+
+def _tabled(v: Elementwise) -> Pending:
+    """A float function of 8-bit codes as the table that its QuantizeLinear will make."""
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        table_step(builder, v.node, v.source, v.fn, out, qmin, qmax)
+
+    return Pending(v.node, realize)
 
 
 def _is_zero(v: Value) -> bool:

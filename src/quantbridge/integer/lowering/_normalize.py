@@ -40,6 +40,7 @@ from ._core import (
     Pending,
     QConst,
     QValue,
+    SumPending,
     Value,
     accumulator_multiplier_bits,
     as_activation,
@@ -49,7 +50,6 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._eltwise import SumPending
 from ._groupnorm import normalized
 from ._linear import LinearPending
 from ._qdq import float_result_codes
@@ -116,7 +116,7 @@ def _scores_from_accumulator(b: Builder, node: onnx.NodeProto, acc: LinearPendin
     return out, step
 
 
-def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: SumPending) -> tuple[QTensor, float]:
+def _scores_from_sum(b: Builder, node: onnx.NodeProto, v: Pending) -> tuple[QTensor, float]:
     """``(int16 score codes, beta)`` for a Softmax reading an Add of quantized scores and a
     float constant (Swin / BEiT: ``scores + relative_position_bias``, the shifted windows' -100
     mask folded in; the constant is on a grid 256 times finer than the scores'): the sum is
@@ -137,18 +137,20 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     if (isinstance(v, LinearPending) and v.acc_bound is not None and v.acc_scale is not None
             and v.acc_scale.size == 1):  # fmt: skip
         source, beta = _scores_from_accumulator(b, node, v)
-    elif isinstance(v, SumPending) and v.bound is not None:
-        source, beta = _scores_from_sum(b, node, v)
+    elif (isinstance(v, SumPending) or type(v) is Pending) and v.bound is not None:
+        source, beta = _scores_from_sum(b, node, v)  # a sum moved by a Reshape: a Pending
     else:
         source, beta = _softmax_source(node, v)
     rank = len(b.shapes.get(node.input[0], ())) or None
     # before opset 13 the default axis is 1 and the input is flattened to 2-D from it: the same
     # as one softmax over the last axis exactly when that axis is the last one
     axis = int(attrs_of(node).get("axis", -1 if b.opset >= 13 else 1))
-    if not (axis == -1 or (rank is not None and axis % rank == rank - 1)):
+    last = axis == -1 or (rank is not None and axis % rank == rank - 1)
+    if not last and (b.opset < 13 or rank is None or keep):
         raise LoweringError(f"{describe_node(node)}: softmax over axis {axis} of a rank-{rank} "
-                            "tensor; only the last axis is lowered")  # fmt: skip
-    k = b.dim(node.input[0], -1)
+                            "tensor; only the last axis is lowered"
+                            + (" (masked scores)" if keep else ""))  # fmt: skip
+    k = b.dim(node.input[0], -1 if last else axis)
     if k is None:
         raise LoweringError(
             f"{describe_node(node)}: the softmax length of {node.input[0]!r} is unknown, so its "
@@ -161,6 +163,15 @@ def _softmax(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[
     d = np.arange(min(source.qmax - source.qmin + 1, reach), dtype=np.float64)
     table = np.rint(np.exp(-beta * d) * 2**SOFTMAX_EXP_BITS).astype(np.int64)
     out = b.tensor(node.output[0], np.int16, 2.0**-SOFTMAX_OUT_BITS, 0)
+    if not last:  # the axis swapped with the last one, the kernel's rows, and back: codes moved
+        perm = list(range(rank))
+        perm[axis % rank], perm[-1] = perm[-1], perm[axis % rank]
+        rows = b.like(source.name + "_rows", source)
+        b.step("transpose", name, [source], rows, perm=tuple(perm))
+        probs = b.like(out.name + "_rows", out)
+        b.step("softmax", name, [rows], probs, table=table)
+        b.step("transpose", name, [probs], out, perm=tuple(perm))
+        return [QValue(out)]  # its rows are not along the last axis: no row_sum
     b.step("softmax", name, [source, *keep], out, table=table)
     # each p_j <= e_j 2**15 / S + 1/2: a row sums to at most 2**15 + K/2
     return [QValue(out, row_sum=2**SOFTMAX_OUT_BITS + (k + 1) // 2, nan_keep=nan_keep)]

@@ -22,6 +22,7 @@ from ._core import (
     Elementwise,
     LoweringError,
     Pending,
+    QValue,
     Value,
     as_activation,
     attrs_of,
@@ -33,23 +34,28 @@ from ._core import (
 from ._groupnorm import Normalized, as_codes
 from ._movement import moved
 from ._qdq import float_result_codes
-from ._rms import mean_of_squares
+from ._rms import RowMean, mean_of_squares
+from ._unit_axis import lifted
 
 
-def _window(b: Builder, node: onnx.NodeProto) -> dict:
+def _window(b: Builder, node: onnx.NodeProto, ranks: tuple[int, ...] = (2,)) -> dict:
+    """The pool's window attributes, its spatial rank one of ``ranks`` (1-D pools come here as
+    their 2-D forms, ``_unit_axis``; a max of codes also takes 3-D windows)."""
     a = attrs_of(node)
     kernel = tuple(a["kernel_shape"])
+    rank = len(kernel)
     auto_pad = a.get("auto_pad", b"NOTSET")
-    if len(kernel) != 2 or auto_pad not in (b"NOTSET", "NOTSET"):
-        raise LoweringError(f"{describe_node(node)}: only 2-D pools with explicit pads are "
-                            "lowered (export with padding=... rather than auto_pad)")  # fmt: skip
+    if rank not in ranks or auto_pad not in (b"NOTSET", "NOTSET"):
+        raise LoweringError(f"{describe_node(node)}: only {'/'.join(f'{r}-D' for r in ranks)} "
+                            "pools with explicit pads are lowered here (export with padding=... "
+                            "rather than auto_pad)")  # fmt: skip
     if a.get("storage_order", 0):
         raise LoweringError(f"{describe_node(node)}: storage_order=1 is not lowered")
     window = {
         "kernel": kernel,
-        "strides": tuple(a.get("strides", [1, 1])),
-        "pads": tuple(a.get("pads", [0, 0, 0, 0])),
-        "dilations": tuple(a.get("dilations", [1, 1])),
+        "strides": tuple(a.get("strides", [1] * rank)),
+        "pads": tuple(a.get("pads", [0] * 2 * rank)),
+        "dilations": tuple(a.get("dilations", [1] * rank)),
     }
     if a.get("ceil_mode", 0):
         window["pads"] = _ceil_pads(b, node, window)
@@ -69,10 +75,11 @@ def _ceil_pads(b: Builder, node: onnx.NodeProto, window: dict) -> tuple[int, ...
             raise LoweringError(f"{describe_node(node)}: ceil_mode=1 needs static spatial sizes; "
                                 "pass lower(..., input_shapes=...)")  # fmt: skip
         span = (k - 1) * d + 1
-        out = -(-(n + pads[i] + pads[i + 2] - span) // s) + 1
+        end = i + len(window["kernel"])
+        out = -(-(n + pads[i] + pads[end] - span) // s) + 1
         if (out - 1) * s >= n + pads[i]:
             out -= 1
-        pads[i + 2] += max(0, (out - 1) * s + span - (n + pads[i] + pads[i + 2]))
+        pads[end] += max(0, (out - 1) * s + span - (n + pads[i] + pads[end]))
     return tuple(pads)
 
 
@@ -95,9 +102,12 @@ def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
 
 @register_lowering("MaxPool")
 def _maxpool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if len(attrs_of(node).get("kernel_shape", ())) == 1:  # MaxPool1d: 2-D with a unit height
+        return lifted(b, node, ins, _maxpool)
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{describe_node(node)}: the Indices output is not lowered")
-    return [moved(b, node, _increasing(node, ins[0]), "maxpool", _window(b, node))]
+    window = _window(b, node, (2, 3))
+    return [moved(b, node, _increasing(node, ins[0]), "maxpool", window)]
 
 
 def _reduce_axes(node: onnx.NodeProto, ins: list[Value | None], a: dict) -> list[int] | None:
@@ -174,6 +184,8 @@ def _counts(b: Builder, node: onnx.NodeProto, window: dict, include_pad: bool) -
 
 @register_lowering("AveragePool")
 def _average_pool(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    if len(attrs_of(node).get("kernel_shape", ())) == 1:  # AvgPool1d: 2-D with a unit height
+        return lifted(b, node, ins, _average_pool)
     x = _averaged_input(b, node, ins[0])
     window = _window(b, node)
     counts = _counts(b, node, window, bool(attrs_of(node).get("count_include_pad", 0)))
@@ -209,7 +221,12 @@ def _reduce_mean(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> l
     if squares is not None:  # RMSNorm's mean(x**2)
         return [squares]
     x = _averaged_input(b, node, ins[0])
-    return [_reduce(b, node, x, axes, bool(a.get("keepdims", 1)))]
+    mean = _reduce(b, node, x, axes, bool(a.get("keepdims", 1)))
+    n = b.dim(node.input[0], -1)
+    if isinstance(ins[0], QValue) and rank and axes == [rank - 1] and a.get("keepdims", 1) and n:
+        return [RowMean(mean.node, mean.realize, mean.lo, mean.hi, mean.bound, mean.accumulator,
+                        source=x, n=int(n))]  # fmt: skip
+    return [mean]
 
 
 REDUCE_FOLD = {"ReduceSum": lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep),
