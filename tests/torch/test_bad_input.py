@@ -207,6 +207,27 @@ def test_data_dependent_branch_in_a_library_names_the_librarys_line(tmp_path, mo
     assert "Python branch on a value computed from the inputs" in message
 
 
+def test_shape_error_only_when_traced_blames_the_code_not_the_inputs():
+    """Nystromformer (regression): under torch.export Hugging Face builds a (batch, 1, seq, seq)
+    mask that its landmark attention cannot add; the plain call skips it. The refusal said the
+    inputs had the wrong shape."""
+
+    class TracedPathDiffers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape[0], 3, 1) if torch.compiler.is_exporting() else 0.0
+            return self.fc(x) + mask
+
+    with pytest.raises(qb.CaptureError) as info:
+        qb.quantize(TracedPathDiffers(), [torch.randn(2, 4)], recipe="int8")
+    message = str(info.value)
+    assert 'in forward(): "return self.fc(x) + mask"' in message
+    assert "fails only when traced" in message and "do not have the shape" not in message
+
+
 def test_forward_loop_that_never_calls_the_model():
     with pytest.raises(ValueError, match="forward_loop never called the model"):
         qb.quantize(DigitsCNN(), forward_loop=lambda m: None, recipe="int8")

@@ -264,6 +264,12 @@ def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | No
         if _is_user_file(fn)
     ]
     located += _guard_site(str(e), frames)
+    if not located:  # else the innermost line of a library the model is written in (transformers)
+        located = [
+            (f.filename, f.lineno, f.name)
+            for f in frames
+            if not f.filename.startswith(_LIBRARY_DIRS) and os.path.isfile(f.filename)
+        ][-1:]
     if located:
         filename, lineno, func = located[-1]
         line = linecache.getline(filename, lineno).strip()
@@ -341,6 +347,16 @@ def _failing_layer(model: nn.Module, e: BaseException) -> str:
     return found
 
 
+def _runs_eagerly(model: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether a plain call on the same inputs runs (a capture-only shape error is the code's)."""
+    try:
+        with torch.no_grad(), quiet_torch():
+            model(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - any failure: the inputs may be what is wrong
+        return False
+    return True
+
+
 def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> str:
     """What to change: the inputs when torch's error is about their dtype, device or shape, the
     output type when export does not know it, else the code at the user's line."""
@@ -365,6 +381,14 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
         return (
             f"{inputs} are not on the model's device ({param.device}): move the batches "
             "(x.to(device)) or the model (model.to(device)) so that they match"
+        )
+    if _SHAPE.search(text) and _runs_eagerly(model, args, kwargs):
+        return (
+            f"the model runs on {describe(args, kwargs)} when called; {layer} fails only when "
+            "traced: its code takes another path under torch.export at that line (e.g. Hugging "
+            "Face builds a full (batch, 1, seq, seq) attention mask when traced, where a plain "
+            "call skips an all-ones mask). The model's code, not the inputs, needs the change "
+            "there; or quantize the submodules around that layer and keep it in float"
         )
     if _SHAPE.search(text):
         return (
