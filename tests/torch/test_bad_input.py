@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -174,6 +175,57 @@ def test_untraceable_model_names_the_users_line():
         qb.CaptureError, match=r"test_bad_input.py:\d+ in forward\(\): \"if x.sum\(\) > 0"
     ):
         qb.quantize(DataDependent(), [torch.randn(2, 4)], recipe="int8")
+
+
+def test_data_dependent_branch_in_a_library_names_the_librarys_line(tmp_path, monkeypatch):
+    """Longformer / LED (regression): torch names the guard's line relative to its package
+    ("Caused by: (transformers/models/longformer/modeling_longformer.py:549 in forward)"), which
+    the traceback-based search skipped as library code: the refusal named no line at all."""
+    package = tmp_path / "site-packages" / "qb_fake_hf"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "modeling.py").write_text(
+        "import torch\n"
+        "class GlobalAttention(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        is_global_attn = (x > 100).flatten().any().item()\n"
+        "        if is_global_attn:\n"
+        "            return self.fc(x) * 2\n"
+        "        return self.fc(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    monkeypatch.delitem(sys.modules, "qb_fake_hf.modeling", raising=False)
+    from qb_fake_hf.modeling import GlobalAttention
+
+    with pytest.raises(qb.CaptureError) as info:
+        qb.quantize(GlobalAttention(), [torch.randn(2, 4)], recipe="int8")
+    message = str(info.value)
+    assert 'qb_fake_hf/modeling.py:8 in forward(): "if is_global_attn:"' in message
+    assert "Python branch on a value computed from the inputs" in message
+
+
+def test_shape_error_only_when_traced_blames_the_code_not_the_inputs():
+    """Nystromformer (regression): under torch.export Hugging Face builds a (batch, 1, seq, seq)
+    mask that its landmark attention cannot add; the plain call skips it. The refusal said the
+    inputs had the wrong shape."""
+
+    class TracedPathDiffers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape[0], 3, 1) if torch.compiler.is_exporting() else 0.0
+            return self.fc(x) + mask
+
+    with pytest.raises(qb.CaptureError) as info:
+        qb.quantize(TracedPathDiffers(), [torch.randn(2, 4)], recipe="int8")
+    message = str(info.value)
+    assert 'in forward(): "return self.fc(x) + mask"' in message
+    assert "fails only when traced" in message and "do not have the shape" not in message
 
 
 def test_forward_loop_that_never_calls_the_model():

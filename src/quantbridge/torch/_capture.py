@@ -263,6 +263,13 @@ def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | No
         for fn, ln, name in re.findall(r'File "([^"]+)", line (\d+), in (\w+)', str(e))
         if _is_user_file(fn)
     ]
+    located += _guard_site(str(e), frames)
+    if not located:  # else the innermost line of a library the model is written in (transformers)
+        located = [
+            (f.filename, f.lineno, f.name)
+            for f in frames
+            if not f.filename.startswith(_LIBRARY_DIRS) and os.path.isfile(f.filename)
+        ][-1:]
     if located:
         filename, lineno, func = located[-1]
         line = linecache.getline(filename, lineno).strip()
@@ -273,6 +280,25 @@ def _explain(model: nn.Module, e: Exception, args: tuple = (), kwargs: dict | No
         f"could not capture {type(model).__name__}{where}: {type(e).__name__}: {first}\n"
         + _advice(model, e, args, dict(kwargs or {}))
     )
+
+
+def _guard_site(text: str, frames: list) -> list[tuple[str, int, str]]:
+    """The line a data-dependent guard came from. torch names it by a path shortened to a
+    suffix ("Caused by: (transformers/models/longformer/modeling_longformer.py:549 in forward)"):
+    the traceback frame whose file ends with it, else that suffix on sys.path. A library's line
+    (a Hugging Face model's own code) is what to name there; torch's own (its __torch_function__
+    for a user's `if x.sum() > 0`) is not."""
+    found = re.search(r"Caused by: \(([^()\s]+\.py):(\d+) in (\w+)\)", text)
+    if not found:
+        return []
+    short, lineno, func = found.group(1), int(found.group(2)), found.group(3)
+    candidates = [f.filename for f in frames if f.filename.endswith(short)]
+    candidates += [os.path.join(root, short) for root in sys.path]
+    return [
+        (path, lineno, func)
+        for path in candidates
+        if os.path.isfile(path) and not path.startswith(_LIBRARY_DIRS)  # not torch's, not ours
+    ][:1]
 
 
 # torch's messages for an input of the wrong dtype, device or shape (the data, not the code)
@@ -321,6 +347,16 @@ def _failing_layer(model: nn.Module, e: BaseException) -> str:
     return found
 
 
+def _runs_eagerly(model: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether a plain call on the same inputs runs (a capture-only shape error is the code's)."""
+    try:
+        with torch.no_grad(), quiet_torch():
+            model(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - any failure: the inputs may be what is wrong
+        return False
+    return True
+
+
 def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> str:
     """What to change: the inputs when torch's error is about their dtype, device or shape, the
     output type when export does not know it, else the code at the user's line."""
@@ -346,6 +382,14 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
             f"{inputs} are not on the model's device ({param.device}): move the batches "
             "(x.to(device)) or the model (model.to(device)) so that they match"
         )
+    if _SHAPE.search(text) and _runs_eagerly(model, args, kwargs):
+        return (
+            f"the model runs on {describe(args, kwargs)} when called; {layer} fails only when "
+            "traced: its code takes another path under torch.export at that line (e.g. Hugging "
+            "Face builds a full (batch, 1, seq, seq) attention mask when traced, where a plain "
+            "call skips an all-ones mask). The model's code, not the inputs, needs the change "
+            "there; or quantize the submodules around that layer and keep it in float"
+        )
     if _SHAPE.search(text):
         return (
             f"{inputs} do not have the shape {layer} expects: check the layout "
@@ -359,6 +403,14 @@ def _advice(model: nn.Module, e: BaseException, args: tuple, kwargs: dict) -> st
             f"the model returns a {name}, which torch.export cannot look into: register it "
             f"(torch.export.register_dataclass({name}) for a dataclass, "
             "torch.utils._pytree.register_pytree_node otherwise) or return a tensor, tuple or dict"
+        )
+    if "GuardOnDataDependentSymNode" in type(e).__name__ or "data-dependent expression" in text:
+        return (
+            f"{layer} takes a Python branch on a value computed from the inputs at that line "
+            "(an `if` on a tensor, `.item()`, `.any()`); torch.export records one path and cannot "
+            "choose it by value. Fixes: compute both paths with torch.where or torch.cond at that "
+            "line, or quantize the submodules around it (qb.quantize on each part that captures) "
+            "and keep it in float"
         )
     return (
         "quantbridge captures models with torch.export (non-strict). Common fixes: avoid "
