@@ -47,6 +47,8 @@ _ROLES = {  # op -> input position -> role of a constant there
     "MatMul": {1: "weight"},
     "Gather": {0: "weight"},
 }
+_LINEAR_BIAS = {"Add": {0: "bias", 1: "bias"}}  # nn.Linear on 3-d inputs: MatMul, then + bias
+_LAYOUT = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Cast"}  # between a weight and its op
 _TAGS = {"QuantizeLinear": "q", "DequantizeLinear": "dq", "Clip": "clip"}
 
 
@@ -56,7 +58,7 @@ def name_nodes(model: onnx.ModelProto, modules: dict[str, str] | None = None) ->
     nodes = list(model.graph.node)
     scopes = {id(n): _scopes(n) for n in nodes}
     ours = {id(n) for n in nodes if _is_quantizer(n, scopes[id(n)])}
-    names = _module_names(nodes, scopes, ours, modules or {})
+    names, bases = _module_names(nodes, scopes, ours, modules or {})
     used = {n.name for n in nodes if id(n) not in names and id(n) not in ours}
     for n in nodes:  # graph order: the first call keeps the plain name
         if id(n) in names:
@@ -72,7 +74,7 @@ def name_nodes(model: onnx.ModelProto, modules: dict[str, str] | None = None) ->
         if id(n) in ours:
             groups.setdefault(tuple(scopes[id(n)]), []).append(n)
     for group in groups.values():  # after the ops they read: ``layer1.0.relu_1.output_q``
-        base = _quantizer_base(group, names, producer, readers, inputs)
+        base = _quantizer_base(group, names, bases, producer, readers, inputs)
         for n in group:
             tag = _TAGS.get(n.op_type, n.op_type.lower())
             names[id(n)] = _unique(f"{base}_{tag}", used) if base else _unique(n.name, used)
@@ -100,8 +102,9 @@ def _is_quantizer(node: onnx.NodeProto, scopes: list[str] | None) -> bool:
     return scopes is not None and classes is not None and classes[-1].startswith(_OURS)
 
 
-def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> dict[int, str]:
-    """Node -> name for the nodes torch ops became (module docstring, first two cases)."""
+def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> tuple[dict, dict]:
+    """Node -> name for the nodes torch ops became (module docstring, first two cases), and
+    node -> (the name of its torch op, the op's kind)."""
     kinds: dict[str, set[str]] = {}  # module path -> kinds of the ops directly in it
     parents: set[str] = set()  # modules holding another module that holds a node
     calls: dict[tuple, list[onnx.NodeProto]] = {}
@@ -115,7 +118,7 @@ def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> dict[int, str
         module = s[-2] if len(s) > 1 else ""
         kinds.setdefault(module, set()).add(_CALL_COUNTER.sub("", s[-1]))
         calls.setdefault(tuple(s), []).append(n)
-    names = {}
+    names, bases = {}, {}
     for s, group in calls.items():
         module, op = (s[-2] if len(s) > 1 else ""), _CALL_COUNTER.sub("", s[-1])
         shown = modules.get(module, module)
@@ -127,12 +130,14 @@ def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> dict[int, str
         main = result[-1] if result else group[-1]
         for n in group:
             names[id(n)] = base if n is main else f"{base}.{n.op_type}"
-    return names
+            bases[id(n)] = (base, op)
+    return names, bases
 
 
-def _quantizer_base(group, names, producer, readers, inputs) -> str | None:
+def _quantizer_base(group, names, bases, producer, readers, inputs) -> str | None:
     """The name a quantizer's nodes are named after: ``<producer>.output``, a graph input's
-    name, or ``<reader>.<role>`` for a constant (module docstring)."""
+    name, or ``<reader>.<role>`` for a constant (module docstring; the reader past layout ops,
+    a Linear's weight ``Transpose``)."""
     inside = {o for n in group for o in n.output}
     first = group[0].input[0] if group[0].input else ""
     if first in inputs:
@@ -142,13 +147,22 @@ def _quantizer_base(group, names, producer, readers, inputs) -> str | None:
         if id(source) in names:
             return f"{names[id(source)]}.output"
         return None  # computed by a node we do not name (no metadata)
-    last = group[-1].output[0]  # a constant's dequantization: after the op reading it
-    reader = next((r for r in readers.get(last, []) if id(r) in names), None)
+    value = group[-1].output[0]  # a constant's dequantization: after the op reading it
+    for _ in range(4):
+        reader = next((r for r in readers.get(value, []) if id(r) in names), None)
+        helper = reader is not None and names[id(reader)] != bases[id(reader)][0]
+        if not helper or reader.op_type not in _LAYOUT:  # follow an op's own layout nodes only
+            break
+        value = reader.output[0]
     if reader is None:
         return None
-    position = list(reader.input).index(last)
-    role = _ROLES.get(reader.op_type, {}).get(position, f"input{position}")
-    return f"{names[id(reader)]}.{role}"
+    position = list(reader.input).index(value)
+    base, op = bases[id(reader)]
+    role = _ROLES.get(reader.op_type, {}).get(position)
+    if role is None and op == "linear":
+        role = _LINEAR_BIAS.get(reader.op_type, {}).get(position)
+    role = role or f"input{position}"
+    return f"{base}.{role}"
 
 
 def _unique(name: str, used: set[str]) -> str:
