@@ -104,7 +104,7 @@ def _is_quantizer(node: onnx.NodeProto, scopes: list[str] | None) -> bool:
 
 def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> tuple[dict, dict]:
     """Node -> name for the nodes torch ops became (module docstring, first two cases), and
-    node -> (the name of its torch op, the op's kind)."""
+    node -> (the node computing its torch op's result, the op's kind)."""
     kinds: dict[str, set[str]] = {}  # module path -> kinds of the ops directly in it
     parents: set[str] = set()  # modules holding another module that holds a node
     calls: dict[tuple, list[onnx.NodeProto]] = {}
@@ -130,7 +130,7 @@ def _module_names(nodes, scopes, ours, modules: dict[str, str]) -> tuple[dict, d
         main = result[-1] if result else group[-1]
         for n in group:
             names[id(n)] = base if n is main else f"{base}.{n.op_type}"
-            bases[id(n)] = (base, op)
+            bases[id(n)] = (id(main), op)
     return names, bases
 
 
@@ -150,19 +150,19 @@ def _quantizer_base(group, names, bases, producer, readers, inputs) -> str | Non
     value = group[-1].output[0]  # a constant's dequantization: after the op reading it
     for _ in range(4):
         reader = next((r for r in readers.get(value, []) if id(r) in names), None)
-        helper = reader is not None and names[id(reader)] != bases[id(reader)][0]
+        helper = reader is not None and id(reader) != bases[id(reader)][0]
         if not helper or reader.op_type not in _LAYOUT:  # follow an op's own layout nodes only
             break
         value = reader.output[0]
     if reader is None:
         return None
     position = list(reader.input).index(value)
-    base, op = bases[id(reader)]
+    main, op = bases[id(reader)]
     role = _ROLES.get(reader.op_type, {}).get(position)
     if role is None and op == "linear":
         role = _LINEAR_BIAS.get(reader.op_type, {}).get(position)
     role = role or f"input{position}"
-    return f"{base}.{role}"
+    return f"{names[main]}.{role}"  # the op's name, unique by now (``conv_1.bias``)
 
 
 def _unique(name: str, used: set[str]) -> str:
