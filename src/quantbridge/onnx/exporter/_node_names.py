@@ -16,7 +16,8 @@ paths from the root, then the fx node, ``['', 'layer1', 'layer1.0', 'layer1.0.co
   activation's ``QuantizeLinear`` / ``Clip`` / ``DequantizeLinear`` after the node computing it,
   ``layer1.0.relu.output_q`` / ``_clip`` / ``_dq`` (a graph input's after the input, ``x_q``); a
   constant's ``DequantizeLinear`` after the op reading it and the input's role,
-  ``layer1.0.conv1.weight_dq`` / ``.bias_dq`` (``.input<i>_dq`` for other ops);
+  ``layer1.0.conv1.weight_dq`` / ``.bias_dq`` (past the op's own layout nodes: a Linear's
+  ``blocks.0.qkv.weight_dq``, not its Transpose's; ``.input<i>_dq`` for other ops);
 * a model imported from ONNX: its layers are modules named after the file's nodes made python
   identifiers (``p2o_Conv_0``); ``modules`` (``OnnxModule.onnx_names``) maps them back to the
   file's own names (``p2o.Conv.0``);
