@@ -217,6 +217,7 @@ def test_a_tie_carried_through_a_matmul_of_two_activations_is_rounding():
     "quantizer, node, label",
     [
         ("encoder/to_2", "node_transpose_2", "encoder/transpose_2"),
+        ("encoder/to_2", "encoder.transpose_1", "encoder.transpose_1"),  # module-path node names
         ("ff.intermediate_dropout/dropout_3", "node_gelu_3", "ff.intermediate_dropout/gelu_3"),
         ("contiguous", "node_permute", "permute"),
         ("encoder/linear_4", "node_linear_4", "encoder/linear_4"),  # a real op: its own name

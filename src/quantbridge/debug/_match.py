@@ -326,14 +326,18 @@ _NO_OP_CALL = re.compile(
 
 def _label(quantizer: str | None, node: str) -> str:
     """The site's layer: its quantizer's name; where that names a call that computes nothing
-    (``encoder/to`` after ``x.transpose(1, 2).to(dtype)``), the quantizer's module and the
-    ONNX node computing the tensor instead (``encoder/transpose``)."""
+    (``encoder/to`` after ``x.transpose(1, 2).to(dtype)``), the ONNX node computing the tensor
+    instead: its module-path name (``encoder.transpose``, ``exporter._node_names``), or in files
+    exported before those names, the quantizer's module and torch's node name
+    (``encoder/transpose`` for ``node_transpose``)."""
     if not quantizer:
         return node
     module, _, call = quantizer.rpartition("/")
     if not _NO_OP_CALL.fullmatch(call) or not node:
         return quantizer
     op = node.removeprefix("node_")
+    if op == node:  # a module-path name says where it is by itself
+        return node
     return f"{module}/{op}" if module else op
 
 

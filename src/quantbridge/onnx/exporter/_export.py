@@ -55,6 +55,7 @@ from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._io_names import io_names_of, keep_source_names
 from ._merged_calls import pop_calls
+from ._node_names import name_nodes
 from ._opset import downgrade
 from ._pad_codes import pad_on_codes
 from ._record import record_quantizers
@@ -216,11 +217,19 @@ def _trace(module: torch.nn.Module, call: tuple, opset: int, dynamic: str):
         return _trace(module, call, opset, "batch")
     finally:
         module.train(was_training)
+    name_nodes(model, _imported_names(module))  # from the metadata, stripped next
     model = downgrade(model, opset)
     _strip_debug_info(model)
     _name_dynamic_dims(model)
     keep_source_names(model, io_names_of(module))  # an imported ONNX file's input/output names
     return model
+
+
+def _imported_names(module: torch.nn.Module) -> dict[str, str] | None:
+    """An imported ONNX file's node names by module attribute (``OnnxModule.onnx_names``; a
+    QuantModel reads its source's), for ``name_nodes``."""
+    names = getattr(module, "onnx_names", None)
+    return names if isinstance(names, dict) else None
 
 
 def slow_form_warnings(qmodel: QuantModel) -> list[str]:

@@ -148,6 +148,19 @@ def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.
     return ordered
 
 
+def _keep_node_names(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """An integer op takes the name of the node it replaced (``layer1.0.conv1``, not
+    ``layer1.0.conv1_qb``: ``GraphView.fresh`` had to avoid it while both were in the graph),
+    wherever that name is free in the folded graph. Node names only: no value is renamed."""
+    taken = {n.name for n in nodes}
+    for n in nodes:
+        base = n.name.removesuffix("_qb")
+        if base != n.name and base and base not in taken:
+            taken.add(base)
+            n.name = base
+    return nodes
+
+
 def _to_model(model: onnx.ModelProto, g: GraphView) -> onnx.ModelProto:
     nodes = _live(g)
     read = {t for n in nodes for t in n.input} | g.outputs
@@ -157,7 +170,7 @@ def _to_model(model: onnx.ModelProto, g: GraphView) -> onnx.ModelProto:
     out.CopyFrom(model)
     graph = out.graph
     del graph.node[:], graph.initializer[:], graph.value_info[:]
-    graph.node.extend(_topological(nodes, available))
+    graph.node.extend(_keep_node_names(_topological(nodes, available)))
     graph.initializer.extend(inits)
     # an initializer listed as a graph input (IR < 4 style; Brevitas's dynamo export lifts every
     # constant so) whose initializer the fold dropped is no input of the folded model
