@@ -34,6 +34,7 @@ from onnx import numpy_helper
 
 from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain_norm import norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -64,6 +65,8 @@ class Site:
     # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
     chains: tuple | None = field(default=None, compare=False, repr=False)
     combine: str = ""
+    # a LayerNormalization or Softmax of one site (factors[0]): ``_gain_norm.norm_of``
+    norm: dict | None = field(default=None, compare=False, repr=False)
     gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
     # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
@@ -175,6 +178,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
             or conv_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
             or two_site_chain(node, sites, producer, consts, opset)
+            or norm_of(node, producer, lambda t: _operand(t, sites, producer, consts), opset)
         )
         out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}

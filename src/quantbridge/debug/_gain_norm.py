@@ -1,0 +1,103 @@
+"""``compare``'s credit through a normalization of one site: ``LayerNormalization`` and
+``Softmax`` (the error their output can carry from their input's differences).
+
+Both ops mix a row of elements, and both can amplify: a layer norm divides by the row's standard
+deviation (a 1-step difference on a row of small spread is many steps after it), a softmax
+multiplies by its probabilities. The bounds below are exact in real arithmetic, element by
+element, from the reference's input values ``x`` and the pair's input differences ``D >= |d|``
+(``d = x' - x``, the other engine's input minus the reference's); the engines' own float32
+rounding of the op is left to ``classify``'s one step.
+
+**LayerNormalization** over the axes from ``axis`` on (``N`` elements a row), ``mu``, ``var`` the
+row's mean and (biased) variance, ``sigma = sqrt(var + eps)``, ``z = (x - mu) / sigma``,
+``y = gamma * z + beta``. With ``P`` the centering (``Px = x - mu``):
+
+    z' - z = P(x + d) / sigma' - Px / sigma = (Pd + z (sigma - sigma')) / sigma'
+
+exactly (``Px = z sigma``). ``sqrt(var) = |Px| / sqrt N`` is a seminorm, so
+``|sqrt(var') - sqrt(var)| <= |Pd| / sqrt N <= rms(d) <= rms(D) =: r``, and
+``a -> sqrt(a^2 + eps)`` is 1-Lipschitz, so ``|sigma' - sigma| <= r`` and ``sigma' >= sigma - r``.
+With ``|(Pd)_i| = |d_i - mean d| <= D_i + mean D``:
+
+    |y'_i - y_i| <= |gamma_i| (D_i + mean(D) + |z_i| r) / (sigma - r)        (sigma > r)
+
+A row where ``sigma <= r`` (the difference as large as the row's spread) gets no credit (0: an
+error there still shows as a divergence). For one element off by one step ``D = e_j s``, the bound is about
+``|gamma| s / sigma``, the layer norm's true gain. ``beta`` carries nothing.
+
+**Softmax** along ``axis``: ``p_i = exp(x_i) / sum_j exp(x_j)``. Then
+``p'_i / p_i = exp(d_i) / sum_j p_j exp(d_j)``, and the denominator, a mean of ``exp(d_j)`` with
+weights ``p``, lies in ``[exp(-max D), exp(max D)]`` (``max`` over the row), so
+
+    |p'_i - p_i| <= p_i (exp(D_i + max D) - 1)
+
+(``p_i`` the reference's probability, computed here in float64 from ``x``). Elements of
+``-inf`` (a mask: the same in both engines, ``D = 0``) have ``p_i = 0`` and carry nothing.
+
+``tests/debug/test_compare_norm_credit.py`` checks both bounds against float64 recomputations
+of random rows and perturbations (hypothesis).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+
+def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
+    """For a QuantizeLinear ``node`` reading ``LayerNormalization(x, gamma[, beta])`` or
+    ``Softmax(x)`` of one site ``x`` (read through its DequantizeLinear; ``gamma`` constant):
+    ``{"factors": (x,), "norm": {...}}`` for ``norm_bound``; else ``{}``. ``operand`` as
+    ``_gain.linear_weight``'s."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = producer.get(node.input[0])
+    if p is None or p.op_type not in ("LayerNormalization", "Softmax"):
+        return {}
+    if p.domain not in ("", "ai.onnx"):
+        return {}
+    x = operand(p.input[0])
+    if not isinstance(x, str):
+        return {}
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    if p.op_type == "Softmax":
+        if opset < 13:  # axis coerced the input to 2-D before opset 13
+            return {}
+        return {"factors": (x,), "norm": {"op": "Softmax", "axis": int(attrs.get("axis", -1))}}
+    gamma = operand(p.input[1]) if len(p.input) > 1 else None
+    if not isinstance(gamma, np.ndarray):
+        return {}
+    return {
+        "factors": (x,),
+        "norm": {
+            "op": "LayerNormalization",
+            "axis": int(attrs.get("axis", -1)),
+            "epsilon": float(attrs.get("epsilon", 1e-5)),
+            "gamma": np.abs(gamma.astype(np.float64)),
+        },
+    }
+
+
+def norm_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
+    """The bound of the module docstring, element by element (float64): ``x`` the reference's
+    input, ``dx`` the pair's input differences (``>= 0``). ValueError where shapes do not fit."""
+    x = np.asarray(x, np.float64)
+    dx = np.broadcast_to(np.abs(np.asarray(dx, np.float64)), x.shape)
+    axis = norm["axis"] % max(x.ndim, 1)
+    if norm["op"] == "Softmax":
+        m = np.max(x, axis=axis, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        e = np.exp(x - m)
+        p = e / np.sum(e, axis=axis, keepdims=True)
+        return p * np.expm1(dx + np.max(dx, axis=axis, keepdims=True))
+    axes = tuple(range(axis, x.ndim))
+    mu = np.mean(x, axis=axes, keepdims=True)
+    sigma = np.sqrt(np.mean((x - mu) ** 2, axis=axes, keepdims=True) + norm["epsilon"])
+    r = np.sqrt(np.mean(dx**2, axis=axes, keepdims=True))
+    z = (x - mu) / sigma
+    spare = sigma - r
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = (dx + np.mean(dx, axis=axes, keepdims=True) + np.abs(z) * r) / spare
+    bound = np.where(spare > 0, bound, 0.0)
+    return norm["gamma"] * bound
