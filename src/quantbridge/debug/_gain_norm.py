@@ -34,6 +34,10 @@ weights ``p``, lies in ``[exp(-max D), exp(max D)]`` (``max`` over the row), so
 (``p_i`` the reference's probability, computed here in float64 from ``x``). Elements of
 ``-inf`` (a mask: the same in both engines, ``D = 0``) have ``p_i = 0`` and carry nothing.
 
+Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
+stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
+largest element bounds every element they pick.
+
 ``tests/debug/test_compare_norm_credit.py`` checks both bounds against float64 recomputations
 of random rows and perturbations (hypothesis).
 """
@@ -44,15 +48,27 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ._gain import SELECTING_OPS
+
 
 def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
     """For a QuantizeLinear ``node`` reading ``LayerNormalization(x, gamma[, beta])`` or
-    ``Softmax(x)`` of one site ``x`` (read through its DequantizeLinear; ``gamma`` constant):
+    ``Softmax(x)`` (through data movement) of one site ``x`` (read through its DequantizeLinear; ``gamma`` constant):
     ``{"factors": (x,), "norm": {...}}`` for ``norm_bound``; else ``{}``. ``operand`` as
     ``_gain.linear_weight``'s."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
+    return norm_at(node.input[0], producer, operand, opset)
+
+
+def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
+    """``norm_of`` for the float tensor ``tensor`` (a QuantizeLinear's input, or a float graph
+    output: a final layer norm)."""
+    p = producer.get(tensor)
+    for _ in range(8):  # data movement after the op (GPT-2's LN -> view -> Conv1D's Q)
+        if p is None or p.op_type not in SELECTING_OPS:
+            break
+        p = producer.get(p.input[0])
     if p is None or p.op_type not in ("LayerNormalization", "Softmax"):
         return {}
     if p.domain not in ("", "ai.onnx"):

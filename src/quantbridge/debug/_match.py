@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
-from ._gain_norm import norm_of
+from ._gain_norm import norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -187,9 +187,10 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
+            norm = norm_at(o.name, producer, lambda t: _operand(t, sites, producer, consts), opset)
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
-                     inputs=ins, unit_gain=gain)
+                     inputs=ins, unit_gain=gain, **norm)
             )  # fmt: skip
     return out
 
