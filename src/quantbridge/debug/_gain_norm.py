@@ -34,6 +34,9 @@ weights ``p``, lies in ``[exp(-max D), exp(max D)]`` (``max`` over the row), so
 (``p_i`` the reference's probability, computed here in float64 from ``x``). Elements of
 ``-inf`` (a mask: the same in both engines, ``D = 0``) have ``p_i = 0`` and carry nothing.
 
+The layer norm of opsets < 17 written out (``Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(
+Pow(Sub, 2)), eps)))``, any axes) is the same op with ``gamma = 1``.
+
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
 stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
 largest element bounds every element they pick.
@@ -69,6 +72,8 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
         if p is None or p.op_type not in SELECTING_OPS:
             break
         p = producer.get(p.input[0])
+    if p is not None and p.op_type == "Div":
+        return _decomposed(p, producer, operand)
     if p is None or p.op_type not in ("LayerNormalization", "Softmax"):
         return {}
     if p.domain not in ("", "ai.onnx"):
@@ -95,19 +100,73 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
     }
 
 
+def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
+    """The layer norm of opsets < 17, written out (TorchScript, Paddle2ONNX, our import of
+    them): ``Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(Pow(Sub(x, ReduceMean(x)), 2)),
+    eps)))`` of one site ``x`` over the same axes: a LayerNormalization with ``gamma = 1``
+    (the Mul by gamma after it has its own credit)."""
+
+    def node(t, op):
+        n = producer.get(t)
+        return n if n is not None and n.op_type == op else None
+
+    def mean_axes(n):
+        if n is None:
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if not attrs.get("keepdims", 1):
+            return None
+        axes = attrs.get("axes")
+        if axes is None and len(n.input) > 1 and n.input[1]:
+            value = operand(n.input[1])
+            axes = None if not isinstance(value, np.ndarray) else value.reshape(-1).tolist()
+        return tuple(int(a) for a in axes) if axes else None
+
+    def centered(t):  # Sub(x, ReduceMean(x)): (x, axes)
+        sub = node(t, "Sub")
+        if sub is None:
+            return None
+        mean = node(sub.input[1], "ReduceMean")
+        if (
+            mean is None
+            or mean.input[0] != sub.input[0]
+            or not isinstance(operand(sub.input[0]), str)
+        ):
+            return None
+        return operand(sub.input[0]), mean_axes(mean)
+
+    top = centered(div.input[0])
+    sqrt = node(div.input[1], "Sqrt")
+    add = node(sqrt.input[0], "Add") if sqrt is not None else None
+    if top is None or top[1] is None or add is None:
+        return {}
+    kinds = [operand(t) for t in add.input]
+    eps = [k for k in kinds if isinstance(k, np.ndarray) and k.size == 1]
+    var = [t for t, k in zip(add.input, kinds, strict=True) if not isinstance(k, np.ndarray)]
+    var_mean = node(var[0], "ReduceMean") if len(eps) == 1 and len(var) == 1 else None
+    power = node(var_mean.input[0], "Pow") if var_mean is not None else None
+    two = operand(power.input[1]) if power is not None else None
+    if not isinstance(two, np.ndarray) or two.size != 1 or float(two.reshape(())) != 2.0:
+        return {}
+    if centered(power.input[0]) != top or mean_axes(var_mean) != top[1] or float(eps[0]) < 0:
+        return {}
+    norm = {"op": "LayerNormalization", "axes": top[1], "epsilon": float(eps[0].reshape(()))}
+    return {"factors": (top[0],), "norm": {**norm, "gamma": np.ones(1)}}
+
+
 def norm_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
     """The bound of the module docstring, element by element (float64): ``x`` the reference's
     input, ``dx`` the pair's input differences (``>= 0``). ValueError where shapes do not fit."""
     x = np.asarray(x, np.float64)
     dx = np.broadcast_to(np.abs(np.asarray(dx, np.float64)), x.shape)
-    axis = norm["axis"] % max(x.ndim, 1)
+    axis = norm.get("axis", -1) % max(x.ndim, 1)
     if norm["op"] == "Softmax":
         m = np.max(x, axis=axis, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
         e = np.exp(x - m)
         p = e / np.sum(e, axis=axis, keepdims=True)
         return p * np.expm1(dx + np.max(dx, axis=axis, keepdims=True))
-    axes = tuple(range(axis, x.ndim))
+    axes = tuple(sorted({a % x.ndim for a in norm.get("axes", range(axis, x.ndim))}))
     mu = np.mean(x, axis=axes, keepdims=True)
     sigma = np.sqrt(np.mean((x - mu) ** 2, axis=axes, keepdims=True) + norm["epsilon"])
     r = np.sqrt(np.mean(dx**2, axis=axes, keepdims=True))
