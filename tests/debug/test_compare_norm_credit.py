@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
-from quantbridge.debug._gain_norm import norm_bound
+from quantbridge.debug._gain_norm import attention_bound, norm_bound
 
 
 def _layer_norm(x, gamma, beta, eps):
@@ -61,6 +61,26 @@ def test_softmax_change_is_within_the_credit(shape, spread, step):
     change = np.abs(_softmax(x + d) - _softmax(x))
     bound = norm_bound(x, bound_d, {"op": "Softmax", "axis": -1})
     assert np.all(change <= bound * (1 + 1e-9) + 1e-15)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.floats(0.1, 4.0), st.integers(0, 2**32 - 1))
+def test_attention_change_is_within_the_credit(t, d, spread, seed):
+    # Softmax(c q @ k) @ v with float scores (PP-OCRv4 rec's attention after import_onnx)
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(0, spread, s) for s in ((2, t, d), (2, d, t), (2, t, d)))
+    steps = [0.02 * rng.integers(0, 3, x.shape) for x in (q, k, v)]
+    moved = [
+        x + s * rng.choice([-1.0, 1.0], x.shape) for x, s in zip((q, k, v), steps, strict=True)
+    ]
+    c = 1 / np.sqrt(d)
+
+    def attention(q, k, v):
+        return _softmax(c * q @ k) @ v
+
+    change = np.abs(attention(*moved) - attention(q, k, v))
+    bound = attention_bound([q, k, v], steps, {"op": "attention", "scale": c})
+    assert np.all(change <= bound * (1 + 1e-9) + 1e-12)
 
 
 def test_the_layer_norm_bound_is_its_gain_for_one_element():

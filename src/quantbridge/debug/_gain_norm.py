@@ -37,6 +37,10 @@ weights ``p``, lies in ``[exp(-max D), exp(max D)]`` (``max`` over the row), so
 The layer norm of opsets < 17 written out (``Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(
 Pow(Sub, 2)), eps)))``, any axes) is the same op with ``gamma = 1``.
 
+Attention whose scores and probabilities stay in float, ``MatMul(Softmax(c * MatMul(q, k)),
+v)`` of three sites, composes the exact bounds of its steps (``attention_bound``): a product's
+for the scores, the softmax's for the probabilities, a product's for ``P @ v``.
+
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
 stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
 largest element bounds every element they pick.
@@ -74,6 +78,8 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
         p = producer.get(p.input[0])
     if p is not None and p.op_type == "Div":
         return _decomposed(p, producer, operand)
+    if p is not None and p.op_type == "MatMul":
+        return _attention(p, producer, operand, opset)
     if p is None or p.op_type not in ("LayerNormalization", "Softmax"):
         return {}
     if p.domain not in ("", "ai.onnx"):
@@ -152,6 +158,51 @@ def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
         return {}
     norm = {"op": "LayerNormalization", "axes": top[1], "epsilon": float(eps[0].reshape(()))}
     return {"factors": (top[0],), "norm": {**norm, "gamma": np.ones(1)}}
+
+
+def _attention(matmul: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
+    """``MatMul(Softmax(c * MatMul(q, k)), v)`` of three sites, the scores and probabilities in
+    float (attention whose scores are not quantized: PP-OCRv4 rec through import_onnx); ``c`` a
+    scalar constant (a Mul, or a Div by it) or absent, data movement allowed after the
+    Softmax: ``{"factors": (q, k, v), "norm": {"op": "attention", "scale": c}}``."""
+    v = operand(matmul.input[1])
+    p = producer.get(matmul.input[0])
+    while p is not None and p.op_type in SELECTING_OPS:
+        p = producer.get(p.input[0])
+    if not isinstance(v, str) or p is None or p.op_type != "Softmax" or opset < 13:
+        return {}
+    axis = next((a.i for a in p.attribute if a.name == "axis"), -1)
+    scores, scale = producer.get(p.input[0]), 1.0
+    if scores is not None and scores.op_type in ("Mul", "Div"):
+        c = operand(scores.input[1])
+        if not isinstance(c, np.ndarray) or c.size != 1 or float(c.reshape(())) == 0.0:
+            return {}
+        c = float(c.reshape(()))
+        scale = c if scores.op_type == "Mul" else 1.0 / c
+        scores = producer.get(scores.input[0])
+    if scores is None or scores.op_type != "MatMul" or axis not in (-1, 3):
+        return {}
+    q, k = operand(scores.input[0]), operand(scores.input[1])
+    if not isinstance(q, str) or not isinstance(k, str):
+        return {}
+    return {"factors": (q, k, v), "norm": {"op": "attention", "scale": scale}}
+
+
+def attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
+    """``_attention``'s bound (float64): the product bound of the scores ``c q @ k``, the
+    softmax bound of the probabilities ``P`` from it, then the product bound of ``P @ v``:
+    ``|dS| <= |c| (|dq| @ |k| + |q| @ |dk| + |dq| @ |dk|)``, ``|dP| <= P (exp(|dS| + max
+    |dS|) - 1)``, ``|d(P v)| <= |dP| @ |v| + P @ |dv| + |dP| @ |dv|``."""
+    q, k, v = (np.asarray(x, np.float64) for x in values)
+    dq, dk, dv = (np.abs(np.asarray(d, np.float64)) for d in diffs)
+    c = abs(norm["scale"])
+    scores = norm["scale"] * np.matmul(q, k)
+    ds = c * (np.matmul(dq, np.abs(k)) + np.matmul(np.abs(q), dk) + np.matmul(dq, dk))
+    m = np.max(scores, axis=-1, keepdims=True)
+    e = np.exp(scores - m)
+    p = e / np.sum(e, axis=-1, keepdims=True)
+    dp = p * np.expm1(ds + np.max(ds, axis=-1, keepdims=True))
+    return np.matmul(dp, np.abs(v)) + np.matmul(p, dv) + np.matmul(dp, dv)
 
 
 def norm_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
