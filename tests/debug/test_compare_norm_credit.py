@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
-from quantbridge.debug._gain_norm import attention_bound, norm_bound
+from quantbridge.debug._gain_norm import attention_bound, norm_bound, quotient_bound
 
 
 def _layer_norm(x, gamma, beta, eps):
@@ -81,6 +81,29 @@ def test_attention_change_is_within_the_credit(t, d, spread, seed):
     change = np.abs(attention(*moved) - attention(q, k, v))
     bound = attention_bound([q, k, v], steps, {"op": "attention", "scale": c})
     assert np.all(change <= bound * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ROWS, st.floats(1e-3, 3.0), st.floats(1e-3, 0.5))
+def test_quotient_change_is_within_the_credit(shape, spread, step):
+    # (x - mean x) / sqrt(v), v the quantized variance + eps (ORT's quantize_static of a
+    # written-out layer norm): v read as its own tensor, perturbed independently of x
+    rows, n, seed = shape
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, spread, (rows, n))
+    v = x.var(-1, keepdims=True) + 1e-5
+    dx = step * rng.integers(0, 3, x.shape)
+    dv = v * rng.uniform(0, 1.2, v.shape)  # up to beyond v itself: no credit there
+    moved_v = np.maximum(v + dv * rng.choice([-1.0, 1.0], v.shape), 1e-12)
+    moved_x = x + dx * rng.choice([-1.0, 1.0], x.shape)
+
+    def quotient(x, v):
+        return (x - x.mean(-1, keepdims=True)) / np.sqrt(v)
+
+    change = np.abs(quotient(moved_x, moved_v) - quotient(x, v))
+    bound = quotient_bound([x, v], [dx, dv], {"axes": (-1,)})
+    covered = np.broadcast_to(dv < v, bound.shape)
+    assert np.all(change[covered] <= bound[covered] * (1 + 1e-9) + 1e-9)
 
 
 def test_the_layer_norm_bound_is_its_gain_for_one_element():

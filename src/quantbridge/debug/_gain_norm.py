@@ -143,8 +143,13 @@ def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
 
     top = centered(div.input[0])
     sqrt = node(div.input[1], "Sqrt")
-    add = node(sqrt.input[0], "Add") if sqrt is not None else None
-    if top is None or top[1] is None or add is None:
+    if top is None or top[1] is None or sqrt is None:
+        return {}
+    var_site = operand(sqrt.input[0])
+    if isinstance(var_site, str):  # the variance quantized (ONNX Runtime's quantize_static)
+        return {"factors": (top[0], var_site), "norm": {"op": "centered_quotient", "axes": top[1]}}
+    add = node(sqrt.input[0], "Add")
+    if add is None:
         return {}
     kinds = [operand(t) for t in add.input]
     eps = [k for k in kinds if isinstance(k, np.ndarray) and k.size == 1]
@@ -203,6 +208,23 @@ def attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
     p = e / np.sum(e, axis=-1, keepdims=True)
     dp = p * np.expm1(ds + np.max(ds, axis=-1, keepdims=True))
     return np.matmul(dp, np.abs(v)) + np.matmul(p, dv) + np.matmul(dp, dv)
+
+
+def quotient_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
+    """The written-out layer norm with its variance quantized, ``(x - mean x) / sqrt(v)`` of
+    two sites ``x``, ``v`` (float64): with ``n = x - mean x``, ``s = sqrt v``, ``q = n / s``,
+    exactly ``q' - q = (dn + q (s - s')) / s'``; ``|dn_i| <= D_i + mean D``, and ``sqrt`` being
+    concave, ``|s - s'| <= sqrt(v) - sqrt(max(v - Dv, 0))`` and ``s' >= sqrt(max(v - Dv, 0))``.
+    So ``|dq| <= (D_i + mean D + |q| (s - s_low)) / s_low``; 0 (no credit) where ``s_low = 0``."""
+    x, v = (np.asarray(a, np.float64) for a in values)
+    dx, dv = (np.abs(np.asarray(d, np.float64)) for d in diffs)
+    axes = tuple(sorted({a % x.ndim for a in norm["axes"]}))
+    n = x - np.mean(x, axis=axes, keepdims=True)
+    s, low = np.sqrt(np.maximum(v, 0.0)), np.sqrt(np.maximum(v - dv, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = n / s
+        bound = (dx + np.mean(dx, axis=axes, keepdims=True) + np.abs(q) * (s - low)) / low
+    return np.where(np.broadcast_to(low > 0, bound.shape) & np.isfinite(bound), bound, 0.0)
 
 
 def norm_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
