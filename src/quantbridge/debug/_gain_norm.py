@@ -39,7 +39,11 @@ Pow(Sub, 2)), eps)))``, any axes) is the same op with ``gamma = 1``.
 
 Attention whose scores and probabilities stay in float, ``MatMul(Softmax(c * MatMul(q, k)),
 v)`` of three sites, composes the exact bounds of its steps (``attention_bound``): a product's
-for the scores, the softmax's for the probabilities, a product's for ``P @ v``.
+for the scores, the softmax's for the probabilities, a product's for ``P @ v``. Where the
+scores are a quantized tensor and masked before the softmax by a mask computed from graph inputs
+(BERT's, GPT-2's attention mask, causal mask; torch's safe-softmax ``Where(IsNaN(p), 0, p)``
+after it), ``masked_attention_bound`` bounds ``P @ v`` without the mask, from the fact that
+the probabilities of a row sum to 1 (or are all 0) in both engines.
 
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
 stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
@@ -174,9 +178,14 @@ def _attention(matmul: onnx.NodeProto, producer: dict, operand, opset: int) -> d
     p = producer.get(matmul.input[0])
     while p is not None and p.op_type in SELECTING_OPS:
         p = producer.get(p.input[0])
+    while p is not None and p.op_type == "Where" and _safe_softmax(p, producer):
+        p = producer.get(p.input[2])
     if not isinstance(v, str) or p is None or p.op_type != "Softmax" or opset < 13:
         return {}
     axis = next((a.i for a in p.attribute if a.name == "axis"), -1)
+    masked = _masked_scores(p.input[0], producer, operand)
+    if masked is not None and axis in (-1, 3):
+        return {"factors": (masked[0], v), "norm": {"op": "masked_attention", "scale": masked[1]}}
     scores, scale = producer.get(p.input[0]), 1.0
     if scores is not None and scores.op_type in ("Mul", "Div"):
         c = operand(scores.input[1])
@@ -191,6 +200,79 @@ def _attention(matmul: onnx.NodeProto, producer: dict, operand, opset: int) -> d
     if not isinstance(q, str) or not isinstance(k, str):
         return {}
     return {"factors": (q, k, v), "norm": {"op": "attention", "scale": scale}}
+
+
+def _safe_softmax(where: onnx.NodeProto, producer: dict) -> bool:
+    """``Where(IsNaN(p), c, p)``: torch's safe softmax (a fully masked row's NaN -> c)."""
+    cond = producer.get(where.input[0])
+    return cond is not None and cond.op_type == "IsNaN" and cond.input[0] == where.input[2]
+
+
+def _masked_scores(t: str, producer: dict, operand) -> tuple[str, float] | None:
+    """``(s, c)`` where ``t`` is ``c * s`` of one site ``s`` (``c`` a scalar constant, a Mul or
+    a Div by it, or 1), masked by ``Where(mask, s, constant)`` / ``Where(mask, constant, s)`` or
+    ``Add(s, mask)`` with a mask computed from graph inputs and constants only (the same in both
+    engines); else None."""
+    scale = 1.0
+    for _ in range(4):
+        site = operand(t)
+        if isinstance(site, str):
+            return site, scale
+        p = producer.get(t)
+        if p is None:
+            return None
+        kinds = [operand(i) for i in p.input]
+        if p.op_type in ("Mul", "Div") and len(p.input) == 2 and isinstance(kinds[1], np.ndarray):
+            if kinds[1].size != 1 or float(kinds[1].reshape(())) == 0.0:
+                return None
+            c = float(kinds[1].reshape(()))
+            scale *= abs(c) if p.op_type == "Mul" else 1.0 / abs(c)
+            t = p.input[0]
+        elif p.op_type == "Where" and _siteless(p.input[0], producer, operand):
+            const = [isinstance(k, np.ndarray) and k.size == 1 for k in kinds[1:]]
+            if const == [True, False]:
+                t = p.input[2]
+            elif const == [False, True]:
+                t = p.input[1]
+            else:
+                return None
+        elif p.op_type == "Add" and len(p.input) == 2 and _siteless(p.input[1], producer, operand):
+            t = p.input[0]
+        else:
+            return None
+    return None
+
+
+def _siteless(t: str, producer: dict, operand, limit: int = 64) -> bool:
+    """Whether ``t`` is computed from graph inputs and constants alone (no quantized site)."""
+    todo, seen = [t], set()
+    while todo:
+        u = todo.pop()
+        if not u or u in seen:
+            continue
+        seen.add(u)
+        if isinstance(operand(u), str) or len(seen) > limit:
+            return False
+        p = producer.get(u)
+        if p is not None:
+            todo.extend(p.input)
+    return True
+
+
+def masked_attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
+    """``MatMul(Softmax(mask(c * s)), v)`` (``_masked_scores``; torch's safe-softmax ``Where``
+    allowed), bounded without the mask: ``P' v' - P v = (P' - P) v + P' (v' - v)``, ``P'`` a
+    probability row (or zeros), so ``|P' dv| <= max_j |dv_j|``; and ``|P' - P|_1 <= sum_j p_j
+    (exp(|dS_j| + D) - 1) <= exp(2 D) - 1`` (the softmax bound, ``D`` the row's largest score
+    difference, masked entries equal in both), so ``|(P' - P) v| <= (exp(2 D) - 1) max_j |v_j|``
+    (and ``|P' - P|_1 <= 2``). Element by element over the output's columns."""
+    _, v = (np.asarray(a, np.float64) for a in values)
+    ds, dv = (np.abs(np.asarray(d, np.float64)) for d in diffs)
+    d_row = abs(norm["scale"]) * np.max(ds, axis=-1, keepdims=True)  # [..., T, 1]
+    spread = np.minimum(np.expm1(2.0 * d_row), 2.0)
+    v_top = np.max(np.abs(v), axis=-2, keepdims=True)  # [..., 1, d]: per output column
+    dv_top = np.max(dv, axis=-2, keepdims=True)
+    return spread * v_top + dv_top
 
 
 def attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._gain import chain_values, conv_bound
-from ._gain_norm import attention_bound, norm_bound, quotient_bound
+from ._gain_norm import attention_bound, masked_attention_bound, norm_bound, quotient_bound
 from ._match import Site, find_sites, has_blocked_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -295,6 +295,8 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
         try:
             if s.norm["op"] == "attention":  # Softmax(q @ k) @ v of three sites
                 bound = attention_bound(values, dx, s.norm)
+            elif s.norm["op"] == "masked_attention":  # Softmax(mask(s)) @ v of two sites
+                bound = masked_attention_bound(values, dx, s.norm)
             elif s.norm["op"] == "centered_quotient":  # (x - mean x) / sqrt(v), two sites
                 bound = quotient_bound(values, dx, s.norm)
             else:
