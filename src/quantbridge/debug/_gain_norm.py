@@ -1,5 +1,6 @@
-"""``compare``'s credit through a normalization of one site: ``LayerNormalization`` and
-``Softmax`` (the error their output can carry from their input's differences).
+"""``compare``'s credit through a normalization: ``LayerNormalization`` (also written out),
+``Softmax``, and attention's ``Softmax(q @ k) @ v`` (the error their output can carry from their
+inputs' differences).
 
 Both ops mix a row of elements, and both can amplify: a layer norm divides by the row's standard
 deviation (a 1-step difference on a row of small spread is many steps after it), a softmax
@@ -22,8 +23,8 @@ With ``|(Pd)_i| = |d_i - mean d| <= D_i + mean D``:
     |y'_i - y_i| <= |gamma_i| (D_i + mean(D) + |z_i| r) / (sigma - r)        (sigma > r)
 
 A row where ``sigma <= r`` (the difference as large as the row's spread) gets no credit (0: an
-error there still shows as a divergence). For one element off by one step ``D = e_j s``, the bound is about
-``|gamma| s / sigma``, the layer norm's true gain. ``beta`` carries nothing.
+error there still shows as a divergence). For one element off by one step ``D = e_j s``, the
+bound is about ``|gamma| s / sigma``, the layer norm's true gain. ``beta`` carries nothing.
 
 **Softmax** along ``axis``: ``p_i = exp(x_i) / sum_j exp(x_j)``. Then
 ``p'_i / p_i = exp(d_i) / sum_j p_j exp(d_j)``, and the denominator, a mean of ``exp(d_j)`` with
@@ -35,7 +36,9 @@ weights ``p``, lies in ``[exp(-max D), exp(max D)]`` (``max`` over the row), so
 ``-inf`` (a mask: the same in both engines, ``D = 0``) have ``p_i = 0`` and carry nothing.
 
 The layer norm of opsets < 17 written out (``Div(Sub(x, ReduceMean(x)), Sqrt(Add(ReduceMean(
-Pow(Sub, 2)), eps)))``, any axes) is the same op with ``gamma = 1``.
+Pow(Sub, 2)), eps)))``, any axes) is the same op with ``gamma = 1``; where ``var + eps`` is
+itself a quantized tensor ``v`` (ONNX Runtime's quantize_static), ``(x - mean x) / sqrt(v)`` of
+two sites gets ``quotient_bound``.
 
 Attention whose scores and probabilities stay in float, ``MatMul(Softmax(c * MatMul(q, k)),
 v)`` of three sites, composes the exact bounds of its steps (``attention_bound``): a product's
@@ -49,7 +52,7 @@ Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> 
 stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
 largest element bounds every element they pick.
 
-``tests/debug/test_compare_norm_credit.py`` checks both bounds against float64 recomputations
+``tests/debug/test_compare_norm_credit.py`` checks every bound against float64 recomputations
 of random rows and perturbations (hypothesis).
 """
 
@@ -64,9 +67,10 @@ from ._gain import SELECTING_OPS
 
 def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
     """For a QuantizeLinear ``node`` reading ``LayerNormalization(x, gamma[, beta])`` or
-    ``Softmax(x)`` (through data movement) of one site ``x`` (read through its DequantizeLinear; ``gamma`` constant):
-    ``{"factors": (x,), "norm": {...}}`` for ``norm_bound``; else ``{}``. ``operand`` as
-    ``_gain.linear_weight``'s."""
+    ``Softmax(x)`` (through data movement) of one site ``x`` (read through its
+    DequantizeLinear; ``gamma`` constant), or the written-out forms and attention of the module
+    docstring: ``{"factors": (sites...), "norm": {"op": ...}}`` for ``compare._carried``; else
+    ``{}``. ``operand`` as ``_gain.linear_weight``'s."""
     if node.op_type != "QuantizeLinear":
         return {}
     return norm_at(node.input[0], producer, operand, opset)
