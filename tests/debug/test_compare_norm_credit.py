@@ -170,6 +170,9 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         ]
     elif op == "Softmax":
         under_test = [helper.make_node("Softmax", ["td"], ["y"], axis=-1)]
+    elif op == "masked":  # Where(mask, x, c), the mask a graph input (an attention mask)
+        inits.append(init("fill", np.float32(-1.0)))
+        under_test = [helper.make_node("Where", ["mask", "td", "fill"], ["y"])]
     else:  # the layer norm of opsets < 17, written out (PP-OCRv4 rec through import_onnx)
         inits += [init("axes", np.array([-1], np.int64)), init("two", np.float32(2.0)),
                   init("eps", np.float32(1e-5))]  # fmt: skip
@@ -193,8 +196,11 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         helper.make_node("QuantizeLinear", ["y", "s_out", "z_out"], ["yq"], name="quant_y"),
         helper.make_node("DequantizeLinear", ["yq", "s_out", "z_out"], ["out"]),
     ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])]
+    if op == "masked":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 2, 4, 8]))
     graph = helper.make_graph(
-        nodes, "tie_then_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])],
+        nodes, "tie_then_norm", inputs,
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2, 4, 8])], inits,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
@@ -207,10 +213,13 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
 _CODES = np.tile(np.array([0, 2, 4, 6, 8, 9, 12, 14], np.float32), (1, 2, 4, 1))
 
 
-@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed"])
+@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed", "masked"])
 def test_a_tie_carried_into_a_normalization_is_rounding(op):
     a, b = _tie_then(op), _tie_then(op, tie_s_w=1.000001)
-    r = qb.compare(a, b, inputs={"x": _CODES * np.float32(S_IN)})
+    inputs = {"x": _CODES * np.float32(S_IN)}
+    if op == "masked":
+        inputs["mask"] = np.arange(64).reshape(1, 2, 4, 8) % 3 != 0
+    r = qb.compare(a, b, inputs=inputs)
     assert r.errors == {} and r.unmatched == {}
     by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
     assert by_name["tq"]["max_lsb"] == pytest.approx(1.0)  # the premise: 1-step ties upstream

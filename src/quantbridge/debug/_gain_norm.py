@@ -232,7 +232,7 @@ def _masked_scores(t: str, producer: dict, operand) -> tuple[str, float] | None:
             c = float(kinds[1].reshape(()))
             scale *= abs(c) if p.op_type == "Mul" else 1.0 / abs(c)
             t = p.input[0]
-        elif p.op_type == "Where" and _siteless(p.input[0], producer, operand):
+        elif p.op_type == "Where" and siteless(p.input[0], producer, operand):
             const = [isinstance(k, np.ndarray) and k.size == 1 for k in kinds[1:]]
             if const == [True, False]:
                 t = p.input[2]
@@ -240,14 +240,14 @@ def _masked_scores(t: str, producer: dict, operand) -> tuple[str, float] | None:
                 t = p.input[1]
             else:
                 return None
-        elif p.op_type == "Add" and len(p.input) == 2 and _siteless(p.input[1], producer, operand):
+        elif p.op_type == "Add" and len(p.input) == 2 and siteless(p.input[1], producer, operand):
             t = p.input[0]
         else:
             return None
     return None
 
 
-def _siteless(t: str, producer: dict, operand, limit: int = 64) -> bool:
+def siteless(t: str, producer: dict, operand, limit: int = 64) -> bool:
     """Whether ``t`` is computed from graph inputs and constants alone (no quantized site)."""
     todo, seen = [t], set()
     while todo:
