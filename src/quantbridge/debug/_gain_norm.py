@@ -247,6 +247,19 @@ def _masked_scores(t: str, producer: dict, operand) -> tuple[str, float] | None:
     return None
 
 
+def masked_where(node: onnx.NodeProto, producer: dict, sites) -> bool:
+    """A ``Where`` whose condition is computed from graph inputs and constants alone (a mask):
+    the same in both engines, so each output element is one branch's and carries that branch's
+    error (``_match._upstream``'s unit gain)."""
+
+    def site_of(t: str) -> str | None:
+        p = producer.get(t)
+        read = p is not None and p.op_type == "DequantizeLinear" and p.input[0] in sites
+        return t if t in sites or read else None
+
+    return node.op_type == "Where" and siteless(node.input[0], producer, site_of)
+
+
 def siteless(t: str, producer: dict, operand, limit: int = 64) -> bool:
     """Whether ``t`` is computed from graph inputs and constants alone (no quantized site)."""
     todo, seen = [t], set()

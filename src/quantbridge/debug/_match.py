@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from ..optables import FUSED_DYNAMIC_OPS, QOPERATOR_OUTPUT_QPARAMS, UNIT_GAIN_OPS
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
-from ._gain_norm import norm_at, norm_of, siteless
+from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -222,15 +222,6 @@ def _upstream(
     whether ``node`` and every op walked through is in ``UNIT_GAIN_OPS``."""
     found: list[str] = []
     unit_gain = node.op_type in UNIT_GAIN_OPS
-
-    def site_of(t: str) -> str | None:
-        p = producer.get(t)
-        if t in sites or (
-            p is not None and p.op_type == "DequantizeLinear" and p.input[0] in sites
-        ):
-            return t
-        return None
-
     todo = [t for t in node.input if t]
     seen: set[str] = set()
     while todo and len(seen) < limit:
@@ -248,9 +239,7 @@ def _upstream(
             if p.input[0] in sites:
                 found.append(p.input[0])
             continue
-        if p.op_type == "Where" and siteless(p.input[0], producer, site_of):
-            # a condition from graph inputs and constants (a mask) is the same in both engines:
-            # each element is one branch's, its error that branch's (unit gain)
+        if masked_where(p, producer, sites):  # each element one branch's (unit gain)
             todo.extend(i for i in p.input[1:] if i)
             continue
         unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
