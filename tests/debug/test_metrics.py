@@ -96,3 +96,12 @@ def test_float_tensor_differences_at_float32_noise_are_rounding():
     )
     got = classify(_m(0.3, None), a_float=False, b_float=False, reference_peak=1.0, carried=0.3)
     assert got == "rounding"
+
+
+def test_an_engine_that_writes_inf_is_measured_not_a_crash():
+    # PP-OCRv4 rec quantized by ORT's quantize_static: one engine's float tensor held inf, and
+    # log10(signal / inf) raised "math domain error" out of compare
+    a = np.array([1.0, 2.0, 3.0])
+    m = tensor_metrics(a, np.array([1.0, np.inf, 3.0]), None)
+    assert m["sqnr_db"] is None and m["max_abs"] == math.inf
+    assert classify(m, a_float=False, b_float=False, reference_peak=3.0) == "divergence"

@@ -40,6 +40,7 @@ from ..optables import (
     UNIT_GAIN_OPS,
 )
 from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -70,6 +71,8 @@ class Site:
     # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
     chains: tuple | None = field(default=None, compare=False, repr=False)
     combine: str = ""
+    # a LayerNormalization or Softmax of one site (factors[0]): ``_gain_norm.norm_of``
+    norm: dict | None = field(default=None, compare=False, repr=False)
     gain: float | None = None  # a Mul or Div of one site by a constant: the largest |factor|;
     # an elementwise chain of one site (GELU, SiLU, Exp ...): its slope bound (``_gain``)
 
@@ -184,6 +187,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
             or conv_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
             or two_site_chain(node, sites, producer, consts, opset)
+            or norm_of(node, producer, lambda t: _operand(t, sites, producer, consts), opset)
         )
         out.append(Site(**{**s.__dict__, "aliases": tuple(aliases.get(s.name, ())), **known}))
     held = {s.name for s in out} | {a for s in out for a in s.aliases}
@@ -192,9 +196,10 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
+            norm = norm_at(o.name, producer, lambda t: _operand(t, sites, producer, consts), opset)
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
-                     inputs=ins, unit_gain=gain)
+                     inputs=ins, unit_gain=gain, **norm)
             )  # fmt: skip
     return out
 
@@ -242,6 +247,9 @@ def _upstream(
         if p.op_type == "DequantizeLinear":
             if p.input[0] in sites:
                 found.append(p.input[0])
+            continue
+        if masked_where(p, producer, sites):  # each element one branch's (unit gain)
+            todo.extend(i for i in p.input[1:] if i)
             continue
         unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
         todo.extend(i for i in p.input if i)

@@ -35,7 +35,7 @@ def tensor_metrics(a: np.ndarray, b: np.ndarray, scale: float | None) -> dict[st
     e = b - a
     signal, noise = float(np.sum(a * a)), float(np.sum(e * e))
     sqnr = None
-    if noise > 0.0 and signal > 0.0:
+    if 0.0 < noise < math.inf and 0.0 < signal < math.inf:  # an engine's inf: no SQNR
         sqnr = 10.0 * math.log10(signal / noise)
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     if na == 0.0 and nb == 0.0:

@@ -20,6 +20,7 @@ from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._gain import chain_values, conv_bound
+from ._gain_norm import attention_bound, masked_attention_bound, norm_bound, quotient_bound
 from ._match import Site, find_sites, has_weight_only_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -270,6 +271,8 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     a Linear of one site by ``|dx| @ |W|``, a convolution by ``conv(|dx|, |W|)``, a product or
     sum of two elementwise chains of one site each (``x * sigmoid(y)``) by the product's or the
     sum's bound with each chain's difference at most its slope times its site's (``_gain``);
+    a LayerNormalization or Softmax of one site by its row-wise bound, an attention
+    ``Softmax(q @ k) @ v`` of three sites by its composed bound (``_gain_norm``);
     other ops that may amplify an error get no credit."""
     if s.gain is not None and len(s.inputs) == 1:
         return carried.get(s.inputs[0], 0.0) * s.gain
@@ -291,6 +294,20 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
         return float(bound.max()) if bound.size else 0.0
     if s.unit_gain:
         return sum(carried.get(i, 0.0) for i in s.inputs)
+    if s.norm is not None and all(f in diffs for f in s.factors):  # layer norm, softmax ...
+        values, dx = [ref_values[f] for f in s.factors], [diffs[f] for f in s.factors]
+        try:
+            if s.norm["op"] == "attention":  # Softmax(q @ k) @ v of three sites
+                bound = attention_bound(values, dx, s.norm)
+            elif s.norm["op"] == "masked_attention":  # Softmax(mask(s)) @ v of two sites
+                bound = masked_attention_bound(values, dx, s.norm)
+            elif s.norm["op"] == "centered_quotient":  # (x - mean x) / sqrt(v), two sites
+                bound = quotient_bound(values, dx, s.norm)
+            else:
+                bound = norm_bound(values[0], dx[0], s.norm)
+        except ValueError:  # shapes that do not fit: no credit
+            return 0.0
+        return float(bound.max()) if bound.size else 0.0
     if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|; conv(|dx|, |W|)
         dx = diffs[s.factors[0]]
         try:

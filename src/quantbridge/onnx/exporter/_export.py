@@ -60,6 +60,7 @@ from ._opset import downgrade
 from ._pad_codes import pad_on_codes
 from ._record import record_quantizers
 from ._relu_quant import relu_into_quantize
+from ._requantize import drop_identity_requantize
 from ._reuse import reused_program
 from ._torch_onnx import export_program
 
@@ -163,6 +164,7 @@ def to_onnx(
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
     pad_on_codes(model)  # a zero / copying Pad on its input's grid pads the codes
+    drop_identity_requantize(model)  # DQ -> Add(0) -> Q on one grid: one pair (OpenVINO)
     untranspose_blocked_weights(model)  # group-wise weights as [K, N]: ORT fuses MatMulNBits
     if opset >= 21:
         pack_4bit_weights(model, _weight_bits(qmodel))
