@@ -220,6 +220,27 @@ def test_a_float_torch_model_runs_its_fp32_export(data):
         assert fast.precision == "fp32"
 
 
+class _WithKwargs(torch.nn.Module):
+    """A forward that ends in ``**kwargs``, as Hugging Face models' do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, scale=None, **kwargs):
+        return self.fc(x)
+
+
+def test_a_float_model_whose_forward_takes_kwargs_runs_behind_an_engine():
+    # regression: the recorded signature gave **kwargs a default, which Python refuses
+    # ("variadic keyword parameters cannot have default values"; a float HF BertModel)
+    model = _WithKwargs().eval()
+    x = torch.randn(2, 8)
+    fast = qb.to_engine(model, "onnxruntime", example_inputs=(x,), threads=1)
+    # fp32 in both: summation order only
+    torch.testing.assert_close(fast(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_an_onnx_file_is_called_by_its_recorded_signature(fast, data, tmp_path):
     x, mask = data
     path = tmp_path / "m.int8.onnx"

@@ -131,7 +131,11 @@ class CallSignature:
         self._by_name = by_name
         self._signature = inspect.Signature(
             [
-                inspect.Parameter(name, _KINDS[kind], default=_UNSET)
+                # *args / **kwargs take no default (Python refuses one: a float HF BertModel's
+                # ``forward(..., **kwargs)`` could not be put behind an engine)
+                inspect.Parameter(
+                    name, _KINDS[kind], default=inspect.Parameter.empty if "VAR" in kind else _UNSET
+                )
                 for name, kind in self.parameters
             ]
         )
