@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import quantbridge as qb
-from quantbridge.debug._match import QUANTIZERS_KEY, Site, recorded_calls
+from quantbridge.debug._match import QUANTIZERS_KEY, Site
+from quantbridge.debug._match_torch import recorded_calls
 
 
 def _site(name: str, order: int) -> Site:

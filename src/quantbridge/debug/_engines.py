@@ -43,15 +43,8 @@ from ..onnx.exporter import SIGNATURE_KEY
 from ..onnx.passes._openvino import openvino_crash_site
 from ..torch import QuantModel, float_mode
 from ..torch._record import CONTAINER
-from ._match import (
-    Site,
-    has_weight_only_weights,
-    match_names,
-    match_quantizers,
-    match_sources,
-    quantizer_scales,
-    recorded_calls,
-)
+from ._match import Site, has_weight_only_weights, match_names, match_sources
+from ._match_torch import match_quantizers, quantizer_scales, recorded_calls
 from ._subject import Subject, torch_args
 
 Values = dict[str, np.ndarray]
