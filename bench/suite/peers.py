@@ -340,6 +340,23 @@ def reader_bounded_recipe():
 OURS[READER_BOUNDED] = reader_bounded_recipe
 
 
+ADAROUND = SPLIT_RANGES + " + adaround"
+
+
+def adaround_recipe():
+    """The split-ranges row plus AdaRound (``Recipe.adaround``, ``torch.ptq._adaround``):
+    layer-wise learned weight rounding against the float layer output from quantized inputs.
+    Measured by helper det20 (issue 14): see its report."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(split_ranges_recipe(), adaround=qb.AdaRound())
+
+
+OURS[ADAROUND] = adaround_recipe
+
+
 SHRUNK_BIAS_CORRECTION = "default with noise-shrunk bias correction"
 
 

@@ -253,28 +253,47 @@ def adaround(
                     rows.append(_in_rows(layer.node, x, layer.weight)[picks[(i, c)]])
 
                 _run(qmodel, [call], {layer.node: tap}, stop=layer.node)
-            name = f"{layer.quantizer.name} ({i + 1}/{len(layers)})"
-            results.append(
-                _round_layer(
-                    layer, torch.cat(rows), torch.cat(targets.pop(i)), config, gen, progress, name
+            floats = None
+            if config.drop > 0:  # QDrop: the float model's rows at the same positions
+                floats = _float_rows(
+                    qmodel, calls, layer, [picks[(i, c)] for c in range(len(calls))]
                 )
+            name = f"{layer.quantizer.name} ({i + 1}/{len(layers)})"
+            target = torch.cat(targets.pop(i))
+            results.append(
+                _round_layer(layer, torch.cat(rows), target, config, gen, progress, name, floats)
             )
     finally:
         qmodel.train(was_training)
     return results
 
 
+def _float_rows(qmodel, calls, layer, picks) -> torch.Tensor:
+    """The layer's input rows at ``picks`` (one per call) in the float model (QDrop's float
+    operand)."""
+    rows: list[torch.Tensor] = []
+    with float_mode(qmodel):
+        for call, pick in zip(calls, picks, strict=True):
+
+            def tap(x, out, pick=pick):
+                rows.append(_in_rows(layer.node, x, layer.weight)[pick])
+
+            _run(qmodel, [call], {layer.node: tap}, stop=layer.node)
+    return torch.cat(rows)
+
+
 def _clamped(rows, clamp):
     return rows if clamp is None else rows.clamp(clamp[0], clamp[1])
 
 
-def _round_layer(layer, rows, target, config, gen, progress, name) -> LayerResult:
+def _round_layer(layer, rows, target, config, gen, progress, name, floats=None) -> LayerResult:
     start = time.perf_counter()
     q = layer.quantizer
     w = layer.weight.detach()
     scale, zero_point, axis = q.scale.to(w.dtype), q.zero_point, q.axis
     groups = groups_of(layer.node)
     rows, target = rows.to(w.dtype), target.to(w.dtype)
+    floats = floats.to(w.dtype) if floats is not None else None
 
     # a fifth of the rows is held out: the rounding is learned on the rest and kept only if it
     # reconstructs the held-out rows better than round-to-nearest (few rows can be overfitted)
@@ -311,7 +330,11 @@ def _round_layer(layer, rows, target, config, gen, progress, name) -> LayerResul
     for step in steps:
         pick = train[torch.randint(train.shape[0], (batch,), generator=gen)]
         h = rectified_sigmoid(v)
-        out = _layer_output(rows[pick], weight_of(h), layer.bias, groups, layer.clamp)
+        x = rows[pick]
+        if floats is not None:  # QDrop: each element float with probability ``drop``
+            keep = torch.rand(x.shape, generator=gen, dtype=x.dtype) >= config.drop
+            x = torch.where(keep, x, floats[pick])
+        out = _layer_output(x, weight_of(h), layer.bias, groups, layer.clamp)
         loss = ((out - target[pick]) ** 2).sum(1).mean() / norm
         if step >= warm:
             beta = beta_schedule(
