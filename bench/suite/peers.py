@@ -357,6 +357,23 @@ def adaround_recipe():
 OURS[ADAROUND] = adaround_recipe
 
 
+ADAROUND_QDROP = SPLIT_RANGES + " + adaround qdrop"
+
+
+def adaround_qdrop_recipe():
+    """The split-ranges row plus AdaRound with QDrop (``AdaRound(drop=0.5)``: each training
+    input element is the float model's with probability 0.5, else the quantized model's).
+    Measured by helper det20 (issue 14): see its report."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(split_ranges_recipe(), adaround=qb.AdaRound(drop=0.5))
+
+
+OURS[ADAROUND_QDROP] = adaround_qdrop_recipe
+
+
 SHRUNK_BIAS_CORRECTION = "default with noise-shrunk bias correction"
 
 
