@@ -28,6 +28,19 @@ linear; transposed and 3-D convs keep round-to-nearest), in graph order:
 
 Scales and zero points stay as frozen. Rounding formulas: ``numerics._adaround``.
 
+QDrop (Wei et al. 2022; ``AdaRound.drop``, off by default): each training step's input rows take
+each element from the float model's input to the layer (``_float_rows``, the same positions)
+with probability ``drop``, else the quantized model's, so the rounding is not fitted to one
+pattern of upstream activation rounding; held-out rows and the keep test stay quantized.
+Measured on PP-OCRv4 det (helper det20, 2026-12-02: the split-ranges row's PTQ on calibration
+repeat 0, AdaRound defaults, sequential bias correction after, torch fake-quant SQNR; 16 held-out
+dev images rendered at index 20000+ / the bench's 16 eval images / the 8 calibration images):
+no AdaRound 18.25 / 18.92 / 17.75 dB, AdaRound 18.83 / 17.43 / 19.35, with ``drop=0.5``
+19.27 / 17.70 / 19.62 (48 of 75 layers keep the learned rounding either way; 25 and 32 min at
+load 10-19 on 2 shared cores). It beats plain AdaRound on all three sets, but the held-out
+sets disagree on whether either beats round-to-nearest (+1.0 / -1.2 dB), within the +-1 dB
+scatter of this model's 8-16 image scores.
+
 Measured on PP-OCRv4 det (bench quick data, the split-ranges row + ``AdaRound()``, ONNX Runtime
 fused, calibration repeats 0 / 1 / 2, 2026-12-02, scored on the 4 evaluation images the quick
 bench had then; 16 since b44a929): 20.17 / 19.32 / 19.44 dB against 20.11 /
