@@ -323,9 +323,9 @@ def test_qdrop_trains_on_float_rows_and_keeps_floor_or_ceil(quantized):
 
     m, _, _, _ = quantized
     recipe = qb.Recipe.preset("w4a8")
-    data = _data(1)
+    data = _data(1, 4)
     calls = [((x,), {}) for x in data]
-    config = dataclasses.replace(CONFIG, iterations=60, rows=1024)
+    config = dataclasses.replace(CONFIG, iterations=30, rows=512)  # few steps: ~2 s
     plain = qb.quantize(m, data, recipe=recipe, progress=False)
     dropped = qb.quantize(m, data, recipe=recipe, progress=False)
     layer = weighted_layers(dropped)[1]  # the grouped conv: its input is relu(conv0(x))
