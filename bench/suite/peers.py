@@ -346,7 +346,11 @@ ADAROUND = SPLIT_RANGES + " + adaround"
 def adaround_recipe():
     """The split-ranges row plus AdaRound (``Recipe.adaround``, ``torch.ptq._adaround``):
     layer-wise learned weight rounding against the float layer output from quantized inputs.
-    Measured by helper det20 (issue 14): see its report."""
+    Not in ``configs``: it did not gain. PP-OCRv4 det, bench quick data, ONNX Runtime fused, 3
+    calibration repeats (``python -m bench.peer_rows ocr_det --tools quantbridge --ours-recipes
+    "<this row>" --only "<split-ranges row>;<this row>" --repeats 3``, 2026-12-02, load 10-19;
+    bench/results/peer-rows/ocr_det-adaround-r3.json): 17.35 / 18.77 / 17.88 dB (median 17.88)
+    against 18.42 / 18.13 / 17.99 (median 18.13) for the split-ranges row in the same run."""
     import dataclasses
 
     import quantbridge as qb
