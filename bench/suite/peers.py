@@ -367,7 +367,12 @@ ADAROUND_QDROP = SPLIT_RANGES + " + adaround qdrop"
 def adaround_qdrop_recipe():
     """The split-ranges row plus AdaRound with QDrop (``AdaRound(drop=0.5)``: each training
     input element is the float model's with probability 0.5, else the quantized model's).
-    Measured by helper det20 (issue 14): see its report."""
+    Not in ``configs``: no gain shown. PP-OCRv4 det, bench quick data, ONNX Runtime fused,
+    calibration repeat 0 only (``--ours-recipes "<this row>" --only "<this row>" --repeats 1``,
+    2026-12-02, load 6-8; bench/results/peer-rows/ocr_det-adaround-qdrop-r1.json): 17.69 dB,
+    against 18.42 for the split-ranges row and 17.35 with plain AdaRound on that repeat. On 16
+    other rendered images (index 20000+, torch, the same repeat) it gave 19.27 against 18.25
+    (``_adaround`` module docstring): the held-out sets disagree."""
     import dataclasses
 
     import quantbridge as qb
