@@ -340,6 +340,49 @@ def reader_bounded_recipe():
 OURS[READER_BOUNDED] = reader_bounded_recipe
 
 
+ADAROUND = SPLIT_RANGES + " + adaround"
+
+
+def adaround_recipe():
+    """The split-ranges row plus AdaRound (``Recipe.adaround``, ``torch.ptq._adaround``):
+    layer-wise learned weight rounding against the float layer output from quantized inputs.
+    Not in ``configs``: it did not gain. PP-OCRv4 det, bench quick data, ONNX Runtime fused, 3
+    calibration repeats (``python -m bench.peer_rows ocr_det --tools quantbridge --ours-recipes
+    "<this row>" --only "<split-ranges row>;<this row>" --repeats 3``, 2026-12-02, load 10-19;
+    bench/results/peer-rows/ocr_det-adaround-r3.json): 17.35 / 18.77 / 17.88 dB (median 17.88)
+    against 18.42 / 18.13 / 17.99 (median 18.13) for the split-ranges row in the same run."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(split_ranges_recipe(), adaround=qb.AdaRound())
+
+
+OURS[ADAROUND] = adaround_recipe
+
+
+ADAROUND_QDROP = SPLIT_RANGES + " + adaround qdrop"
+
+
+def adaround_qdrop_recipe():
+    """The split-ranges row plus AdaRound with QDrop (``AdaRound(drop=0.5)``: each training
+    input element is the float model's with probability 0.5, else the quantized model's).
+    Not in ``configs``: no gain shown. PP-OCRv4 det, bench quick data, ONNX Runtime fused,
+    calibration repeat 0 only (``--ours-recipes "<this row>" --only "<this row>" --repeats 1``,
+    2026-12-02, load 6-8; bench/results/peer-rows/ocr_det-adaround-qdrop-r1.json): 17.69 dB,
+    against 18.42 for the split-ranges row and 17.35 with plain AdaRound on that repeat. On 16
+    other rendered images (index 20000+, torch, the same repeat) it gave 19.27 against 18.25
+    (``_adaround`` module docstring): the held-out sets disagree."""
+    import dataclasses
+
+    import quantbridge as qb
+
+    return dataclasses.replace(split_ranges_recipe(), adaround=qb.AdaRound(drop=0.5))
+
+
+OURS[ADAROUND_QDROP] = adaround_qdrop_recipe
+
+
 SHRUNK_BIAS_CORRECTION = "default with noise-shrunk bias correction"
 
 

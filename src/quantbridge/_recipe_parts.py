@@ -102,7 +102,10 @@ class AdaRound:
     im2col patches, a linear's tokens) out of ``rows`` cached per layer from at most
     ``calib_batches`` calibration batches; ``reg_weight`` weights the rounding regulariser,
     whose ``beta`` anneals from ``beta_start`` to ``beta_end`` after the first ``warmup``
-    fraction of the steps (regulariser off before); ``lr`` is Adam's step size."""
+    fraction of the steps (regulariser off before); ``lr`` is Adam's step size. ``drop``
+    (QDrop, Wei et al. 2022; 0 = off): in each step every input element of the layer is the
+    float model's value with this probability, else the quantized model's, so that the rounding
+    is not fitted to one particular pattern of upstream activation rounding."""
 
     iterations: int = 300
     batch_rows: int = 256
@@ -113,6 +116,7 @@ class AdaRound:
     beta_end: float = 2.0
     warmup: float = 0.2
     lr: float = 5e-2
+    drop: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("iterations", "batch_rows", "rows", "calib_batches"):
@@ -121,6 +125,8 @@ class AdaRound:
                 raise ValueError(f"AdaRound.{name} must be a positive integer, got {v!r}")
         if not 0.0 <= self.warmup < 1.0:
             raise ValueError(f"AdaRound.warmup must lie in [0, 1), got {self.warmup!r}")
+        if isinstance(self.drop, bool) or not 0.0 <= self.drop < 1.0:
+            raise ValueError(f"AdaRound.drop must lie in [0, 1), got {self.drop!r}")
         for name in ("reg_weight", "beta_start", "beta_end", "lr"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"AdaRound.{name} must be positive, got {getattr(self, name)!r}")

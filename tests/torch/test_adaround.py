@@ -311,3 +311,53 @@ def test_adaround_on_an_imported_onnx_model_with_dict_batches():
     qmodel = qb.quantize(model, batches, recipe=recipe, progress=False)
     y = qmodel(x)
     assert y.shape == (1, 4, 8, 8) and torch.isfinite(y).all()
+
+
+def test_qdrop_trains_on_float_rows_and_keeps_floor_or_ceil(quantized):
+    """``AdaRound(drop=p)`` (QDrop): the training rows mix in the float model's own input to the
+    layer (``_float_rows``, checked against the float model run by hand); the rounding it learns
+    differs from plain AdaRound's on the same seed and is still floor or ceil of ``W / s``; a
+    layer keeps it only where it reconstructs the held-out quantized rows at least as well as
+    round-to-nearest."""
+    from quantbridge.torch.ptq._adaround import _float_rows, _in_rows
+
+    m, _, _, _ = quantized
+    recipe = qb.Recipe.preset("w4a8")
+    data = _data(1, 4)
+    calls = [((x,), {}) for x in data]
+    config = dataclasses.replace(CONFIG, iterations=30, rows=512)  # few steps: ~2 s
+    plain = qb.quantize(m, data, recipe=recipe, progress=False)
+    dropped = qb.quantize(m, data, recipe=recipe, progress=False)
+    layer = weighted_layers(dropped)[1]  # the grouped conv: its input is relu(conv0(x))
+    pick = torch.arange(0, 16 * 144, 7)
+    got = _float_rows(dropped, calls[:1], layer, [pick])
+    with torch.no_grad():
+        ref = _in_rows(layer.node, m[1](m[0](data[0])), layer.weight)[pick]
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)  # the same float32 ops: bitwise
+    adaround(plain, calls, config, progress=False)
+    results = adaround(dropped, calls, dataclasses.replace(config, drop=0.5), progress=False)
+    changed = False
+    for mod, lp, ld, r in zip(
+        [x for x in m if isinstance(x, (nn.Conv2d, nn.Linear))],
+        weighted_layers(plain),
+        weighted_layers(dropped),
+        results,
+        strict=True,
+    ):
+        q = ld.quantizer
+        shape = (-1, *[1] * (mod.weight.ndim - 1))
+        s = q.scale.reshape(shape)
+        t = (mod.weight.detach() / s).double()
+        codes = torch.round(ld.weight.detach() / s).double()
+        lo, hi = t.floor().clamp(q.qmin, q.qmax), t.ceil().clamp(q.qmin, q.qmax)
+        assert bool(((codes == lo) | (codes == hi)).all()), r
+        assert r.error_adaround <= r.error_nearest if r.kept == "adaround" else r.flipped == 0, r
+        changed |= not torch.equal(lp.weight, ld.weight)
+    assert changed  # the float rows took part in the training
+
+
+def test_qdrop_probability_is_checked():
+    for bad in (-0.1, 1.0, True):
+        with pytest.raises(ValueError, match="AdaRound.drop"):
+            qb.AdaRound(drop=bad)
+    assert qb.AdaRound.from_value({"drop": 0.5}, "r").drop == 0.5
