@@ -258,8 +258,23 @@ def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
     return np.transpose(inner, perm)
 
 
-# elementwise ops that move no two values further apart (1-Lipschitz): read through after a conv
+# elementwise ops that move no two values further apart (1-Lipschitz): read through after a
+# conv or a product (ReXNet's x * sigmoid(s) -> ReLU6, timm's SE gate)
 _LIPSCHITZ_1 = frozenset({"Relu", "Clip"})
+
+
+def below_lipschitz_1(t: str, producer: dict, operand) -> onnx.NodeProto | None:
+    """The producer of ``t`` under any Relu / Clip with constant bounds (neither can grow a
+    difference between two engines' values, so an error bound of their input holds for ``t``);
+    None where a Clip bound is computed at run time. ``operand`` as ``linear_weight``."""
+    p = producer.get(t)
+    while p is not None and p.op_type in _LIPSCHITZ_1:
+        if any(not isinstance(operand(b), np.ndarray) for b in p.input[1:] if b):
+            return None  # a Clip bound computed at run time
+        p = producer.get(p.input[0])
+    return p
+
+
 _CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.functional's, + "Nd"
 
 
@@ -270,11 +285,7 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     ``conv_bound`` computes the bound ``conv(|dx|, |W|)``. ``operand`` as ``linear_weight``."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
-    while p is not None and p.op_type in _LIPSCHITZ_1:
-        if any(not isinstance(operand(t), np.ndarray) for t in p.input[1:] if t):
-            return {}  # a Clip bound computed at run time
-        p = producer.get(p.input[0])
+    p = below_lipschitz_1(node.input[0], producer, operand)
     if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
         kinds = [operand(t) for t in p.input]
         const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]

@@ -39,7 +39,7 @@ from ..optables import (
     QOPERATOR_OUTPUT_QPARAMS,
     UNIT_GAIN_OPS,
 )
-from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain import below_lipschitz_1, conv_weight, elementwise_gain, linear_weight, two_site_chain
 from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -261,8 +261,10 @@ def _product(node: onnx.NodeProto, sites: dict, producer: dict, consts: dict) ->
     for a MatMul); of a Mul or Div of
     one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
     error a product can carry is bounded by its factors' errors (``compare._carried``), where no
-    other op stands between them and the QuantizeLinear."""
-    p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+    other op than a Relu or Clip (1-Lipschitz) stands between them and the QuantizeLinear."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = below_lipschitz_1(node.input[0], producer, lambda t: _operand(t, sites, producer, consts))
     if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
         return {}
     kinds = [_operand(t, sites, producer, consts) for t in p.input]
