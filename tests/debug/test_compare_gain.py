@@ -354,3 +354,42 @@ def test_a_product_read_through_a_relu_or_clip_keeps_its_credit(clamp):
     assert mm["max_lsb"] > 1, mm  # the premise: beyond one step
     assert mm["class"] == "rounding", mm
     assert r.first_divergence is None
+
+
+def test_a_tie_carried_into_a_float_output_linear_is_rounding():
+    # the Linear test above with the Linear's output left float, the graph output (a timm
+    # classifier's head: Gemm of the pooled features, no QuantizeLinear after it). ORT against
+    # ort-ref named that float output the first divergence of every such model (ReXNet,
+    # MobileNetV4: "a float tensor") although its input was 1 step apart: a float output of a
+    # Linear / conv of one site gets the same |dx| @ |W| credit
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    w_codes = (np.arange(32).reshape(4, 8) % 7 - 3).astype(np.int8)  # [N, K], torch's layout
+    model.graph.initializer.extend([
+        numpy_helper.from_array(w_codes, "w_lin"),
+        numpy_helper.from_array(np.float32(0.5), "s_wl"),
+        numpy_helper.from_array(np.int8(0), "z_wl"),
+        numpy_helper.from_array(np.float32([0.1, -0.2, 0.3, 0.0]), "b_lin"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("DequantizeLinear", ["w_lin", "s_wl", "z_wl"], ["w_dq"]),
+        helper.make_node("Transpose", ["w_dq"], ["w_t"], perm=[1, 0]),
+        helper.make_node("MatMul", [out, "w_t"], ["mm"]),
+        helper.make_node("Add", ["mm", "b_lin"], ["logits"], name="head"),
+    ])  # fmt: skip
+    model.graph.output[0].name = "logits"
+    model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 4
+    onnx.checker.check_model(model, full_check=True)
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    head = {t["name"]: t["pairs"][0] for t in r.tensors}["logits"]
+    q = codes.reshape(8, 8).astype(np.int64)  # as in the MatMul test
+    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
+    da = np.abs(a - np.rint(q / 2.0) * 0.2)
+    logits = a @ (w_codes.T * 0.5) + np.float32([0.1, -0.2, 0.3, 0.0])
+    bound = float((da @ np.abs(w_codes.T * 0.5)).max())
+    assert head["max_abs"] > 1e-2 * np.abs(logits).max()  # the premise: beyond float tolerance
+    assert head["max_abs"] <= bound * (1 + 1e-6)
+    assert head["class"] == "rounding", head
+    assert r.first_divergence is None
