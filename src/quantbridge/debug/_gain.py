@@ -316,6 +316,14 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     return {"factors": (x,), "weight": np.abs(w.astype(np.float64)), "conv": conv}
 
 
+def output_weight(name: str, producer: dict, operand) -> dict:
+    """A float graph output computed by a Linear or a convolution of one site (a classifier's
+    head, its output left float): the credit ``|dx| @ |W|`` / ``conv(|dx|, |W|)`` a quantized
+    site gets (``linear_weight``, ``conv_weight``), read as if a QuantizeLinear read it."""
+    reader = helper.make_node("QuantizeLinear", [name], [f"{name}/read"])
+    return linear_weight(reader, producer, operand) or conv_weight(reader, producer, operand)
+
+
 def conv_bound(dx: np.ndarray, weight: np.ndarray, conv: dict) -> np.ndarray:
     """``conv(|dx|, |W|)`` (float64) with ``conv``'s attributes (``conv_weight``); ValueError or
     RuntimeError where the shapes do not fit (the caller gives no credit)."""

@@ -39,7 +39,14 @@ from ..optables import (
     QOPERATOR_OUTPUT_QPARAMS,
     UNIT_GAIN_OPS,
 )
-from ._gain import below_lipschitz_1, conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain import (
+    below_lipschitz_1,
+    conv_weight,
+    elementwise_gain,
+    linear_weight,
+    output_weight,
+    two_site_chain,
+)
 from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -196,22 +203,15 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
-            norm = norm_at(o.name, producer, lambda t: _operand(t, sites, producer, consts), opset)
-            credit = norm or _float_output_weight(o.name, sites, producer, consts)
+            operand = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
+            credit = norm_at(o.name, producer, operand, opset) or output_weight(
+                o.name, producer, operand
+            )
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
                      inputs=ins, unit_gain=gain, **credit)
             )  # fmt: skip
     return out
-
-
-def _float_output_weight(name: str, sites: dict, producer: dict, consts: dict) -> dict:
-    """A float graph output computed by a Linear or a convolution of one site (a classifier's
-    head, its output left float): the credit ``|dx| @ |W|`` / ``conv(|dx|, |W|)`` a quantized
-    site gets (``_gain.linear_weight``, ``conv_weight``), read as if a QuantizeLinear read it."""
-    reader = onnx.helper.make_node("QuantizeLinear", [name], [f"{name}/read"])
-    operand = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
-    return linear_weight(reader, producer, operand) or conv_weight(reader, producer, operand)
 
 
 def _code_clip(node: onnx.NodeProto, consumers: dict) -> onnx.NodeProto | None:
