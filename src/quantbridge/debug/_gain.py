@@ -129,7 +129,7 @@ def two_site_chain(
     ``compare._carried`` bounds ``|dg| <= L_g |du|`` element by element and combines as for a
     product (``|dg| |h| + |g| |dh| + |dg| |dh|``) or a sum (``|dg| + |dh|``), with ``g``, ``h``
     the reference's values (read from the table at its codes). ``{}`` where the two operands
-    are plain sites (``_match._product``) or one site (``elementwise_gain``)."""
+    are plain sites (``product``) or one site (``elementwise_gain``)."""
     p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
     if p is None or p.op_type not in ("Mul", "Add", "Sub") or len(p.input) != 2:
         return {}
@@ -273,6 +273,33 @@ def below_lipschitz_1(t: str, producer: dict, operand) -> onnx.NodeProto | None:
             return None  # a Clip bound computed at run time
         p = producer.get(p.input[0])
     return p
+
+
+def product(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear of a Mul or MatMul of two sites: ``factors`` (their names; ``matmul``
+    for a MatMul); of a Mul or Div of
+    one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
+    error a product can carry is bounded by its factors' errors (``compare._carried``), where no
+    other op than a Relu or Clip (1-Lipschitz) stands between them and the QuantizeLinear.
+    ``operand`` as ``linear_weight``."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = below_lipschitz_1(node.input[0], producer, operand)
+    if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
+        return {}
+    kinds = [operand(t) for t in p.input]
+    named = [k for k in kinds if isinstance(k, str)]
+    if p.op_type == "MatMul":  # attention's Q K^T, P V: the same bound, summed over k
+        return {"factors": tuple(named), "matmul": True} if len(named) == 2 else {}
+    if p.op_type == "Mul" and len(named) == 2:
+        return {"factors": tuple(named)}
+    const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
+    if len(named) != 1 or len(const) != 1 or (p.op_type == "Div" and kinds[1] is not const[0]):
+        return {}
+    c = np.abs(const[0].astype(np.float64))
+    if p.op_type == "Mul":
+        return {"gain": float(c.max())}
+    return {"gain": float(1.0 / c.min())} if c.min() > 0 else {}
 
 
 _CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.functional's, + "Nd"
