@@ -316,3 +316,80 @@ def test_a_tie_carried_into_a_gate_reading_two_sites_is_rounding(combine):
     assert gate["max_lsb"] > 1, gate  # the premise: beyond one step
     assert gate["class"] == "rounding", gate
     assert r.first_divergence is None
+
+
+@pytest.mark.parametrize("clamp", ["Relu", "Clip"])
+def test_a_product_read_through_a_relu_or_clip_keeps_its_credit(clamp):
+    # the MatMul test above with a Relu / Clip(0, 24) between the product and its QuantizeLinear
+    # (timm ReXNet's SE: x * sigmoid(s) -> ReLU6; ORT against ort-ref was a false first
+    # divergence, 3 steps "carried 0", its input 1 step apart). Neither op moves two values
+    # further apart, so the product's bound holds: the same carried_lsb as without it
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.float32(0.1), "s_mm"),
+        numpy_helper.from_array(np.uint8(0), "z_mm"),
+        numpy_helper.from_array(np.float32(0.0), "lo"),
+        numpy_helper.from_array(np.float32(24.0), "hi"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("MatMul", [out, out], ["mm"]),
+        helper.make_node(clamp, ["mm", "lo", "hi"] if clamp == "Clip" else ["mm"], ["mm_c"]),
+        helper.make_node("QuantizeLinear", ["mm_c", "s_mm", "z_mm"], ["mm_q"], name="mm"),
+        helper.make_node("DequantizeLinear", ["mm_q", "s_mm", "z_mm"], ["mm_out"]),
+    ])  # fmt: skip
+    model.graph.output[0].name = "mm_out"
+    onnx.checker.check_model(model, full_check=True)
+    # codes 0..15 (the MatMul test's): products summed over 8 stay below 8 * 1.6^2 = 20.5 < 24,
+    # so the Clip cuts nothing
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    mm = {t["name"]: t["pairs"][0] for t in r.tensors}["mm_q"]
+    q = codes.reshape(8, 8).astype(np.int64)  # as in the MatMul test
+    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
+    da = np.abs(a - np.rint(q / 2.0) * 0.2)
+    bound = float((da @ np.abs(a) + np.abs(a) @ da + da @ da).max())
+    assert mm["carried_lsb"] == pytest.approx(bound / 0.1, rel=1e-5)
+    assert mm["max_lsb"] > 1, mm  # the premise: beyond one step
+    assert mm["class"] == "rounding", mm
+    assert r.first_divergence is None
+
+
+def test_a_tie_carried_into_a_float_output_linear_is_rounding():
+    # the Linear test above with the Linear's output left float, the graph output (a timm
+    # classifier's head: Gemm of the pooled features, no QuantizeLinear after it). ORT against
+    # ort-ref named that float output the first divergence of every such model (ReXNet,
+    # MobileNetV4: "a float tensor") although its input was 1 step apart: a float output of a
+    # Linear / conv of one site gets the same |dx| @ |W| credit
+    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
+    out = model.graph.output[0].name
+    w_codes = (np.arange(32).reshape(4, 8) % 7 - 3).astype(np.int8)  # [N, K], torch's layout
+    model.graph.initializer.extend([
+        numpy_helper.from_array(w_codes, "w_lin"),
+        numpy_helper.from_array(np.float32(0.5), "s_wl"),
+        numpy_helper.from_array(np.int8(0), "z_wl"),
+        numpy_helper.from_array(np.float32([0.1, -0.2, 0.3, 0.0]), "b_lin"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("DequantizeLinear", ["w_lin", "s_wl", "z_wl"], ["w_dq"]),
+        helper.make_node("Transpose", ["w_dq"], ["w_t"], perm=[1, 0]),
+        helper.make_node("MatMul", [out, "w_t"], ["mm"]),
+        helper.make_node("Add", ["mm", "b_lin"], ["logits"], name="head"),
+    ])  # fmt: skip
+    model.graph.output[0].name = "logits"
+    model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 4
+    onnx.checker.check_model(model, full_check=True)
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    head = {t["name"]: t["pairs"][0] for t in r.tensors}["logits"]
+    q = codes.reshape(8, 8).astype(np.int64)  # as in the MatMul test
+    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
+    da = np.abs(a - np.rint(q / 2.0) * 0.2)
+    logits = a @ (w_codes.T * 0.5) + np.float32([0.1, -0.2, 0.3, 0.0])
+    bound = float((da @ np.abs(w_codes.T * 0.5)).max())
+    assert head["max_abs"] > 1e-2 * np.abs(logits).max()  # the premise: beyond float tolerance
+    assert head["max_abs"] <= bound * (1 + 1e-6)
+    assert head["class"] == "rounding", head
+    assert r.first_divergence is None

@@ -129,7 +129,7 @@ def two_site_chain(
     ``compare._carried`` bounds ``|dg| <= L_g |du|`` element by element and combines as for a
     product (``|dg| |h| + |g| |dh| + |dg| |dh|``) or a sum (``|dg| + |dh|``), with ``g``, ``h``
     the reference's values (read from the table at its codes). ``{}`` where the two operands
-    are plain sites (``_match._product``) or one site (``elementwise_gain``)."""
+    are plain sites (``product``) or one site (``elementwise_gain``)."""
     p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
     if p is None or p.op_type not in ("Mul", "Add", "Sub") or len(p.input) != 2:
         return {}
@@ -258,8 +258,50 @@ def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
     return np.transpose(inner, perm)
 
 
-# elementwise ops that move no two values further apart (1-Lipschitz): read through after a conv
+# elementwise ops that move no two values further apart (1-Lipschitz): read through after a
+# conv or a product (ReXNet's x * sigmoid(s) -> ReLU6, timm's SE gate)
 _LIPSCHITZ_1 = frozenset({"Relu", "Clip"})
+
+
+def below_lipschitz_1(t: str, producer: dict, operand) -> onnx.NodeProto | None:
+    """The producer of ``t`` under any Relu / Clip with constant bounds (neither can grow a
+    difference between two engines' values, so an error bound of their input holds for ``t``);
+    None where a Clip bound is computed at run time. ``operand`` as ``linear_weight``."""
+    p = producer.get(t)
+    while p is not None and p.op_type in _LIPSCHITZ_1:
+        if any(not isinstance(operand(b), np.ndarray) for b in p.input[1:] if b):
+            return None  # a Clip bound computed at run time
+        p = producer.get(p.input[0])
+    return p
+
+
+def product(node: onnx.NodeProto, producer: dict, operand) -> dict:
+    """For a QuantizeLinear of a Mul or MatMul of two sites: ``factors`` (their names; ``matmul``
+    for a MatMul); of a Mul or Div of
+    one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
+    error a product can carry is bounded by its factors' errors (``compare._carried``), where no
+    other op than a Relu or Clip (1-Lipschitz) stands between them and the QuantizeLinear.
+    ``operand`` as ``linear_weight``."""
+    if node.op_type != "QuantizeLinear":
+        return {}
+    p = below_lipschitz_1(node.input[0], producer, operand)
+    if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
+        return {}
+    kinds = [operand(t) for t in p.input]
+    named = [k for k in kinds if isinstance(k, str)]
+    if p.op_type == "MatMul":  # attention's Q K^T, P V: the same bound, summed over k
+        return {"factors": tuple(named), "matmul": True} if len(named) == 2 else {}
+    if p.op_type == "Mul" and len(named) == 2:
+        return {"factors": tuple(named)}
+    const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
+    if len(named) != 1 or len(const) != 1 or (p.op_type == "Div" and kinds[1] is not const[0]):
+        return {}
+    c = np.abs(const[0].astype(np.float64))
+    if p.op_type == "Mul":
+        return {"gain": float(c.max())}
+    return {"gain": float(1.0 / c.min())} if c.min() > 0 else {}
+
+
 _CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.functional's, + "Nd"
 
 
@@ -270,11 +312,7 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     ``conv_bound`` computes the bound ``conv(|dx|, |W|)``. ``operand`` as ``linear_weight``."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
-    while p is not None and p.op_type in _LIPSCHITZ_1:
-        if any(not isinstance(operand(t), np.ndarray) for t in p.input[1:] if t):
-            return {}  # a Clip bound computed at run time
-        p = producer.get(p.input[0])
+    p = below_lipschitz_1(node.input[0], producer, operand)
     if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
         kinds = [operand(t) for t in p.input]
         const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
@@ -303,6 +341,14 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
         "output_padding": list(attrs.get("output_padding", [0] * nd)),
     }
     return {"factors": (x,), "weight": np.abs(w.astype(np.float64)), "conv": conv}
+
+
+def output_weight(name: str, producer: dict, operand) -> dict:
+    """A float graph output computed by a Linear or a convolution of one site (a classifier's
+    head, its output left float): the credit ``|dx| @ |W|`` / ``conv(|dx|, |W|)`` a quantized
+    site gets (``linear_weight``, ``conv_weight``), read as if a QuantizeLinear read it."""
+    reader = helper.make_node("QuantizeLinear", [name], [f"{name}/read"])
+    return linear_weight(reader, producer, operand) or conv_weight(reader, producer, operand)
 
 
 def conv_bound(dx: np.ndarray, weight: np.ndarray, conv: dict) -> np.ndarray:

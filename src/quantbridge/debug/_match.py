@@ -39,7 +39,14 @@ from ..optables import (
     QOPERATOR_OUTPUT_QPARAMS,
     UNIT_GAIN_OPS,
 )
-from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain import (
+    conv_weight,
+    elementwise_gain,
+    linear_weight,
+    output_weight,
+    product,
+    two_site_chain,
+)
 from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -182,7 +189,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
         known = {"inputs": inputs, "unit_gain": unit_gain}
         # a product, else a chain of elementwise ops of one site (GELU, Sigmoid ...): its slope
         known.update(
-            _product(node, sites, producer, consts)
+            product(node, producer, lambda t: _operand(t, sites, producer, consts))
             or elementwise_gain(node, sites, producer, consts, opset)
             or linear_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
             or conv_weight(node, producer, lambda t: _operand(t, sites, producer, consts))
@@ -196,10 +203,13 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
-            norm = norm_at(o.name, producer, lambda t: _operand(t, sites, producer, consts), opset)
+            operand = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
+            credit = norm_at(o.name, producer, operand, opset) or output_weight(
+                o.name, producer, operand
+            )
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
-                     inputs=ins, unit_gain=gain, **norm)
+                     inputs=ins, unit_gain=gain, **credit)
             )  # fmt: skip
     return out
 
@@ -254,30 +264,6 @@ def _upstream(
         unit_gain = unit_gain and p.op_type in UNIT_GAIN_OPS
         todo.extend(i for i in p.input if i)
     return tuple(dict.fromkeys(found)), unit_gain
-
-
-def _product(node: onnx.NodeProto, sites: dict, producer: dict, consts: dict) -> dict:
-    """For a QuantizeLinear of a Mul or MatMul of two sites: ``factors`` (their names; ``matmul``
-    for a MatMul); of a Mul or Div of
-    one site by a constant: ``gain`` (the largest |factor|, 1 / the smallest |divisor|). The
-    error a product can carry is bounded by its factors' errors (``compare._carried``), where no
-    other op stands between them and the QuantizeLinear."""
-    p = producer.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
-    if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
-        return {}
-    kinds = [_operand(t, sites, producer, consts) for t in p.input]
-    named = [k for k in kinds if isinstance(k, str)]
-    if p.op_type == "MatMul":  # attention's Q K^T, P V: the same bound, summed over k
-        return {"factors": tuple(named), "matmul": True} if len(named) == 2 else {}
-    if p.op_type == "Mul" and len(named) == 2:
-        return {"factors": tuple(named)}
-    const = [k for k in kinds if isinstance(k, np.ndarray) and k.size]
-    if len(named) != 1 or len(const) != 1 or (p.op_type == "Div" and kinds[1] is not const[0]):
-        return {}
-    c = np.abs(const[0].astype(np.float64))
-    if p.op_type == "Mul":
-        return {"gain": float(c.max())}
-    return {"gain": float(1.0 / c.min())} if c.min() > 0 else {}
 
 
 def _operand(t: str, sites: dict, producer: dict, consts: dict) -> str | np.ndarray | None:

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ._autocast import inline_autocast_off
 from ._batches import describe
 from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
@@ -152,6 +153,7 @@ def capture(
     gm = ep.module()
     gm.qb_dynamic = dynamic  # what the graph holds: "batch" after a fallback from "all"
     gm.qb_shape_ranges = dict(ep.range_constraints)  # export reuses the graph (one trace)
+    inline_autocast_off(gm)  # ``with torch.autocast(enabled=False)``: its ops placed like others
     out_of_place(gm)  # ``out += identity`` -> aten.add: the op tables know functional ops only
     if explicit_padding:
         explicit_conv_padding(gm)  # conv2d.padding (padding="same") -> conv2d: the tables know it
