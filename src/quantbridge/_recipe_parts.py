@@ -12,7 +12,15 @@ from typing import Any
 
 from .numerics import QScheme
 
-_METHODS = ("minmax", "moving_average_minmax", "mean_minmax", "percentile", "entropy", "mse")
+_METHODS = (
+    "minmax",
+    "moving_average_minmax",
+    "mean_minmax",
+    "percentile",
+    "entropy",
+    "mse",
+    "mse_mean_minmax",
+)
 
 
 def did_you_mean(name: Any, choices: Any) -> str:
