@@ -12,15 +12,7 @@ from typing import Any
 
 from .numerics import QScheme
 
-_METHODS = (
-    "minmax",
-    "moving_average_minmax",
-    "mean_minmax",
-    "percentile",
-    "entropy",
-    "mse",
-    "mse_mean_minmax",
-)
+_METHODS = ("minmax", "moving_average_minmax", "mean_minmax", "percentile", "entropy", "mse")
 
 
 def did_you_mean(name: Any, choices: Any) -> str:

@@ -15,15 +15,7 @@ from quantbridge.calibrate import (
 )
 from quantbridge.numerics import PerChannel, QScheme
 
-ALL = [
-    "minmax",
-    "moving_average_minmax",
-    "mean_minmax",
-    "percentile",
-    "entropy",
-    "mse",
-    "mse_mean_minmax",
-]
+ALL = ["minmax", "moving_average_minmax", "mean_minmax", "percentile", "entropy", "mse"]
 
 
 def test_registry_lists_every_method() -> None:
@@ -80,13 +72,13 @@ def test_axis_out_of_range() -> None:
         make_observer("minmax", PerChannel(3)).update(np.zeros((2, 2)))
 
 
-@pytest.mark.parametrize("method", ["percentile", "entropy", "mse", "mse_mean_minmax"])
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
 def test_histogram_methods_refuse_per_channel(method: str) -> None:
     with pytest.raises(ValueError, match="supports only PerTensor.*'minmax'"):
         make_observer(method, PerChannel(0))
 
 
-@pytest.mark.parametrize("method", ["entropy", "mse", "mse_mean_minmax"])
+@pytest.mark.parametrize("method", ["entropy", "mse"])
 def test_scheme_is_required_where_the_grid_matters(method: str) -> None:
     obs = make_observer(method)
     obs.update(np.arange(10.0))

@@ -65,6 +65,6 @@ def test_only_the_averages_merge_by_state_dicts():
     """The moving average depends on batch order, and mean_minmax averages by sample counts:
     no elementwise max reproduces either."""
     by_states = {m for m in registered_methods() if not make_observer(m).tensor_merge}
-    assert by_states == {"moving_average_minmax", "mean_minmax", "mse_mean_minmax"}
+    assert by_states == {"moving_average_minmax", "mean_minmax"}
     with pytest.raises(NotImplementedError, match="merges by state dicts only"):
         make_observer("moving_average_minmax").merge_maxima(1)

@@ -16,7 +16,6 @@ method                     range                                        granular
 ``percentile``             ``[P_{100-p}, P_p]`` from the histogram      tensor
 ``entropy``                min KL divergence (TensorRT), needs scheme   tensor
 ``mse``                    min expected quantization MSE, needs scheme  tensor
-``mse_mean_minmax``        ``mse`` widened to at least ``mean_minmax``  tensor
 =========================  ===========================================  ===================
 """
 
@@ -25,7 +24,6 @@ from ._entropy import EntropyObserver, kl_divergences
 from ._histogram import DEFAULT_NUM_BINS, Histogram, HistogramObserver
 from ._minmax import MeanMinMaxObserver, MinMaxObserver, MovingAverageMinMaxObserver
 from ._mse import MSEObserver, cumulative_squared_error
-from ._mse_floor import MSEMeanMinMaxObserver
 from ._percentile import PercentileObserver, histogram_percentile
 from ._registry import make_observer, observer_class, register_observer, registered_methods
 
@@ -34,7 +32,6 @@ __all__ = [
     "EntropyObserver",
     "Histogram",
     "HistogramObserver",
-    "MSEMeanMinMaxObserver",
     "MSEObserver",
     "MeanMinMaxObserver",
     "MinMaxObserver",
