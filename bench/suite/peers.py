@@ -398,8 +398,9 @@ def default_with_activations(method: str) -> Callable[[], object]:
 
 
 # measured on every bench workload (bench/results/peer-rows/README.md, session 14): ahead of
-# "default" (minmax) in the median everywhere, and of NNCF's default on the detector at both
-# sizes, where minmax's range grows with the calibration set and mean_minmax clips too much
+# NNCF's default on the detector at both sizes (minmax's range grows with the calibration set,
+# mean_minmax clips too much on 8 images) and of "default" in the median on every workload but
+# the recognizer (-3.1 points): not the default (docs/default_recipe.md)
 MSE_ACTIVATIONS = "default with mse activations"
 OURS[MSE_ACTIVATIONS] = default_with_activations("mse")
 # where the activation estimator is measured against the default (issue 14, helper defrange)
