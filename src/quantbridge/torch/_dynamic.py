@@ -74,6 +74,8 @@ class DynamicQuantizer(Quantizer):
     def extra_repr(self) -> str:
         return f"{self.name!r}, uint8 [0, 255], per-tensor, dynamic (each call's range)"
 
+    export_reads = ("enabled",)  # (``Quantizer.export_reads``)
+
     def forward(self, x: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
             return x

@@ -68,6 +68,8 @@ class WeightQuantizer(Quantizer):
             raise ValueError(f"weight {self.name!r}: {e}") from None
         self.set_qparams(scale, zero_point)
 
+    export_reads = ("enabled", "axis")  # (``Quantizer.export_reads``)
+
     def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
             return w
@@ -149,6 +151,8 @@ class BlockWeightQuantizer(WeightQuantizer):
 
     def track(self) -> None:
         self._refuse("tracking the weight range (QAT)")
+
+    export_reads = ("enabled", "axis", "block_size")  # (``Quantizer.export_reads``)
 
     def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
@@ -233,6 +237,8 @@ class ConstantQuantizer(Quantizer):
     def make_learnable(self) -> None:
         """Constants do not train, nor does their grid."""
 
+    export_reads = ("enabled", "axis")  # (``Quantizer.export_reads``)
+
     def forward(self, c: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
             return c
@@ -289,6 +295,8 @@ class BiasQuantizer(nn.Module):
                 b, self.input_quantizer.current_scale(), self.weight_quantizer.current_scale()
             )
         )
+
+    export_reads = ("active", "export_axis")  # (``Quantizer.export_reads``)
 
     def forward(self, b: torch.Tensor) -> torch.Tensor:
         if not self.active():

@@ -379,6 +379,12 @@ class Quantizer(nn.Module):
         """Inside ``export_mode``: the context has prepared this quantizer's export tensors."""
         return "export_scale" in self._buffers
 
+    # what ``forward``'s export branch reads besides its tensors (their names are read too):
+    # quantizers of one class with equal values trace to one export graph, so the export traces
+    # it once (``onnx.exporter._reuse._form``; a method here is called). A class that defines
+    # ``forward`` states its own; one that does not is traced quantizer by quantizer.
+    export_reads = ("enabled", "_state", "qmin", "qmax", "axis")
+
     def forward(self, x: torch.Tensor, observe: bool = True) -> torch.Tensor:
         if not self.enabled:
             return x
