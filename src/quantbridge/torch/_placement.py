@@ -163,9 +163,12 @@ class _Planner:
         depends on no input stays float unless ``constant_too`` (a computed weight)."""
         if not is_float_tensor(value) or self.grid_of(consumer, value) is not None:
             return
-        if (keeps_float_output(value) and self.outputs) or (
-            value in self.constant and not constant_too
-        ):
+        # probabilities stay float for matmuls (P @ V) and float ops; a conv / linear reading
+        # them (EfficientFormerV2's talking heads) gets them quantized, else the engine runs that
+        # layer in float with its weight quantized in the file. The softmax's own input stays
+        # float (FLOAT_INPUT_OPS): no DQ -> Softmax -> Q for ORT's inexact QLinearSoftmax.
+        softmax_kept = keeps_float_output(value) and op_role(consumer) is not Role.WEIGHTED
+        if (softmax_kept and self.outputs) or (value in self.constant and not constant_too):
             return
         key = value if self.outputs else moved_from(value)  # one quantizer per tensor
         if key not in self.input_spec:
