@@ -120,10 +120,11 @@ def test_integer_mode_bad_input(mlp):
     with qb.integer_mode(mlp), pytest.raises(RuntimeError, match="already in integer_mode"):
         with qb.integer_mode(mlp):
             pass
-    # softmax over the batch axis: only last-axis softmax lowers (test_integer_normalize)
-    softmax = _quantized(lambda: nn.Sequential(nn.Linear(4, 3), nn.Softmax(0)), (4, 4))
-    with qb.integer_mode(softmax), pytest.raises(qb.LoweringError, match="Softmax.*last axis"):
-        softmax(torch.rand(2, 4))
+    # a 3-D average pool: the lowering has 1-D and 2-D pools only (a softmax over the batch axis
+    # was the example until non-last-axis softmax lowered)
+    pool = _quantized(lambda: nn.Sequential(nn.Conv3d(1, 2, 1), nn.AvgPool3d(2)), (2, 1, 4, 4, 4))
+    with qb.integer_mode(pool), pytest.raises(qb.LoweringError, match="AveragePool.*2-D pools"):
+        pool(torch.rand(2, 1, 4, 4, 4))
 
 
 def test_to_engine_integer_runs_the_program(mlp, mlp_program):
