@@ -63,9 +63,9 @@ class Site:
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
     matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
-    # a MatMul / Gemm of one site (factors[0]) by a constant: |W| ([K, N]), ``_gain.linear_weight``
+    # a MatMul / Gemm of one site (factors[0]) by a constant: W ([K, N], signed), ``_gain.linear_weight``
     weight: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the |W| (``_gain.conv_weight``)
+    # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the W (``_gain.conv_weight``)
     conv: dict | None = field(default=None, compare=False, repr=False)
     # g(u) * h(v) / g(u) +- h(v) of two sites (factors): per side (g over u's codes or None,
     # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
