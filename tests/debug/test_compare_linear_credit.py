@@ -53,7 +53,7 @@ def _convs(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(_convs(), st.floats(1e-3, 1.0), st.sampled_from(["none", "relu", "clip"]))
+@given(_convs(), st.floats(1e-3, 1.0), st.sampled_from(["none", "relu", "clip", "sigmoid"]))
 def test_the_output_difference_never_exceeds_the_linear_bound(conv, step, act):
     group, c_in, c_out, k, stride, dil, pad, size, seed = conv
     rng = np.random.default_rng(seed)
@@ -66,6 +66,7 @@ def test_the_output_difference_never_exceeds_the_linear_bound(conv, step, act):
         "none": lambda y: y,
         "relu": lambda y: np.maximum(y, 0),
         "clip": lambda y: np.clip(y, 0, 6),
+        "sigmoid": lambda y: 0.5 + 0.5 * np.tanh(y / 2),  # slope <= 1/4 (_gain.weighted_output)
     }
     ya, yb = (f[act](_conv_np(v, w, stride, pad, dil, group) + bias) for v in (a, b))
     attrs = {"op": "Conv", "strides": [stride] * 2, "dilations": [dil] * 2, "pads": [pad] * 4,
@@ -76,7 +77,7 @@ def test_the_output_difference_never_exceeds_the_linear_bound(conv, step, act):
     np.testing.assert_allclose(
         signed, _conv_np(b - a, w, stride, pad, dil, group), atol=1e-12 * scale
     )
-    bound = np.abs(signed)
+    bound = np.abs(signed) * (0.25 if act == "sigmoid" else 1.0)
     assert np.all(np.abs(yb - ya) <= bound + 1e-12 * scale)  # the true bound, element by element
     old = conv_bound(np.abs(b - a), np.abs(w), attrs)
     assert np.all(bound <= old + 1e-12 * scale)  # never looser than conv(|dx|, |W|)
@@ -89,10 +90,14 @@ N_CONV, C, HW = 10, 4, 10
 S_IN, S_TIE = 0.1, 0.2  # the tie conv: code q * 0.1 / 0.2 = q / 2, a tie at every odd q
 
 
-def _chain(tie_s_w: float = 1.0, planted: tuple | None = None) -> onnx.ModelProto:
+def _chain(
+    tie_s_w: float = 1.0, planted: tuple | None = None, head: float = 1.0
+) -> onnx.ModelProto:
     """x -> Q -> DQ -> depthwise 1x1 code-1 conv (ties, weight scale ``tie_s_w``) -> Q, then ten
     3x3 Conv + bias + Relu -> Q (u8) layers of random int8 weights, each output scale from a
-    float forward of the input below; ``planted``: (layer, code index, new code)."""
+    float forward of the input below; ``planted``: (layer, code index, new code). A float head
+    (a float 1x1 Conv, its weights times ``head``, -> Sigmoid: graph output ``prob``) reads the
+    last layer, as PP-OCRv4 det's float ConvTranspose -> Sigmoid."""
     rng = np.random.default_rng(7)
     x = _input()
     h = np.rint(np.rint(x / S_IN) / 2.0) * S_TIE
@@ -132,12 +137,17 @@ def _chain(tie_s_w: float = 1.0, planted: tuple | None = None) -> onnx.ModelProt
             helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
             helper.make_node("QuantizeLinear", [f"r{i}", f"s_out{i}", "z_u8"], [f"q{i}"]),
         ]
-    nodes.append(
-        helper.make_node("DequantizeLinear", [f"q{N_CONV}", f"s_out{N_CONV}", "z_u8"], ["out"])
-    )
+    w_head = np.array([1.0, -1.0, 1.0, -1.0]) * 8 / (C * h.max()) * head  # logits within +-8
+    inits.append(numpy_helper.from_array(w_head.astype(np.float32).reshape(1, C, 1, 1), "w_head"))
+    nodes += [
+        helper.make_node("DequantizeLinear", [f"q{N_CONV}", f"s_out{N_CONV}", "z_u8"], ["out"]),
+        helper.make_node("Conv", ["out", "w_head"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),
+    ]
     graph = helper.make_graph(
         nodes, "conv_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, HW, HW])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, HW, HW])], inits,
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, HW, HW]),
+         helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1, HW, HW])], inits,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
@@ -158,6 +168,15 @@ def test_a_tie_carried_through_ten_convs_is_rounding():
     assert by_name["q0"]["max_lsb"] == pytest.approx(1.0)  # the premise: a 1-step tie
     assert max(by_name[f"q{i}"]["max_lsb"] for i in range(1, N_CONV + 1)) > 1.5  # carried on
     assert r.first_divergence is None, r.first_divergence
+    # the float head's output moves beyond float tolerance (1% of its peak): the credit through
+    # the float Conv and the Sigmoid (1/4 |conv(dx, W)|, _gain.weighted_output) explains it
+    prob = by_name["prob"]
+    assert prob["max_abs"] > 0.01 and prob["class"] == "rounding", prob
+
+
+def test_a_changed_float_head_is_a_divergence():
+    r = qb.compare(_chain(), _chain(tie_s_w=1.000001, head=1.05), inputs={"x": _input()})
+    assert r.first_divergence is not None and r.first_divergence["name"] == "prob"
 
 
 def test_a_weight_code_changed_deep_in_the_chain_is_the_first_divergence():

@@ -32,7 +32,9 @@ output grid (at most half a step each, + float32 accumulation noise): ``classify
 The earlier bound ``conv(|dx|, |W|)`` (every product's difference with the same sign, over the
 whole window, compared at its largest element with the tensor's largest difference) is also
 true but on PP-OCRv4 det up to ~4x the actual difference (docs/debugging.md): real differences
-cancel in the sum, and ``|conv(dx, W)|`` keeps that cancellation.
+cancel in the sum, and ``|conv(dx, W)|`` keeps that cancellation. A float graph output of such
+an op in float (a float head), then possibly a Sigmoid (slope <= 1/4) or Tanh (<= 1), gets
+``L |conv(dx, W)|`` (``weighted_output``).
 """
 
 from __future__ import annotations
@@ -231,7 +233,12 @@ def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     value, or None (``_match._operand``)."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
+    return _linear_of(node.input[0], producer, operand)
+
+
+def _linear_of(tensor: str, producer: dict, operand) -> dict:
+    """``linear_weight`` for the float tensor ``tensor``."""
+    p = producer.get(tensor)
     if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
         kinds = [operand(t) for t in p.input]
         const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
@@ -277,7 +284,34 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     ``linear_weight``."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
+    return _conv_of(node.input[0], producer, operand)
+
+
+# the slope bound of a final activation over the whole real line (module docstring)
+_OUTPUT_SLOPES = {"Sigmoid": 0.25, "Tanh": 1.0}
+
+
+def weighted_output(tensor: str, producer: dict, operand) -> dict:
+    """``conv_weight`` / ``linear_weight`` for a float graph output ``tensor``: a weighted op of
+    one site in float (a float head, PP-OCRv4 det's final ConvTranspose), possibly then a Sigmoid
+    or Tanh: ``|f(y_b) - f(y_a)| <= L |y_b - y_a|`` element by element with ``L`` its slope
+    bound, so ``weight`` is ``L W`` (``|conv(dx, L W)| = L |conv(dx, W)|``)."""
+    p = producer.get(tensor)
+    slope = 1.0
+    if p is not None and p.op_type in _OUTPUT_SLOPES:
+        slope, tensor = _OUTPUT_SLOPES[p.op_type], p.input[0]
+    try:
+        found = _conv_of(tensor, producer, operand) or _linear_of(tensor, producer, operand)
+    except ValueError:  # a weight ``operand`` cannot read (group-wise blocks): no credit
+        return {}
+    if found:
+        found["weight"] = found["weight"] * slope
+    return found
+
+
+def _conv_of(tensor: str, producer: dict, operand) -> dict:
+    """``conv_weight`` for the float tensor ``tensor``."""
+    p = producer.get(tensor)
     while p is not None and p.op_type in _LIPSCHITZ_1:
         if any(not isinstance(operand(t), np.ndarray) for t in p.input[1:] if t):
             return {}  # a Clip bound computed at run time

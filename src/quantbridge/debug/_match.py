@@ -39,7 +39,7 @@ from ..optables import (
     QOPERATOR_OUTPUT_QPARAMS,
     UNIT_GAIN_OPS,
 )
-from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain
+from ._gain import conv_weight, elementwise_gain, linear_weight, two_site_chain, weighted_output
 from ._gain_norm import masked_where, norm_at, norm_of
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
@@ -196,7 +196,8 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             p = producer.get(o.name)
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
-            norm = norm_at(o.name, producer, lambda t: _operand(t, sites, producer, consts), opset)
+            read = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
+            norm = norm_at(o.name, producer, read, opset) or weighted_output(o.name, producer, read)
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,
                      inputs=ins, unit_gain=gain, **norm)
