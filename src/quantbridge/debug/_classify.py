@@ -12,7 +12,7 @@
   pair on the tensors it is computed from, as an Add's two input errors add up; only where
   every op between them is in ``optables.UNIT_GAIN_OPS``, which cannot grow an error; for a
   product of two tensors (element by element or a MatMul), a tensor times a constant, a
-  Linear (``|dx| @ |W|``), a convolution (``conv(|dx|, |W|)``) or an elementwise chain of one tensor (GELU, SiLU ...: its slope,
+  Linear (``|dx @ W|``), a convolution (``|conv(dx, W)|``, both element by element, signed ``dx``) or an elementwise chain of one tensor (GELU, SiLU ...: its slope,
   ``_gain``), the exact bound of
   what its inputs carried, ``compare._carried``) plus 1 step: an earlier 1-step difference seen in a finer step
   (a 1-step error on a tensor of step 0.108 is 5 steps of the next tensor's 0.0235).

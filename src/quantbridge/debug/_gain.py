@@ -21,12 +21,20 @@ GELU ``max d/dx x Phi(x) = Phi(sqrt 2) + sqrt 2 phi(sqrt 2) = 1.1289``; SiLU ``1
 x = 2.3994); HardSwish ``3/2`` (at x = 3); Softplus 1; Erf ``2 / sqrt pi``
 (``tests/debug/test_compare_gain.py`` checks them).
 
-Weighted ops of one site by constant weights carry an error through their weights' magnitudes:
-a Linear ``x @ W`` at most ``|dx| @ |W|`` (``linear_weight``), a convolution ``conv(x, W)`` at
-most ``conv(|dx|, |W|)`` element by element, with the same strides, pads, dilations and groups
-(``conv_weight``, ``conv_bound``: Conv, ConvTranspose, depthwise), each product's difference
-bounded by ``|dx| |w|`` and the sum by the sum of those. A bias is a constant (no error), and
-a Relu or Clip after the op cannot grow a difference (1-Lipschitz).
+Weighted ops of one site by constant weights are linear: the difference of their outputs is the
+op applied to the difference of their inputs, exactly, ``x_b @ W - x_a @ W = dx @ W`` and
+``conv(x_b, W) - conv(x_a, W) = conv(dx, W)`` with ``dx = x_b - x_a`` signed, element by element
+(``linear_weight``, ``conv_weight``, ``conv_bound``: Conv, ConvTranspose, depthwise, with the same
+strides, pads, dilations and groups). A bias is a constant (no error), and a Relu or Clip after
+the op cannot grow a difference (1-Lipschitz): ``|y_b - y_a| <= |conv(dx, W)|`` element by
+element, in real arithmetic, for any two inputs. Each engine then rounds its own ``y`` to the
+output grid (at most half a step each, + float32 accumulation noise): ``classify``'s one step.
+The earlier bound ``conv(|dx|, |W|)`` (every product's difference with the same sign, over the
+whole window, compared at its largest element with the tensor's largest difference) is also
+true but on PP-OCRv4 det up to ~4x the actual difference (docs/debugging.md): real differences
+cancel in the sum, and ``|conv(dx, W)|`` keeps that cancellation. A float graph output of such
+an op in float (a float head), then possibly a Sigmoid (slope <= 1/4) or Tanh (<= 1), gets
+``L |conv(dx, W)|`` (``weighted_output``).
 """
 
 from __future__ import annotations
@@ -218,14 +226,19 @@ def _values(chain, leaf, used_consts, out, site, opset) -> np.ndarray | None:
 def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     """For a QuantizeLinear ``node`` reading ``x @ W`` (+ a constant bias): a MatMul of one site
     ``x`` by a constant ``W`` (a DequantizeLinear of integer weights, possibly transposed, as the
-    exporter writes a Linear), or a Gemm: ``{"factors": (x,), "weight": |W|}``; else ``{}``. The
-    error it carries is at most ``|dx| @ |W|`` element by element (``compare._carried``): exact
-    for the input's own differences, so a 1-step difference on a few inputs is credited only as
-    far as the weights they meet can carry it. ``operand(t)``: a site's name, a constant's
+    exporter writes a Linear), or a Gemm: ``{"factors": (x,), "weight": W}`` (signed, alpha
+    folded in); else ``{}``. The error it carries is ``|dx @ W|`` element by element
+    (``compare._carried``): exact for the input's own differences, so a 1-step difference on a
+    few inputs is credited only as far as the weights they meet carry it. ``operand(t)``: a site's name, a constant's
     value, or None (``_match._operand``)."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = producer.get(node.input[0])
+    return _linear_of(node.input[0], producer, operand)
+
+
+def _linear_of(tensor: str, producer: dict, operand) -> dict:
+    """``linear_weight`` for the float tensor ``tensor``."""
+    p = producer.get(tensor)
     if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
         kinds = [operand(t) for t in p.input]
         const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
@@ -240,7 +253,7 @@ def linear_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
         return {}
     if attrs.get("transB", 0):
         w = w.T
-    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)) * abs(attrs.get("alpha", 1.0))}
+    return {"factors": (x,), "weight": w.astype(np.float64) * float(attrs.get("alpha", 1.0))}
 
 
 def _constant(t: str, producer: dict, operand) -> np.ndarray | None:
@@ -308,11 +321,39 @@ _CONV_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose"}  # torch.nn.func
 def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
     """For a QuantizeLinear ``node`` reading ``conv(x, W)`` (+ a constant bias, the Conv's own or
     an Add; then possibly a Relu / Clip): a Conv or ConvTranspose of one site ``x`` by constant
-    weights ``W``: ``{"factors": (x,), "weight": |W|, "conv": attributes}``; else ``{}``.
-    ``conv_bound`` computes the bound ``conv(|dx|, |W|)``. ``operand`` as ``linear_weight``."""
+    weights ``W``: ``{"factors": (x,), "weight": W (signed), "conv": attributes}``; else ``{}``.
+    ``conv_bound`` computes ``conv(dx, W)``, the bound is its magnitude. ``operand`` as
+    ``linear_weight``."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = below_lipschitz_1(node.input[0], producer, operand)
+    return _conv_of(node.input[0], producer, operand)
+
+
+# the slope bound of a final activation over the whole real line (module docstring)
+_OUTPUT_SLOPES = {"Sigmoid": 0.25, "Tanh": 1.0}
+
+
+def weighted_output(tensor: str, producer: dict, operand) -> dict:
+    """``conv_weight`` / ``linear_weight`` for a float graph output ``tensor``: a weighted op of
+    one site in float (a float head, PP-OCRv4 det's final ConvTranspose), possibly then a Sigmoid
+    or Tanh: ``|f(y_b) - f(y_a)| <= L |y_b - y_a|`` element by element with ``L`` its slope
+    bound, so ``weight`` is ``L W`` (``|conv(dx, L W)| = L |conv(dx, W)|``)."""
+    p = producer.get(tensor)
+    slope = 1.0
+    if p is not None and p.op_type in _OUTPUT_SLOPES:
+        slope, tensor = _OUTPUT_SLOPES[p.op_type], p.input[0]
+    try:
+        found = _conv_of(tensor, producer, operand) or _linear_of(tensor, producer, operand)
+    except ValueError:  # a weight ``operand`` cannot read (group-wise blocks): no credit
+        return {}
+    if found:
+        found["weight"] = found["weight"] * slope
+    return found
+
+
+def _conv_of(tensor: str, producer: dict, operand) -> dict:
+    """``conv_weight`` for the float tensor ``tensor``."""
+    p = below_lipschitz_1(tensor, producer, operand)
     if p is not None and p.op_type == "Add" and len(p.input) == 2:  # the bias: no error
         kinds = [operand(t) for t in p.input]
         const = [i for i, k in enumerate(kinds) if isinstance(k, np.ndarray)]
@@ -340,25 +381,18 @@ def conv_weight(node: onnx.NodeProto, producer: dict, operand) -> dict:
         "group": int(attrs.get("group", 1)),
         "output_padding": list(attrs.get("output_padding", [0] * nd)),
     }
-    return {"factors": (x,), "weight": np.abs(w.astype(np.float64)), "conv": conv}
-
-
-def output_weight(name: str, producer: dict, operand) -> dict:
-    """A float graph output computed by a Linear or a convolution of one site (a classifier's
-    head, its output left float): the credit ``|dx| @ |W|`` / ``conv(|dx|, |W|)`` a quantized
-    site gets (``linear_weight``, ``conv_weight``), read as if a QuantizeLinear read it."""
-    reader = helper.make_node("QuantizeLinear", [name], [f"{name}/read"])
-    return linear_weight(reader, producer, operand) or conv_weight(reader, producer, operand)
+    return {"factors": (x,), "weight": w.astype(np.float64), "conv": conv}
 
 
 def conv_bound(dx: np.ndarray, weight: np.ndarray, conv: dict) -> np.ndarray:
-    """``conv(|dx|, |W|)`` (float64) with ``conv``'s attributes (``conv_weight``); ValueError or
-    RuntimeError where the shapes do not fit (the caller gives no credit)."""
+    """``conv(dx, W)`` (float64, signed: the exact difference a conv of two inputs ``dx`` apart
+    makes) with ``conv``'s attributes (``conv_weight``); ValueError or RuntimeError where the
+    shapes do not fit (the caller gives no credit)."""
     import torch
     from torch.nn import functional as F
 
     nd = weight.ndim - 2
-    x = torch.from_numpy(np.ascontiguousarray(np.abs(dx), dtype=np.float64))
+    x = torch.from_numpy(np.ascontiguousarray(dx, dtype=np.float64))
     if x.ndim != nd + 2:
         raise ValueError(f"input rank {x.ndim}, weight rank {weight.ndim}")
     w = torch.from_numpy(weight)

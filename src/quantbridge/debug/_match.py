@@ -43,9 +43,9 @@ from ._gain import (
     conv_weight,
     elementwise_gain,
     linear_weight,
-    output_weight,
     product,
     two_site_chain,
+    weighted_output,
 )
 from ._gain_norm import masked_where, norm_at, norm_of
 
@@ -70,9 +70,9 @@ class Site:
     unit_gain: bool = False  # every op from those sites to it is in optables.UNIT_GAIN_OPS
     factors: tuple[str, ...] = ()  # a Mul of two sites, read straight from their DequantizeLinear
     matmul: bool = False  # the factors are multiplied by a MatMul, not element by element
-    # a MatMul / Gemm of one site (factors[0]) by a constant: |W| ([K, N]), ``_gain.linear_weight``
+    # a MatMul / Gemm of one site (factors[0]) by a constant: W ([K, N], signed), ``_gain.linear_weight``
     weight: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the |W| (``_gain.conv_weight``)
+    # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the W (``_gain.conv_weight``)
     conv: dict | None = field(default=None, compare=False, repr=False)
     # g(u) * h(v) / g(u) +- h(v) of two sites (factors): per side (g over u's codes or None,
     # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
@@ -204,7 +204,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
             operand = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
-            credit = norm_at(o.name, producer, operand, opset) or output_weight(
+            credit = norm_at(o.name, producer, operand, opset) or weighted_output(
                 o.name, producer, operand
             )
             out.append(

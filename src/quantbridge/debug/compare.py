@@ -235,7 +235,7 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
                     diffs.pop(f, None)
             b = values.pop(s.name)
             if factors.get(s.name) and b.shape == ref_values[s.name].shape:
-                diffs[s.name] = np.abs(ref_values[s.name] - b)
+                diffs[s.name] = b - ref_values[s.name]  # signed: a linear op carries its sign
             pair = _pair(ref_run, run, s, ref_values[s.name], b, upstream)
             if pair is None:
                 lost.append(s.name)
@@ -260,7 +260,24 @@ def _measure(runs, ref_run, ref_values, sites, ref_subj, data, errors) -> dict[s
     }
 
 
-def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
+class _MagnitudeView:
+    """The pair's differences ``b - a`` of the factor sites, read as ``|b - a|`` (``view[f]``)
+    by the bounds that take magnitudes, signed (``signed(f)``) by the linear ones."""
+
+    def __init__(self, diffs: dict[str, np.ndarray]):
+        self._diffs = diffs
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._diffs
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.abs(self._diffs[name])
+
+    def signed(self, name: str) -> np.ndarray:
+        return self._diffs[name]
+
+
+def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float | np.ndarray:
     """The largest error ``s`` can carry from its input sites (``classify``'s ``carried``): a
     site times a constant ``c`` by ``|c|`` times its input's error, an elementwise chain of one
     site (GELU, SiLU, Sigmoid, Exp ...) by its slope bound over that site's codes (``_gain``)
@@ -268,7 +285,10 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     product ``a * b`` of two sites differs by at most ``|da| |b| + |a| |db| + |da| |db|`` element
     by element (``a``, ``b`` the reference's values), a MatMul ``a @ b`` by the same with each
     product a matrix product (``|a @ b - a' @ b'| <= |da| @ |b| + |a| @ |db| + |da| @ |db|``);
-    a Linear of one site by ``|dx| @ |W|``, a convolution by ``conv(|dx|, |W|)``, a product or
+    a Linear of one site by ``|dx @ W|``, a convolution by ``|conv(dx, W)|`` (``dx = b - a`` signed:
+    a linear map carries the input difference exactly, ``conv(x_b, W) - conv(x_a, W) = conv(dx,
+    W)``; returned element by element, an array, checked element by element in ``_pair``), a
+    product or
     sum of two elementwise chains of one site each (``x * sigmoid(y)``) by the product's or the
     sum's bound with each chain's difference at most its slope times its site's (``_gain``);
     a LayerNormalization or Softmax of one site by its row-wise bound, an attention
@@ -276,6 +296,7 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     other ops that may amplify an error get no credit."""
     if s.gain is not None and len(s.inputs) == 1:
         return carried.get(s.inputs[0], 0.0) * s.gain
+    diffs = _MagnitudeView(diffs)  # |b - a| for every bound but the linear ones
     if s.chains is not None and all(f in diffs for f in s.factors):  # g(u) * h(v), g + h
         (g, h), (dg, dh) = (
             [
@@ -308,13 +329,15 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
         except ValueError:  # shapes that do not fit: no credit
             return 0.0
         return float(bound.max()) if bound.size else 0.0
-    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx| @ |W|; conv(|dx|, |W|)
-        dx = diffs[s.factors[0]]
+    if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx @ W|; |conv(dx, W)|
+        dx = diffs.signed(s.factors[0])
         try:
-            bound = np.matmul(dx, s.weight) if s.conv is None else conv_bound(dx, s.weight, s.conv)
+            bound = np.abs(
+                np.matmul(dx, s.weight) if s.conv is None else conv_bound(dx, s.weight, s.conv)
+            )
         except (ValueError, RuntimeError):  # shapes that do not fit: no credit
             return 0.0
-        return float(bound.max()) if bound.size else 0.0
+        return bound if bound.size else 0.0  # element by element (``_pair``)
     if s.factors and all(f in diffs for f in s.factors):
         (a, b), (da, db) = (ref_values[f] for f in s.factors), (diffs[f] for f in s.factors)
         mul = np.matmul if s.matmul else np.multiply  # a MatMul sums the products over k
@@ -326,10 +349,12 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float:
     return 0.0
 
 
-def _pair(ref_run, run, site: Site, a, b, carried: float) -> dict[str, Any] | None:
+def _pair(ref_run, run, site: Site, a, b, carried: float | np.ndarray) -> dict[str, Any] | None:
     if a.shape != b.shape:
         return None
     m = tensor_metrics(a, b, site.scale)
+    if isinstance(carried, np.ndarray):
+        carried = _credit(a, b, carried, m["max_abs"])
     peak = float(np.abs(a).max()) if a.size else 0.0
     m["carried_lsb"] = carried / site.scale if site.scale else None
     m["class"] = classify(
@@ -337,6 +362,22 @@ def _pair(ref_run, run, site: Site, a, b, carried: float) -> dict[str, Any] | No
         carried=carried, scale=site.scale,
     )  # fmt: skip
     return {"a": ref_run.name, "b": run.name, **m}
+
+
+def _credit(a: np.ndarray, b: np.ndarray, bound: np.ndarray, max_abs: float) -> float:
+    """The per-tensor credit equivalent to ``bound``, a bound of the carried error element by
+    element: ``max_abs - max_i(|b_i - a_i| - bound_i)``, so that ``classify``'s per-tensor rule
+    ``max_abs <= carried + 1 step`` holds exactly when ``|b_i - a_i| <= bound_i + 1 step`` holds
+    for every element. It is at most the bound at the element of the largest difference: an
+    element far from the others' large differences gets no credit from them. A ``bound`` that
+    does not broadcast to the tensor counts with its largest value everywhere."""
+    if not bound.size:
+        return 0.0
+    try:
+        excess = np.abs(np.asarray(b, np.float64) - a) - np.broadcast_to(bound, a.shape)
+    except ValueError:
+        return float(bound.max())
+    return max_abs - float(excess.max()) if excess.size else 0.0
 
 
 def _first_divergence(table: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -159,14 +159,11 @@ class _Planner:
     def quantize_input(
         self, consumer: torch.fx.Node, value, recipe: TensorRecipe, constant_too: bool = False
     ) -> None:
-        """Quantize ``value`` where ``consumer`` reads it (one quantizer per value). A value that
-        depends on no input stays float unless ``constant_too`` (a computed weight)."""
+        """Quantize ``value`` where ``consumer`` reads it (one quantizer per value); a value of
+        no input stays float unless ``constant_too`` (a computed weight)."""
         if not is_float_tensor(value) or self.grid_of(consumer, value) is not None:
             return
-        # probabilities stay float for matmuls (P @ V) and float ops; a conv / linear reading
-        # them (EfficientFormerV2's talking heads) gets them quantized, else the engine runs that
-        # layer in float with its weight quantized in the file. The softmax's own input stays
-        # float (FLOAT_INPUT_OPS): no DQ -> Softmax -> Q for ORT's inexact QLinearSoftmax.
+        # probabilities stay float (P @ V); a conv / linear (EfficientFormerV2) reads them int8
         softmax_kept = keeps_float_output(value) and op_role(consumer) is not Role.WEIGHTED
         if (softmax_kept and self.outputs) or (value in self.constant and not constant_too):
             return
