@@ -157,6 +157,7 @@ def code_extremes(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
     (it quantizes to the zero point, not as an extreme): a tensor holding one is quantized whole.
     """
     axis = quantizer.axis
+    x = quantizer.flat(x) if hasattr(quantizer, "flat") else x  # stacked experts: [E * O, K]
     dims = [] if axis is None else [d for d in range(x.ndim) if d != axis % x.ndim]
     if getattr(quantizer, "block_size", None) is not None:  # blocked: every code
         return quantizer.quantize_integers(x).reshape(-1)
