@@ -1,8 +1,8 @@
 """Mixture-of-experts weights stacked in one parameter (HF transformers 5.x with
 ``experts_implementation='batched_mm'``: Mixtral, Qwen2-MoE, Qwen3-MoE): a parameter ``W`` of
 shape ``[E, O, K]`` (``[E, K, O]`` when transposed) is read per token by index, ``W[expert_ids]``,
-then multiplied by ``bmm``. This module finds those reads in a captured graph and has placement
-put one weight quantizer on the parameter itself, before the gather, with one scale per
+then multiplied by ``bmm``. This module finds those reads in a captured graph; placement
+(``_place_experts``) puts one weight quantizer on the parameter itself, before the gather, with one scale per
 (expert, output channel) (``_fakequant.StackedWeightQuantizer``).
 
 Why before the gather: fake-quantization is elementwise with a scale per row ``(e, o)``, and the
@@ -89,20 +89,3 @@ def stacked_reads(node: torch.fx.Node) -> list[StackedRead]:
     if node.op != "call_function" or node.target not in STACKED_PRODUCT_OPS:
         return []
     return [r for r in (stacked_read(node, 0), stacked_read(node, 1)) if r is not None]
-
-
-def place_stacked_weights(planner, node: torch.fx.Node, wr) -> set:
-    """Give each stacked weight ``node`` reads its weight quantizer (one per parameter, read by
-    the index); return the operands so handled (they get no activation quantizer)."""
-    from ._record import QuantizerSpec, parameter_point
-
-    handled = set()
-    for r in stacked_reads(node):
-        if r.param not in planner.weight_spec:
-            point = parameter_point(r.param, "weight", wr.scheme.to_dict(), wr.method)
-            spec = QuantizerSpec(point, "weight", wr, axis=r.out_axis, source=r.param.target)
-            spec.stacked = True
-            planner.weight_spec[r.param] = planner._spec(spec)
-        planner._read(r.index, r.param, planner.weight_spec[r.param])
-        handled.add(r.operand)
-    return handled

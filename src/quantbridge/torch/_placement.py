@@ -55,7 +55,6 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe, TensorRecipe
-from ._experts import place_stacked_weights
 from ._fanout import fan_out_readers
 from ._nodes import constant_values, is_float_tensor, module_of
 from ._ops import (
@@ -72,6 +71,7 @@ from ._ops import (
     tensor_args,
     unquantized_weighted_reason,
 )
+from ._place_experts import place_stacked_weights
 from ._placement_warnings import warn_placement
 from ._record import (
     CONTAINER,
