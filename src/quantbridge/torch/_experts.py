@@ -2,8 +2,8 @@
 ``experts_implementation='batched_mm'``: Mixtral, Qwen2-MoE, Qwen3-MoE): a parameter ``W`` of
 shape ``[E, O, K]`` (``[E, K, O]`` when transposed) is read per token by index, ``W[expert_ids]``,
 then multiplied by ``bmm``. This module finds those reads in a captured graph; placement
-(``_place_experts``) puts one weight quantizer on the parameter itself, before the gather, with one scale per
-(expert, output channel) (``_fakequant.StackedWeightQuantizer``).
+(``_place_experts``) puts one weight quantizer on the parameter itself, before the gather, with
+one scale per (expert, output channel) (``_fakequant.StackedWeightQuantizer``).
 
 Why before the gather: fake-quantization is elementwise with a scale per row ``(e, o)``, and the
 gather copies whole rows, so ``fq(W)[ids] == fq(W[ids])`` exactly; the quantized model and its
