@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import quantbridge as qb
+from quantbridge.torch._export_ops import code_extremes
 from quantbridge.torch._fakequant import StackedWeightQuantizer
 
 E, C, K = 4, 6, 8  # experts, output channels, inputs
@@ -71,6 +72,10 @@ def test_expert_weights_get_one_scale_per_expert_and_output_channel(quantized):
     # same codes; the only difference is the float32 rounding of each scale (relative 2**-24,
     # times a code of at most qmax) and of the product: a few ulps of the largest weight
     assert (got - ref).abs().max() <= 1e-6 * model.w.abs().max()
+    # the export's saturation check reads the extreme codes, per (expert, output channel) row
+    codes = q.quantize_integers(model.w)
+    extremes = torch.cat([codes.amin(1), codes.amax(1)])
+    assert torch.equal(code_extremes(q, model.w), extremes)
 
 
 def test_gather_then_product_uses_the_quantized_experts(quantized):

@@ -151,6 +151,10 @@ class StackedWeightQuantizer(WeightQuantizer):
         """The codes of the flat view ``[E * O, K]`` (what export stores)."""
         return super().quantize_integers(self.flat(x))
 
+    def quantize_flat(self, f: torch.Tensor) -> torch.Tensor:
+        """The codes of ``f``, already flat (``[E * O, K]``, or its per-row extremes)."""
+        return super().quantize_integers(f)
+
     def extra_repr(self) -> str:
         return super().extra_repr() + f", stacked experts (output axis {self.out_axis})"
 
