@@ -147,6 +147,33 @@ def test_experts_calibration_never_routed_to_are_not_clipped():
     assert (y - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+def test_qat_with_learned_scales_trains_the_experts_and_exports_as_trained(tmp_path):
+    """LSQ through the flat view: the experts and their [E*O] scales get gradients, and the
+    export after training computes what the trained QuantModel does."""
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    batches = [(torch.randn(16, K), torch.randint(0, E, (16,))) for _ in range(2)]
+    qm = qb.prepare_qat(_Experts(True), calib_data=batches, learn_scales=True, progress=False)
+    q = qm.quantizers()["w"]
+    qm.train()
+    y = qm(*batches[0])
+    y.square().mean().backward()
+    assert qm.get_parameter("w").grad.abs().sum() > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in q.parameters())
+    qm.eval()
+    path = str(tmp_path / "qat.onnx")
+    qb.export(qm, path, batches[0])
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    got = sess.run(None, dict(zip(names, (t.numpy() for t in batches[1]), strict=True)))[0]
+    with torch.no_grad():
+        expected = qm(*batches[1]).numpy()
+    # float32 rounding only (measured: 0.0)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 class _ContractedOverExperts(nn.Module):
     """A 3-D parameter read by index whose product contracts the expert axis: no expert matrix,
     still named as float."""
