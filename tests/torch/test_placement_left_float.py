@@ -7,6 +7,8 @@ imported back: one quantize for both)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -82,13 +84,14 @@ class _Experts(nn.Module):
         return torch.bmm(x.unsqueeze(1), self.w[ids].transpose(1, 2)).squeeze(1)
 
 
-def test_expert_weights_picked_by_index_are_named_as_float():
-    """Before: no warning (the bmm read the parameter through index and transpose), the experts
-    float without a word (HF Mixtral, Qwen2-MoE with batched_mm)."""
+def test_expert_weights_picked_by_index_are_quantized_not_named_as_float():
+    """Session 13: named as float (before, float without a word); now quantized per (expert,
+    output channel) (``tests/torch/test_moe_experts.py``), and no longer in the warning."""
     torch.manual_seed(0)
-    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*bmm of the "
-                      r"parameter w, "):  # fmt: skip
-        qb.quantize(_Experts().eval(), [torch.randn(6, 8)], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "stay float" warning
+        qm = qb.quantize(_Experts().eval(), [torch.randn(6, 8)], progress=False)
+    assert qm.quantizers()["w"].kind == "weight"
 
 
 class _TalkingHeads(nn.Module):

@@ -146,7 +146,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
 
 
 def code_extremes(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
-    """The codes ``quantizer.quantize_integers(x)`` holds at its extremes: per channel (or per
+    """The codes ``codes(x)`` holds at its extremes: per channel (or per
     tensor) the code of the smallest and of the largest value, flattened.
 
     Exact without quantizing ``x``: ``quantize`` is monotone non-decreasing in ``x`` (a correctly
@@ -157,15 +157,18 @@ def code_extremes(quantizer: Quantizer, x: torch.Tensor) -> torch.Tensor:
     (it quantizes to the zero point, not as an extreme): a tensor holding one is quantized whole.
     """
     axis = quantizer.axis
+    codes = quantizer.quantize_integers
+    if hasattr(quantizer, "flat"):  # stacked experts: the codes of the flat view [E * O, K]
+        x, codes = quantizer.flat(x), quantizer.quantize_flat
     dims = [] if axis is None else [d for d in range(x.ndim) if d != axis % x.ndim]
     if getattr(quantizer, "block_size", None) is not None:  # blocked: every code
-        return quantizer.quantize_integers(x).reshape(-1)
+        return codes(x).reshape(-1)
     if x.numel() == 0 or (axis is not None and not dims):
-        return quantizer.quantize_integers(x).reshape(-1)
+        return codes(x).reshape(-1)
     if axis is None:
         lo, hi = torch.aminmax(x)
     else:
         lo, hi = x.amin(dim=dims, keepdim=True), x.amax(dim=dims, keepdim=True)
     if torch.isnan(lo).any() or torch.isnan(hi).any():
-        return quantizer.quantize_integers(x).reshape(-1)
-    return torch.cat([quantizer.quantize_integers(v).reshape(-1) for v in (lo, hi)])
+        return codes(x).reshape(-1)
+    return torch.cat([codes(v).reshape(-1) for v in (lo, hi)])

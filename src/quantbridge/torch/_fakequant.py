@@ -2,6 +2,7 @@
 state machine, calibration, tracking, LSQ) and the straight-through estimators (``_ste``):
 
 * ``WeightQuantizer`` - per-channel (or per-tensor) weight; its range is taken from the weight;
+* ``StackedWeightQuantizer`` - stacked MoE experts ``[E, O, K]``, per (expert, output channel);
 * ``BlockWeightQuantizer`` - group-wise weight of an imported file (``PerBlock``: one scale and
   zero point per ``block_size`` elements along ``axis``), parameters fixed;
 * ``ConstantQuantizer`` - the constant operand of an add / mul, on its own grid;
@@ -30,6 +31,7 @@ __all__ = [
     "LearnedStepSTE",
     "QState",
     "Quantizer",
+    "StackedWeightQuantizer",
     "WeightQuantizer",
     "quantizer_modules",
 ]
@@ -118,6 +120,45 @@ class WeightQuantizer(Quantizer):
             return None
         self.scale, self.zero_point = cache[3], cache[4]
         return cache[5]
+
+
+class StackedWeightQuantizer(WeightQuantizer):
+    """The weights of stacked experts, a parameter ``[E, O, K]`` (``out_axis`` 1) or ``[E, K, O]``
+    (``out_axis`` 2) that HF mixture-of-experts layers gather per token (``_experts``): one scale
+    per (expert, output channel). The parameter is viewed as ``[E * O, K]`` (``flat``) and
+    quantized per channel along axis 0 there, so scales, codes, the export (``DequantizeLinear``
+    of ``[E * O, K]`` with axis 0, then a reshape back) and the checkpoint are those of a 2-D
+    per-channel weight; ``axis`` is 0 (of the flat view), ``out_axis`` the parameter's."""
+
+    def __init__(self, name: str, recipe: TensorRecipe, out_axis: int):
+        super().__init__(name, recipe, 0)
+        self.out_axis = out_axis
+
+    def flat(self, w: torch.Tensor) -> torch.Tensor:
+        """``w`` as ``[E * O, K]``, rows in (expert, output channel) order."""
+        return w.movedim(self.out_axis, 1).reshape(w.shape[0] * w.shape[self.out_axis], -1)
+
+    def _unflat(self, f: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return f.reshape(w.movedim(self.out_axis, 1).shape).movedim(1, self.out_axis)
+
+    def compute_from(self, w: torch.Tensor) -> None:
+        super().compute_from(self.flat(w))
+
+    def forward(self, w: torch.Tensor, observe: bool = True) -> torch.Tensor:
+        if not self.enabled:
+            return w
+        return self._unflat(super().forward(self.flat(w), observe), w)
+
+    def quantize_integers(self, x: torch.Tensor) -> torch.Tensor:
+        """The codes of the flat view ``[E * O, K]`` (what export stores)."""
+        return super().quantize_integers(self.flat(x))
+
+    def quantize_flat(self, f: torch.Tensor) -> torch.Tensor:
+        """The codes of ``f``, already flat (``[E * O, K]``, or its per-row extremes)."""
+        return super().quantize_integers(f)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", stacked experts (output axis {self.out_axis})"
 
 
 class BlockWeightQuantizer(WeightQuantizer):

@@ -5,8 +5,7 @@ Rules are data (named property sets), not if/elif chains. Placement asks one que
 
 * ``WEIGHTED`` - ops with a weight and an optional bias (conv, linear, addmm). Activation input, weight
   (per-channel along ``WEIGHT_AXIS``), int32 bias (scale = input scale x weight scale) and output.
-* ``ARITHMETIC`` - functional ops between activations (add, mul, matmul, bmm, cat): every
-  tensor input quantized, output quantized.
+* ``ARITHMETIC`` - ops between activations (add, mul, matmul, bmm, cat): inputs, output quantized.
 * ``DATA_MOVEMENT`` - ops that commute with quantization (max-pool, reshape, permute, slicing, zero
   or copying padding ...):
   ``quantize(f(x)) == f(quantize(x))`` with the same parameters, so the output reuses the input's
@@ -30,6 +29,7 @@ import re
 
 import torch
 
+from ._experts import stacked_reads
 from ._nodes import is_float_tensor
 
 aten = torch.ops.aten
@@ -349,16 +349,16 @@ RECURRENT_OPS: frozenset = frozenset(
 _WEIGHTED_OVERLOADS |= RECURRENT_OPS
 
 
-# products that read a parameter or buffer as an operand (``x @ self.proj``, OpenAI CLIP's
-# projections, ``einsum("bd,de->be", x, self.w)``): the constant is no weight to placement and is
-# not quantized (CONSTANT_OPERAND_OPS), so the product runs in float
+# products reading a parameter or buffer (``x @ self.proj``: OpenAI CLIP's projections; einsum):
+# no weight to placement, not quantized (CONSTANT_OPERAND_OPS), so the product runs in float
 _CONSTANT_PRODUCT_OPS: frozenset = frozenset(
     {aten.matmul.default, aten.mm.default, aten.bmm.default, aten.einsum.default}
 )
 
 
 _TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
-# how a product reads a parameter: transposed, rows by index (HF MoE), sliced (a GRU's gate rows)
+# how a product reads a parameter: transposed, rows by index (HF MoE, unless ``_experts``
+# quantizes it), sliced (a GRU's gate rows)
 _VIEWS = _TRANSPOSES | {aten.numpy_T.default, aten.index.Tensor, aten.unsqueeze.default,
                         aten.slice.Tensor, aten.select.int, aten.narrow.default}  # fmt: skip
 
@@ -370,11 +370,11 @@ _RECURRENT_WEIGHT = re.compile(r"(^|\.)weight_(ih|hh)_l\d+(_reverse)?\b")
 
 def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The operands of ``node`` that are a parameter or buffer, or its transpose (``x @ w.T``)."""
-    found = []  # through ``_VIEWS``
+    found, stacked = [], {r.param for r in stacked_reads(node)}  # quantized (``_experts``)
     for a in node.args[1] if node.target is aten.einsum.default else node.args[:2]:
         while isinstance(a, torch.fx.Node) and a.op == "call_function" and a.target in _VIEWS:
-            a = a.args[0]
-        if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            a = a.args[0]  # through ``_VIEWS``
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr" and a not in stacked:
             found.append(a)
     return found
 

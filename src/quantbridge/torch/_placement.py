@@ -6,12 +6,11 @@ Walks the graph once in topological order and asks ``_ops.op_role`` for each nod
    op's output-channel axis), the bias (int32, scale = input scale x weight scale) and the output
    (not a value read only as a graph output when ``recipe.quantize_outputs`` is False).
 2. ARITHMETIC (add, mul, matmul, bmm, cat): quantize every floating input (constants excepted,
-   see below) and the output. With ``recipe.align_concat_inputs`` the inputs of ``cat`` share one
-   quantizer with its output (the concat then only moves integers); with
-   ``recipe.align_add_inputs`` the same for ``add`` inputs. A divisor stays float, and so do ops
-   whose outputs only feed divisors (``_ops.DIVISOR_INPUTS``). With ``recipe.quantize_constants``
-   the constant operand of an add / mul between quantized values (a Python scalar, a buffer)
-   gets a ``ConstantQuantizer``: an integer initializer in the export, so engines fuse the op.
+   see below) and the output; MoE experts ``W[ids]`` read by bmm: a weight quantizer on ``W``
+   (``_experts``). ``recipe.align_concat_inputs`` / ``align_add_inputs``: the inputs of ``cat``
+   / ``add`` share one quantizer with its output. Divisors stay float, and so do ops feeding
+   divisors only (``_ops.DIVISOR_INPUTS``). ``recipe.quantize_constants``: the constant operand
+   of an add / mul between quantized values gets a ``ConstantQuantizer`` (an int initializer).
 3. DATA_MOVEMENT (max-pool, reshape, permute, ...): the output lies on the input's grid, so the
    *same* quantizer is applied again with ``observe=False`` (a no-op in value that gives the
    exported graph its DQ -> op -> Q pattern with identical parameters).
@@ -46,9 +45,8 @@ activation-style quantizer it had, so the op still runs on int8 weights.
 A concat listed in ``separate_concats`` (inputs whose ranges are too far apart for one scale, see
 ``_ranges``) quantizes each input on its own grid and stays float, output included.
 
-The result is recorded as plain data (``QuantPoint``, in ``_record`` with the graph edits that
-put one quantizer in place) - which user module and tensor each quantizer serves - so export and
-debug tools use the record, not name guessing.
+The result is recorded as plain data (``QuantPoint``, in ``_record`` with the graph edits): which
+user module and tensor each quantizer serves, so export and debug tools use the record, not names.
 """
 
 from __future__ import annotations
@@ -73,6 +71,7 @@ from ._ops import (
     tensor_args,
     unquantized_weighted_reason,
 )
+from ._place_experts import place_stacked_weights
 from ._placement_warnings import warn_placement
 from ._record import (
     CONTAINER,
@@ -250,9 +249,10 @@ class _Planner:
                             node.target.rpartition(".")[2], None)  # fmt: skip
         return isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim == 1
 
-    def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe) -> None:
+    def arithmetic(self, node: torch.fx.Node, ar: TensorRecipe, wr: TensorRecipe) -> None:
         floats = [v for _, v in tensor_args(node) if is_float_tensor(v)]
-        inputs = [v for v in floats if v not in self.constant]  # constants stay float
+        weights = place_stacked_weights(self, node, wr)  # MoE experts' [E, O, K] (``_experts``)
+        inputs = [v for v in floats if v not in self.constant and v not in weights]
         if node.name in self.separate_concats:
             for v in inputs:  # each on its own grid; one output scale would wipe out the small
                 self.quantize_input(node, v, ar)
@@ -404,7 +404,7 @@ class _Planner:
         if role is Role.WEIGHTED:
             self.weighted(node, wr, ar)
         elif role is Role.ARITHMETIC:
-            self.arithmetic(node, ar)
+            self.arithmetic(node, ar, wr)
         elif role is Role.DATA_MOVEMENT:
             self.data_movement(node)
         elif role is Role.IDENTITY_IN_EVAL:

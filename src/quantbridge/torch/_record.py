@@ -19,7 +19,13 @@ import torch
 from torch import nn
 
 from ..recipe import TensorRecipe
-from ._fakequant import BiasQuantizer, ConstantQuantizer, Quantizer, WeightQuantizer
+from ._fakequant import (
+    BiasQuantizer,
+    ConstantQuantizer,
+    Quantizer,
+    StackedWeightQuantizer,
+    WeightQuantizer,
+)
 from ._ops import WEIGHTED_OPS
 
 CONTAINER = "_quantbridge"
@@ -60,6 +66,7 @@ class QuantizerSpec:
     source: str = ""  # the parameter or buffer quantized (weight, bias, buffer constant)
     value: float | None = None  # a scalar constant
     bias_of: tuple[int, int] | None = None  # (input spec, weight spec)
+    stacked: bool = False  # a weight [E, O, K] of stacked experts, ``axis`` = O (``_experts``)
 
 
 @dataclass
@@ -169,7 +176,8 @@ def _build(gm, plan: PlacementPlan, i: int, modules: dict[int, nn.Module]) -> nn
     if spec.kind == "activation":
         return Quantizer(spec.point.name, spec.recipe, "activation")
     if spec.kind == "weight":
-        wq = WeightQuantizer(spec.source, spec.recipe, spec.axis)
+        kind = StackedWeightQuantizer if spec.stacked else WeightQuantizer
+        wq = kind(spec.source, spec.recipe, spec.axis)
         wq.weight_name = spec.source
         return wq
     if spec.kind == "bias":
