@@ -182,7 +182,9 @@ class AlibiAttention(nn.Module):
         (AlibiAttention, (2, 6, 16), 1),
     ],
 )
-def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, layerwise):
+def test_refused_ops_now_lower_and_match_ort(
+    model, shape, limit, tmp_path, layerwise, node_by_node
+):
     """Before (2026-12-02): "3-D convolution is not lowered", "1-D convolution is not lowered"
     (ConvTranspose), "only 2-D pools with explicit pads are lowered", "softmax over axis 1 of a
     rank-3 tensor; only the last axis is lowered", "Concat 'node_stack': operands must be
@@ -198,9 +200,7 @@ def test_refused_ops_now_lower_and_match_ort(model, shape, limit, tmp_path, laye
     # the integer ONNX emission runs in ONNX Runtime and gives the numpy program's codes
     env = prog.run(feeds, integer=True)
     integer_model = prog.to_onnx({k: v.shape for k, v in feeds.items()})
-    from conftest import ort_session
-
-    sess = ort_session(integer_model)
+    sess = node_by_node(integer_model)
     codes = prog.run_integer(feeds)
     got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
     for b, out in zip(prog.outputs, got, strict=True):
