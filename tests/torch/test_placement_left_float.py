@@ -137,3 +137,42 @@ def test_a_conv_reading_softmax_probabilities_is_quantized(tmp_path):
     # QLinearSoftmax, a table kernel off by one code on some probabilities (torch/_ops.py), so
     # the convs after it see inputs a step apart (measured 0.24% of the range): bound 1%
     assert abs(got - want).max() <= 1e-2 * abs(want).max()
+
+
+class _BloomAttention(nn.Module):
+    """HF Bloom's scores: ``baddbmm(alibi, q, k^T, beta=1, alpha=1/sqrt(d))``; q and k are
+    activations (Linear outputs), so the scaled sum is a product of activations, no layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.register_buffer("alibi", torch.randn(2, 1, 5) * 0.1)
+
+    def forward(self, x):  # x (2 heads, 5, 8)
+        scores = torch.baddbmm(self.alibi, self.q(x), self.k(x).transpose(1, 2), beta=1.0,
+                               alpha=8**-0.5)  # fmt: skip
+        return torch.softmax(scores, -1) @ x
+
+
+class _ScaledAddmm(nn.Module):
+    """A real layer left float: ``addmm(b, h, W, alpha=0.5)`` with W a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.w, self.b = nn.Parameter(torch.randn(8, 4)), nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        return torch.addmm(self.b, self.fc(x), self.w, alpha=0.5)
+
+
+def test_bloom_baddbmm_of_activations_is_not_a_layer_left_float():
+    """Before: "1 layer(s) with weights stay float ...: beta * bias + alpha * x @ w" named the
+    attention scores. A scaled addmm of a parameter is still named."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qb.quantize(_BloomAttention().eval(), [torch.randn(2, 5, 8)], progress=False)
+    assert not [w for w in caught if "stay float" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*alpha"):
+        qb.quantize(_ScaledAddmm().eval(), [torch.randn(3, 8)], progress=False)

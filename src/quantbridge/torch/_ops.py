@@ -62,6 +62,8 @@ WEIGHTED_OPS: dict[object, tuple[int, int, int, int]] = {
     aten.addmm.default: (1, 2, 0, 1),
     aten.baddbmm.default: (1, 2, 0, 2),
 }
+# scaled sums whose "weight" depends on an input (Bloom's ``baddbmm(alibi, q, k^T, alpha=...)``):
+# products of activations, not layers left float (no placement warning)
 SCALED_SUM_OPS = {aten.addmm.default, aten.baddbmm.default}
 TRANSPOSED_CONV_OPS = {
     aten.conv_transpose1d.default,
@@ -140,7 +142,6 @@ FOLDABLE_ACTIVATIONS: dict[object, object] = {
     aten.clamp.default: lambda n: (_arg(n, 1, None), _arg(n, 2, None)),
 }
 
-
 # Ops whose outputs stay float even where a consumer quantizes its inputs. ONNX Runtime fuses
 # DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, a lookup-table kernel that is
 # off by one code on many elements; a 2-block encoder then ends 3 LSB away from the QDQ semantics
@@ -148,7 +149,6 @@ FOLDABLE_ACTIVATIONS: dict[object, object] = {
 KEEP_FLOAT_OUTPUT_OPS: frozenset = frozenset(
     {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
 )
-
 
 # Ops whose inputs stay float: they run in float anyway, and their input is often masked scores -
 # an additive attention mask holds finfo(float32).min, and a quantized `scores + mask` would get a
@@ -348,13 +348,11 @@ RECURRENT_OPS: frozenset = frozenset(
 )
 _WEIGHTED_OVERLOADS |= RECURRENT_OPS
 
-
 # products reading a parameter or buffer (``x @ self.proj``: OpenAI CLIP's projections; einsum):
 # no weight to placement, not quantized (CONSTANT_OPERAND_OPS), so the product runs in float
 _CONSTANT_PRODUCT_OPS: frozenset = frozenset(
     {aten.matmul.default, aten.mm.default, aten.bmm.default, aten.einsum.default}
 )
-
 
 _TRANSPOSES: frozenset = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
 # how a product reads a parameter: transposed, rows by index (HF MoE, unless ``_experts``
@@ -379,9 +377,9 @@ def _constant_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
     return found
 
 
-def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
+def unquantized_weighted_reason(node: torch.fx.Node, constant: set | None = None) -> str | None:
     """Why ``node``, an op with a weight that ``op_role`` leaves FLOAT, has no int8 form; None
-    when it is not such an op."""
+    when it is not such an op. ``constant``: ``_nodes.constant_values``, see SCALED_SUM_OPS."""
     if node.op != "call_function":
         return None
     if node.target in _CONSTANT_PRODUCT_OPS and _constant_operands(node):
@@ -402,6 +400,8 @@ def unquantized_weighted_reason(node: torch.fx.Node) -> str | None:
     if node.target in TRANSPOSED_CONV_OPS:
         return "a grouped transposed conv (its per-output-channel weight scales need groups=1)"
     if node.target in SCALED_SUM_OPS:
+        if constant is not None and node.args[WEIGHTED_OPS[node.target][1]] not in constant:
+            return None  # its "weight" depends on an input: a product of activations, no layer
         return "beta * bias + alpha * x @ w with beta or alpha != 1"
     if node.target in RECURRENT_OPS:
         return f"a recurrent layer ({node.target.__name__}): quantbridge has no int8 recurrent cell"

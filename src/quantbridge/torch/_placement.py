@@ -391,7 +391,7 @@ class _Planner:
     # -- driver ---------------------------------------------------------------------------------
     def step(self, node: torch.fx.Node, left_float: list) -> None:
         role = scoped_role(node, self.recipe.activation_scope)
-        reason = unquantized_weighted_reason(node)
+        reason = unquantized_weighted_reason(node, self.constant)
         module, module_type = module_of(node)
         if reason and not self.recipe.for_module(module, module_type)[0]:
             left_float.append((module or node.name, reason))
