@@ -297,7 +297,13 @@ def product(node: onnx.NodeProto, producer: dict, operand) -> dict:
     ``operand`` as ``linear_weight``."""
     if node.op_type != "QuantizeLinear":
         return {}
-    p = below_lipschitz_1(node.input[0], producer, operand)
+    return product_at(node.input[0], producer, operand)
+
+
+def product_at(tensor: str, producer: dict, operand) -> dict:
+    """``product`` for the float tensor ``tensor`` (a QuantizeLinear's input, or a float graph
+    output: timm's distilled ViT's ``(head(x) + head_dist(x_dist)) / 2``, the sum a site)."""
+    p = below_lipschitz_1(tensor, producer, operand)
     if p is None or p.op_type not in ("Mul", "Div", "MatMul") or len(p.input) != 2:
         return {}
     kinds = [operand(t) for t in p.input]

@@ -85,7 +85,7 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
             break
         p = producer.get(p.input[0])
     if p is not None and p.op_type == "Div":
-        return _decomposed(p, producer, operand)
+        return _decomposed(p, producer, operand) or _l2_ratio(p, producer, operand)
     if p is not None and p.op_type == "MatMul":
         return _attention(p, producer, operand, opset)
     if p is None or p.op_type not in ("LayerNormalization", "Softmax"):
@@ -125,16 +125,7 @@ def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
         return n if n is not None and n.op_type == op else None
 
     def mean_axes(n):
-        if n is None:
-            return None
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        if not attrs.get("keepdims", 1):
-            return None
-        axes = attrs.get("axes")
-        if axes is None and len(n.input) > 1 and n.input[1]:
-            value = operand(n.input[1])
-            axes = None if not isinstance(value, np.ndarray) else value.reshape(-1).tolist()
-        return tuple(int(a) for a in axes) if axes else None
+        return _kept_axes(n, operand)
 
     def centered(t):  # Sub(x, ReduceMean(x)): (x, axes)
         sub = node(t, "Sub")
@@ -171,6 +162,64 @@ def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
         return {}
     norm = {"op": "LayerNormalization", "axes": top[1], "epsilon": float(eps[0].reshape(()))}
     return {"factors": (top[0],), "norm": {**norm, "gamma": np.ones(1)}}
+
+
+def _kept_axes(n: onnx.NodeProto | None, operand) -> tuple[int, ...] | None:
+    """The axes of a Reduce* node ``n`` with ``keepdims`` (attribute or constant input)."""
+    if n is None:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    if not attrs.get("keepdims", 1):
+        return None
+    axes = attrs.get("axes")
+    if axes is None and len(n.input) > 1 and n.input[1]:
+        value = operand(n.input[1])
+        axes = None if not isinstance(value, np.ndarray) else value.reshape(-1).tolist()
+    return tuple(int(a) for a in axes) if axes else None
+
+
+def _l2_ratio(div: onnx.NodeProto, producer: dict, operand) -> dict:
+    """ConvNeXt-V2's GRN: ``Div(ReduceL2(x, A), Add(ReduceMean(ReduceL2(x, A), B), eps))`` of
+    one site ``x``: ``{"factors": (x,), "norm": {"op": "l2_ratio", ...}}`` (``l2_ratio_bound``)."""
+    l2, add = producer.get(div.input[0]), producer.get(div.input[1])
+    if l2 is None or l2.op_type != "ReduceL2" or add is None or add.op_type != "Add":
+        return {}
+    x, l2_axes = operand(l2.input[0]), _kept_axes(l2, operand)
+    kinds = [operand(t) for t in add.input]
+    eps = [k for k in kinds if isinstance(k, np.ndarray) and k.size == 1]
+    mean = [producer.get(t) for t, k in zip(add.input, kinds, strict=True) if k is None]
+    if not isinstance(x, str) or l2_axes is None or len(eps) != 1 or len(mean) != 1:
+        return {}
+    mean = mean[0]
+    if mean is None or mean.op_type != "ReduceMean" or mean.input[0] != div.input[0]:
+        return {}
+    mean_axes, e = _kept_axes(mean, operand), float(eps[0].reshape(()))
+    if mean_axes is None or not e >= 0:
+        return {}
+    norm = {"op": "l2_ratio", "l2_axes": l2_axes, "mean_axes": mean_axes, "epsilon": e}
+    return {"factors": (x,), "norm": norm}
+
+
+def l2_ratio_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
+    """The largest change of ``n = g / (mean_B g + eps)``, ``g = ||x||_2`` over the axes ``A``,
+    when ``x`` moves by at most ``dx`` (element by element), per element of ``n`` (keepdims).
+    With ``r = ||dx||_2`` over ``A``: ``|g' - g| <= r`` (triangle inequality), so with
+    ``m = mean_B g + eps`` and ``rb = mean_B r``, ``|m' - m| <= rb`` and, for ``m > rb``,
+
+        |n' - n| = |(g' - g) / m' + g (m - m') / (m m')| <= r / (m - rb) + g rb / (m (m - rb))
+
+    (``m' >= m - rb > 0``). Where ``m <= rb``: no credit (0)."""
+    x, dx = np.asarray(x, np.float64), np.abs(np.asarray(dx, np.float64))
+    if x.shape != dx.shape:
+        raise ValueError(f"shapes {x.shape} and {dx.shape}")
+    a, b = norm["l2_axes"], norm["mean_axes"]
+    g = np.sqrt(np.sum(x * x, axis=a, keepdims=True))
+    r = np.sqrt(np.sum(dx * dx, axis=a, keepdims=True))
+    m = np.mean(g, axis=b, keepdims=True) + norm["epsilon"]
+    rb = np.mean(r, axis=b, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = r / (m - rb) + g * rb / (m * (m - rb))
+    return np.where(m > rb, bound, 0.0)
 
 
 def _attention(matmul: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:

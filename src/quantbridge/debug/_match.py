@@ -44,6 +44,7 @@ from ._gain import (
     elementwise_gain,
     linear_weight,
     product,
+    product_at,
     two_site_chain,
     weighted_output,
 )
@@ -204,8 +205,10 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
             op, layer = (p.op_type, p.name) if p is not None else ("input", o.name)
             ins, gain = _upstream(p, sites, producer) if p is not None else ((), False)
             operand = lambda t: _operand(t, sites, producer, consts)  # noqa: E731
-            credit = norm_at(o.name, producer, operand, opset) or weighted_output(
-                o.name, producer, operand
+            credit = (
+                norm_at(o.name, producer, operand, opset)
+                or weighted_output(o.name, producer, operand)
+                or product_at(o.name, producer, operand)
             )
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,

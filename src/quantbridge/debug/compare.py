@@ -20,7 +20,13 @@ from ..onnx.inspector import inspect_model
 from ._classify import classify
 from ._engines import ENGINES, Values, engine_spec, subject_kind
 from ._gain import chain_values, conv_bound
-from ._gain_norm import attention_bound, masked_attention_bound, norm_bound, quotient_bound
+from ._gain_norm import (
+    attention_bound,
+    l2_ratio_bound,
+    masked_attention_bound,
+    norm_bound,
+    quotient_bound,
+)
 from ._match import Site, find_sites, has_weight_only_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -322,6 +328,9 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float | n
                 bound = attention_bound(values, dx, s.norm)
             elif s.norm["op"] == "masked_attention":  # Softmax(mask(s)) @ v of two sites
                 bound = masked_attention_bound(values, dx, s.norm)
+            elif s.norm["op"] == "l2_ratio":  # GRN's g / (mean g + eps): element by element
+                bound = l2_ratio_bound(values[0], dx[0], s.norm)
+                return bound if bound.size else 0.0
             elif s.norm["op"] == "centered_quotient":  # (x - mean x) / sqrt(v), two sites
                 bound = quotient_bound(values, dx, s.norm)
             else:

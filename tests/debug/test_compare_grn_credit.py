@@ -1,0 +1,132 @@
+"""compare's credit for two ops timm models showed as false first divergences (ort-ref against
+ORT's fused kernels, 1-step ties carried into them): ConvNeXt-V2's GRN ratio ``g / (mean g +
+eps)``, ``g`` an L2 norm of a site (``_gain_norm.l2_ratio_bound``, checked against float64
+recomputations with hypothesis), and a float graph output that is a site divided by a constant
+(timm's distilled ViT: ``(head + head_dist) / 2``, the sum a site; ``_gain.product_at``). On
+files: a 1-step tie upstream is "rounding"; a changed constant in the second file is still the
+first divergence."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import quantbridge as qb
+from quantbridge.debug._gain_norm import l2_ratio_bound
+
+_GRN = {"op": "l2_ratio", "l2_axes": (1, 2), "mean_axes": (-1,)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(1e-3, 1.0), st.sampled_from([0.0, 1e-6, 1e-2]))
+def test_l2_ratio_bound_holds(seed, size, eps):
+    # x (N, H, W, C) as in GRN; the other engine's x' = x + d with |d| <= D element by element,
+    # d of either sign (also the extremes +-D); the float64 change never exceeds the bound
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2, 3, 4, 5)) * rng.uniform(0.1, 3.0)
+    big = rng.uniform(size=x.shape) * size
+    norm = {**_GRN, "epsilon": eps}
+
+    def ratio(v):
+        g = np.sqrt((v * v).sum(axis=(1, 2), keepdims=True))
+        return g / (g.mean(axis=-1, keepdims=True) + eps)
+
+    bound = l2_ratio_bound(x, big, norm)
+    signs = np.sign(rng.normal(size=x.shape))
+    for d in (big * rng.uniform(-1, 1, x.shape), big, -big, big * signs):
+        actual = np.abs(ratio(x + d) - ratio(x))
+        credited = bound > 0  # elsewhere no credit: nothing to check
+        # 1e-12: float64 rounding of the recomputation (values of order 1)
+        assert np.all(actual[credited] <= bound[credited] * (1 + 1e-9) + 1e-12)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+S_IN, S_TIE = 0.1, 0.2  # the tie conv halves the input codes: every odd code is an exact tie
+
+
+def _tie_then(under_test: list, inits: list, out_type, tie_s_w: float = 1.0) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv (halving: ties) -> Q -> DQ ``td`` -> ``under_test`` -> ``out``."""
+    inits = [
+        _init("s_in", np.float32(S_IN)), _init("z_u8", np.uint8(0)),
+        _init("w_tie", np.ones((2, 1, 1, 1), np.int8)), _init("s_wt", np.float32(tie_s_w)),
+        _init("z_w", np.int8(0)), _init("s_tie", np.float32(S_TIE)), *inits,
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s_in", "z_u8"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s_in", "z_u8"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w_tie", "s_wt", "z_w"], ["wtd"]),
+        helper.make_node("Conv", ["xd", "wtd"], ["t"], group=2, name="tie"),
+        helper.make_node("QuantizeLinear", ["t", "s_tie", "z_u8"], ["tq"], name="quant_tie"),
+        helper.make_node("DequantizeLinear", ["tq", "s_tie", "z_u8"], ["td"]),
+        *under_test,
+    ]
+    graph = helper.make_graph(
+        nodes, "tie_then", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_type)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _grn(tie_s_w: float = 1.0, eps: float = 1e-6) -> onnx.ModelProto:
+    """GRN as torch.onnx (dynamo) writes ConvNeXt-V2's: ReduceL2 over (1, 2), ReduceMean over
+    -1, both keepdims, + eps, Div, then the ratio quantized (s_out 0.01: about 100 steps)."""
+    inits = [
+        _init("l2_axes", np.array([1, 2], np.int64)), _init("mean_axes", np.array([-1], np.int64)),
+        _init("eps", np.float32(eps)), _init("s_out", np.float32(0.01)), _init("z_out", np.uint8(0)),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("ReduceL2", ["td", "l2_axes"], ["g"], keepdims=1),
+        helper.make_node("ReduceMean", ["g", "mean_axes"], ["mean"], keepdims=1),
+        helper.make_node("Add", ["mean", "eps"], ["denominator"]),
+        helper.make_node("Div", ["g", "denominator"], ["n"], name="grn_div"),
+        helper.make_node("QuantizeLinear", ["n", "s_out", "z_out"], ["nq"], name="quant_n"),
+        helper.make_node("DequantizeLinear", ["nq", "s_out", "z_out"], ["out"]),
+    ]
+    return _tie_then(nodes, inits, [1, 1, 1, 8], tie_s_w)
+
+
+def _halved(tie_s_w: float = 1.0, divisor: float = 2.0) -> onnx.ModelProto:
+    """A float graph output ``td / divisor`` (deit_distilled's ``(head + head_dist) / 2``)."""
+    nodes = [helper.make_node("Div", ["td", "divisor"], ["out"], name="halve")]
+    return _tie_then(nodes, [_init("divisor", np.float32(divisor))], [1, 2, 4, 8], tie_s_w)
+
+
+# codes 0..15 along the last axis, varied per row; odd codes are ties after the halving conv
+_CODES = (np.arange(64, dtype=np.float32).reshape(1, 2, 4, 8) * 3) % 16
+_INPUTS = {"x": _CODES * np.float32(S_IN)}
+
+
+@pytest.mark.parametrize("model", [_grn, _halved])
+def test_a_tie_carried_into_grn_or_a_halved_output_is_rounding(model):
+    # the second file moves every tie the other way (weight scale 1.000001): 1 step on the
+    # tie tensor; before, the GRN ratio and the halved float output got no credit ("carried
+    # 0.00", named the first divergence)
+    r = qb.compare(model(), model(tie_s_w=1.000001), inputs=_INPUTS)
+    assert r.errors == {} and r.unmatched == {}
+    by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
+    assert by_name["tq"]["max_lsb"] == pytest.approx(1.0)  # the premise: 1-step ties upstream
+    last = by_name["nq" if model is _grn else "out"]
+    assert last["max_abs"] > 0, last  # the premise: the difference reaches it
+    if model is _grn:
+        assert last["max_lsb"] > 1.5, last  # beyond one step: the credit decides
+    assert last["class"] == "rounding", last
+    assert r.first_divergence is None
+
+
+@pytest.mark.parametrize(
+    ("model", "changed", "name"),
+    [(_grn, {"eps": 0.5}, "nq"), (_halved, {"divisor": 1.9}, "out")],
+)
+def test_a_changed_constant_is_still_the_first_divergence(model, changed, name):
+    r = qb.compare(model(), model(tie_s_w=1.000001, **changed), inputs=_INPUTS)
+    assert r.first_divergence is not None and r.first_divergence["name"] == name, r.first_divergence
