@@ -2,8 +2,9 @@
 ORT's fused kernels, 1-step ties carried into them): ConvNeXt-V2's GRN ratio ``g / (mean g +
 eps)``, ``g`` an L2 norm of a site (``_gain_norm.l2_ratio_bound``, checked against float64
 recomputations with hypothesis), and a float graph output that is a site divided by a constant
-(timm's distilled ViT: ``(head + head_dist) / 2``, the sum a site; ``_gain.product_at``). On
-files: a 1-step tie upstream is "rounding"; a changed constant in the second file is still the
+(timm's distilled ViT: ``(head + head_dist) / 2``, the sum a site; ``_gain.product_at``), and
+ConvNeXt's head, a layer norm of the pooled features ``LN(permute(x.mean((2, 3))))``
+(``_gain_norm._pooled``). On files: a 1-step tie upstream is "rounding"; a changed constant in the second file is still the
 first divergence."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
-from quantbridge.debug._gain_norm import l2_ratio_bound
+from quantbridge.debug._gain_norm import l2_ratio_bound, norm_bound
 
 _GRN = {"op": "l2_ratio", "l2_axes": (1, 2), "mean_axes": (-1,)}
 
@@ -41,6 +42,36 @@ def test_l2_ratio_bound_holds(seed, size, eps):
         actual = np.abs(ratio(x + d) - ratio(x))
         credited = bound > 0  # elsewhere no credit: nothing to check
         # 1e-12: float64 rounding of the recomputation (values of order 1)
+        assert np.all(actual[credited] <= bound[credited] * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(1e-3, 0.3))
+def test_pooled_layer_norm_bound_holds(seed, size):
+    # ConvNeXt's head: x (N, C, H, W) -> mean over (2, 3) -> (N, H, W, C) -> LN over C
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(2, 6, 3, 4)) * rng.uniform(0.1, 3.0)
+    big = rng.uniform(size=x.shape) * size
+    gamma = rng.normal(size=6)
+    pre = (("ReduceMean", (2, 3)), ("Transpose", [0, 2, 3, 1]))
+    norm = {
+        "op": "LayerNormalization",
+        "axis": -1,
+        "epsilon": 1e-6,
+        "gamma": np.abs(gamma),
+        "pre": pre,
+    }
+
+    def head(v):
+        p = v.mean(axis=(2, 3), keepdims=True).transpose(0, 2, 3, 1)
+        mu, var = p.mean(-1, keepdims=True), p.var(-1, keepdims=True)
+        return gamma * (p - mu) / np.sqrt(var + 1e-6)
+
+    bound = norm_bound(x, big, norm)
+    for d in (big * rng.uniform(-1, 1, x.shape), big, big * np.sign(rng.normal(size=x.shape))):
+        actual = np.abs(head(x + d) - head(x))
+        credited = bound > 0
+        # 1e-9 relative: float64 rounding of the recomputation (values of order 1 / sigma)
         assert np.all(actual[credited] <= bound[credited] * (1 + 1e-9) + 1e-12)
 
 
@@ -101,13 +132,33 @@ def _halved(tie_s_w: float = 1.0, divisor: float = 2.0) -> onnx.ModelProto:
     return _tie_then(nodes, [_init("divisor", np.float32(divisor))], [1, 2, 4, 8], tie_s_w)
 
 
+def _pooled_ln(tie_s_w: float = 1.0, beta: float = 0.1) -> onnx.ModelProto:
+    """A head as torch.onnx writes ConvNeXt's: ReduceMean (here over H) -> Transpose -> LN over
+    the last axis (8 elements) -> Reshape, then quantized (s_out 0.05: |out| < 5, no clipping)."""
+    gamma = np.linspace(0.5, 1.5, 8, dtype=np.float32)
+    inits = [
+        _init("pool_axes", np.array([2], np.int64)), _init("shape", np.array([1, 16], np.int64)),
+        _init("gamma", gamma), _init("beta", np.full(8, beta, np.float32)),
+        _init("s_out", np.float32(0.05)), _init("z_out", np.int8(0)),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("ReduceMean", ["td", "pool_axes"], ["pooled"], keepdims=1),
+        helper.make_node("Transpose", ["pooled"], ["moved"], perm=[0, 2, 1, 3]),
+        helper.make_node("LayerNormalization", ["moved", "gamma", "beta"], ["ln"], axis=-1),
+        helper.make_node("Reshape", ["ln", "shape"], ["flat"]),
+        helper.make_node("QuantizeLinear", ["flat", "s_out", "z_out"], ["nq"], name="quant_n"),
+        helper.make_node("DequantizeLinear", ["nq", "s_out", "z_out"], ["out"]),
+    ]
+    return _tie_then(nodes, inits, [1, 16], tie_s_w)
+
+
 # codes 0..15 along the last axis, varied per row; odd codes are ties after the halving conv
 _CODES = (np.arange(64, dtype=np.float32).reshape(1, 2, 4, 8) * 3) % 16
 _INPUTS = {"x": _CODES * np.float32(S_IN)}
 
 
-@pytest.mark.parametrize("model", [_grn, _halved])
-def test_a_tie_carried_into_grn_or_a_halved_output_is_rounding(model):
+@pytest.mark.parametrize("model", [_grn, _halved, _pooled_ln])
+def test_a_tie_carried_into_grn_a_halved_output_or_a_pooled_norm_is_rounding(model):
     # the second file moves every tie the other way (weight scale 1.000001): 1 step on the
     # tie tensor; before, the GRN ratio and the halved float output got no credit ("carried
     # 0.00", named the first divergence)
@@ -115,9 +166,9 @@ def test_a_tie_carried_into_grn_or_a_halved_output_is_rounding(model):
     assert r.errors == {} and r.unmatched == {}
     by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
     assert by_name["tq"]["max_lsb"] == pytest.approx(1.0)  # the premise: 1-step ties upstream
-    last = by_name["nq" if model is _grn else "out"]
+    last = by_name["out" if model is _halved else "nq"]
     assert last["max_abs"] > 0, last  # the premise: the difference reaches it
-    if model is _grn:
+    if model is not _halved:
         assert last["max_lsb"] > 1.5, last  # beyond one step: the credit decides
     assert last["class"] == "rounding", last
     assert r.first_divergence is None
@@ -125,7 +176,11 @@ def test_a_tie_carried_into_grn_or_a_halved_output_is_rounding(model):
 
 @pytest.mark.parametrize(
     ("model", "changed", "name"),
-    [(_grn, {"eps": 0.5}, "nq"), (_halved, {"divisor": 1.9}, "out")],
+    [
+        (_grn, {"eps": 0.5}, "nq"),
+        (_halved, {"divisor": 1.9}, "out"),
+        (_pooled_ln, {"beta": 3.1}, "nq"),  # 60 steps, beyond the credit (35 steps)
+    ],
 )
 def test_a_changed_constant_is_still_the_first_divergence(model, changed, name):
     r = qb.compare(model(), model(tie_s_w=1.000001, **changed), inputs=_INPUTS)

@@ -92,14 +92,15 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
         return {}
     if p.domain not in ("", "ai.onnx"):
         return {}
-    x = operand(p.input[0])
+    x, pre = _pooled(p.input[0], producer, operand)
     if not isinstance(x, str):
         return {}
     attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
     if p.op_type == "Softmax":
         if opset < 13:  # axis coerced the input to 2-D before opset 13
             return {}
-        return {"factors": (x,), "norm": {"op": "Softmax", "axis": int(attrs.get("axis", -1))}}
+        norm = {"op": "Softmax", "axis": int(attrs.get("axis", -1)), "pre": pre}
+        return {"factors": (x,), "norm": norm}
     gamma = operand(p.input[1]) if len(p.input) > 1 else None
     if not isinstance(gamma, np.ndarray):
         return {}
@@ -110,8 +111,30 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
             "axis": int(attrs.get("axis", -1)),
             "epsilon": float(attrs.get("epsilon", 1e-5)),
             "gamma": np.abs(gamma.astype(np.float64)),
+            "pre": pre,
         },
     }
+
+
+def _pooled(t: str, producer: dict, operand) -> tuple:
+    """``(site, pre)``: ``t`` a site, or a Transpose / ReduceMean (keepdims) of one (timm's
+    head: ``LN(permute(x.mean((2, 3))))``); ``pre`` those ops, the innermost first. The pooled
+    difference is at most the mean of ``|dx|`` (``|mean dx| <= mean |dx|``), so the norm's
+    bound holds with ``x`` and ``D`` pooled and moved alike (``norm_bound``)."""
+    pre: list = []
+    for _ in range(8):
+        if isinstance(operand(t), str):
+            break
+        q = producer.get(t)
+        if q is not None and q.op_type == "Transpose":
+            perm = next((list(a.ints) for a in q.attribute if a.name == "perm"), None)
+            pre.append(("Transpose", perm))
+        elif q is not None and q.op_type == "ReduceMean" and _kept_axes(q, operand):
+            pre.append(("ReduceMean", _kept_axes(q, operand)))
+        else:
+            return None, ()
+        t = q.input[0]
+    return operand(t), tuple(reversed(pre))
 
 
 def _decomposed(div: onnx.NodeProto, producer: dict, operand) -> dict:
@@ -378,8 +401,13 @@ def quotient_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
 def norm_bound(x: np.ndarray, dx: np.ndarray, norm: dict) -> np.ndarray:
     """The bound of the module docstring, element by element (float64): ``x`` the reference's
     input, ``dx`` the pair's input differences (``>= 0``). ValueError where shapes do not fit."""
-    x = np.asarray(x, np.float64)
-    dx = np.broadcast_to(np.abs(np.asarray(dx, np.float64)), x.shape)
+    x, dx = np.asarray(x, np.float64), np.abs(np.asarray(dx, np.float64))
+    for op, arg in norm.get("pre", ()):  # ``_pooled``: the same moves / means of x and |dx|
+        if op == "Transpose":
+            x, dx = np.transpose(x, arg), np.transpose(dx, arg)
+        else:
+            x, dx = np.mean(x, axis=arg, keepdims=True), np.mean(dx, axis=arg, keepdims=True)
+    dx = np.broadcast_to(dx, x.shape)
     axis = norm.get("axis", -1) % max(x.ndim, 1)
     if norm["op"] == "Softmax":
         m = np.max(x, axis=axis, keepdims=True)
