@@ -4,7 +4,8 @@ eps)``, ``g`` an L2 norm of a site (``_gain_norm.l2_ratio_bound``, checked again
 recomputations with hypothesis), and a float graph output that is a site divided by a constant
 (timm's distilled ViT: ``(head + head_dist) / 2``, the sum a site; ``_gain.product_at``), and
 ConvNeXt's head, a layer norm of the pooled features ``LN(permute(x.mean((2, 3))))``
-(``_gain_norm._pooled``). On files: a 1-step tie upstream is "rounding"; a changed constant in the second file is still the
+(``_gain_norm._pooled``), and a float output averaging two float heads (``_gain_output``). On
+files: a 1-step tie upstream is "rounding"; a changed constant in the second file is still the
 first divergence."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
 from quantbridge.debug._gain_norm import l2_ratio_bound, norm_bound
+from quantbridge.debug._gain_output import terms_bound
 
 _GRN = {"op": "l2_ratio", "l2_axes": (1, 2), "mean_axes": (-1,)}
 
@@ -73,6 +75,24 @@ def test_pooled_layer_norm_bound_holds(seed, size):
         credited = bound > 0
         # 1e-9 relative: float64 rounding of the recomputation (values of order 1 / sigma)
         assert np.all(actual[credited] <= bound[credited] * (1 + 1e-9) + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(-3.0, 3.0), st.booleans())
+def test_two_heads_bound_holds(seed, c, sigmoid):
+    # c * (f(x1 @ W1) + x2 @ W2), f a Sigmoid (slope <= 1/4) or none, x_i moved by dx_i
+    rng = np.random.default_rng(seed)
+    x1, x2, dx1, dx2 = (rng.normal(size=(3, 5)) for _ in range(4))
+    w1, w2 = rng.normal(size=(5, 4)), rng.normal(size=(5, 4))
+    f = (lambda y: 1 / (1 + np.exp(-y))) if sigmoid else (lambda y: y)
+
+    def out(a, b):
+        return c * (f(a @ w1) + b @ w2)
+
+    slope = 0.25 if sigmoid else 1.0
+    bound = terms_bound([dx1, dx2], ((abs(c) * slope * w1, None), (abs(c) * w2, None)))
+    actual = np.abs(out(x1 + dx1, x2 + dx2) - out(x1, x2))
+    assert np.all(actual <= bound * (1 + 1e-9) + 1e-12)  # float64 rounding of the recomputation
 
 
 def _init(name, value):
@@ -152,12 +172,29 @@ def _pooled_ln(tie_s_w: float = 1.0, beta: float = 0.1) -> onnx.ModelProto:
     return _tie_then(nodes, inits, [1, 16], tie_s_w)
 
 
+def _two_heads(tie_s_w: float = 1.0, w2_scale: float = 1.0) -> onnx.ModelProto:
+    """Two float heads (MatMul by a constant, + bias) of the tie tensor, summed in float and
+    halved: the float output ``(head + head_dist) / 2``."""
+    w1 = (np.arange(24).reshape(8, 3) % 5 - 2).astype(np.float32) * np.float32(0.5)
+    w2 = (np.arange(24).reshape(8, 3) % 3 - 1).astype(np.float32) * np.float32(w2_scale)
+    inits = [_init("w1", w1), _init("w2", w2), _init("b1", np.float32([0.1, 0.0, -0.1])),
+             _init("two", np.float32(2.0))]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["td", "w1"], ["m1"]),
+        helper.make_node("Add", ["m1", "b1"], ["head"]),
+        helper.make_node("MatMul", ["td", "w2"], ["head_dist"]),
+        helper.make_node("Add", ["head", "head_dist"], ["sum"]),
+        helper.make_node("Div", ["sum", "two"], ["out"], name="average"),
+    ]
+    return _tie_then(nodes, inits, [1, 2, 4, 3], tie_s_w)
+
+
 # codes 0..15 along the last axis, varied per row; odd codes are ties after the halving conv
 _CODES = (np.arange(64, dtype=np.float32).reshape(1, 2, 4, 8) * 3) % 16
 _INPUTS = {"x": _CODES * np.float32(S_IN)}
 
 
-@pytest.mark.parametrize("model", [_grn, _halved, _pooled_ln])
+@pytest.mark.parametrize("model", [_grn, _halved, _pooled_ln, _two_heads])
 def test_a_tie_carried_into_grn_a_halved_output_or_a_pooled_norm_is_rounding(model):
     # the second file moves every tie the other way (weight scale 1.000001): 1 step on the
     # tie tensor; before, the GRN ratio and the halved float output got no credit ("carried
@@ -166,9 +203,9 @@ def test_a_tie_carried_into_grn_a_halved_output_or_a_pooled_norm_is_rounding(mod
     assert r.errors == {} and r.unmatched == {}
     by_name = {t["name"]: t["pairs"][0] for t in r.tensors}
     assert by_name["tq"]["max_lsb"] == pytest.approx(1.0)  # the premise: 1-step ties upstream
-    last = by_name["out" if model is _halved else "nq"]
+    last = by_name["out" if model in (_halved, _two_heads) else "nq"]
     assert last["max_abs"] > 0, last  # the premise: the difference reaches it
-    if model is not _halved:
+    if model in (_grn, _pooled_ln):
         assert last["max_lsb"] > 1.5, last  # beyond one step: the credit decides
     assert last["class"] == "rounding", last
     assert r.first_divergence is None
@@ -180,6 +217,7 @@ def test_a_tie_carried_into_grn_a_halved_output_or_a_pooled_norm_is_rounding(mod
         (_grn, {"eps": 0.5}, "nq"),
         (_halved, {"divisor": 1.9}, "out"),
         (_pooled_ln, {"beta": 3.1}, "nq"),  # 60 steps, beyond the credit (35 steps)
+        (_two_heads, {"w2_scale": 1.2}, "out"),
     ],
 )
 def test_a_changed_constant_is_still_the_first_divergence(model, changed, name):

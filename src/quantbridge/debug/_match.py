@@ -49,6 +49,7 @@ from ._gain import (
     weighted_output,
 )
 from ._gain_norm import masked_where, norm_at, norm_of
+from ._gain_output import weighted_sum_output
 
 QUANTIZERS_KEY = "quantbridge.quantizers"
 
@@ -75,6 +76,8 @@ class Site:
     weight: np.ndarray | None = field(default=None, compare=False, repr=False)
     # ... or a Conv / ConvTranspose of it: its attributes, ``weight`` the W (``_gain.conv_weight``)
     conv: dict | None = field(default=None, compare=False, repr=False)
+    # a float output (W1 x1 +- W2 x2) * c of two weighted ops: per factor (c W, conv attributes)
+    terms: tuple | None = field(default=None, compare=False, repr=False)
     # g(u) * h(v) / g(u) +- h(v) of two sites (factors): per side (g over u's codes or None,
     # its slope, u's grid), and the combining op (``_gain.two_site_chain``)
     chains: tuple | None = field(default=None, compare=False, repr=False)
@@ -209,6 +212,7 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
                 norm_at(o.name, producer, operand, opset)
                 or weighted_output(o.name, producer, operand)
                 or product_at(o.name, producer, operand)
+                or weighted_sum_output(o.name, producer, operand)
             )
             out.append(
                 Site(o.name, len(out), op, layer, None, 0, onnx.TensorProto.FLOAT,

@@ -27,6 +27,7 @@ from ._gain_norm import (
     norm_bound,
     quotient_bound,
 )
+from ._gain_output import terms_bound
 from ._match import Site, find_sites, has_weight_only_weights, match_other_file
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
@@ -338,6 +339,12 @@ def _carried(s: Site, carried: dict, diffs: dict, ref_values: dict) -> float | n
         except ValueError:  # shapes that do not fit: no credit
             return 0.0
         return float(bound.max()) if bound.size else 0.0
+    if s.terms is not None and all(f in diffs for f in s.factors):  # (W1 x1 +- W2 x2) * c
+        try:
+            bound = terms_bound([diffs.signed(f) for f in s.factors], s.terms)
+        except (ValueError, RuntimeError):  # shapes that do not fit: no credit
+            return 0.0
+        return bound if bound.size else 0.0
     if s.weight is not None and s.factors[0] in diffs:  # x @ W: |dx @ W|; |conv(dx, W)|
         dx = diffs.signed(s.factors[0])
         try:
