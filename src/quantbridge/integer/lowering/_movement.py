@@ -296,7 +296,7 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
                 attrs = {"pads": tuple(int(p) for p in pads), "mode": mode,
                          "value": int(v.source.zero_point)}  # fmt: skip
                 return [moved(b, node, v, "pad", attrs)]
-        v = _tabled(v)
+        v = tabled(v)
     if isinstance(v, Pending | FloatInput):
         if mode == "constant" and constant is not None and not _is_zero(constant):
             raise LoweringError(
@@ -318,7 +318,7 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
     return [moved(b, node, v, "pad", attrs)]
 
 
-def _tabled(v: Elementwise) -> Pending:
+def tabled(v: Elementwise) -> Pending:
     """A float function of 8-bit codes as the table that its QuantizeLinear will make."""
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
