@@ -247,3 +247,67 @@ def test_masked_fill_with_zero_and_division_by_counts(qdq_graph, layerwise):
     feeds = {"x": rng.normal(0, 2, (2, 3, 4)).astype(np.float32)}
     (d,) = layerwise(model, qb.lower(model), feeds).values()
     assert int(d.max()) <= 1
+
+
+class PaddedLinearAttention(nn.Module):
+    """EfficientViT (MIT) LiteMLA's ``F.pad(v, (0, 0, 0, 1), value=1)``: a row of ones under
+    ``v`` (channels first), so that ``v @ k^T`` carries the sum of ``k`` as its last row. The
+    export quantizes the padded ``v`` (a QuantizeLinear reads the Pad); 1 is off ``v``'s grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = torch.relu(self.qkv(x)).transpose(-1, -2).chunk(3, dim=1)  # (B, 8, T) each
+        v = nn.functional.pad(v, (0, 0, 0, 1), mode="constant", value=1.0)  # (B, 9, T)
+        vk = torch.matmul(v, k.transpose(-1, -2))  # (B, 9, 8)
+        out = torch.matmul(vk, q)  # (B, 9, T)
+        return self.proj(out[:, :-1].transpose(-1, -2) * out[:, -1:].transpose(-1, -2))
+
+
+def test_pad_with_one_matches_ort(tmp_path, layerwise, node_by_node):
+    """Before (2026-12-02): "Pad ...: pads with a constant other than 0 (the code ...): not on
+    the tensor's grid" (efficientvit_b0). ``Q(pad(x, 1)) = pad(Q(x), Q(1))`` elementwise: the
+    codes requantized to the Pad's QuantizeLinear grid (once, as ORT's DQ -> Q: 1 LSB at a
+    tie) and padded with the code of 1 on it; the products as for any quantized MatMul."""
+    onnx_model, prog, feeds = _lowered(PaddedLinearAttention(), (2, 6, 8), tmp_path)
+    assert any(n.op_type == "Pad" for n in onnx_model.graph.node)
+    diffs = layerwise(onnx_model, prog, feeds)
+    worst = max(int(d.max()) for d in diffs.values())
+    assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
+    env = prog.run(feeds, integer=True)
+    sess = node_by_node(prog.to_onnx({k: v.shape for k, v in feeds.items()}))
+    codes = prog.run_integer(feeds)
+    got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
+    for b, out in zip(prog.outputs, got, strict=True):
+        np.testing.assert_array_equal(out, env[b.name])
+
+
+def _padded_graph(qdq_graph, c: float, conv: bool):
+    g = qdq_graph((2, 3, 5, 5), scale=0.05, zero=128)
+    pads = g.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    padded = g.node("Pad", [g.x, pads, g.const(np.float32(c))])
+    outputs = [g.quant(padded, 0.04, 100)]
+    if conv:
+        w, bias = g.weight((4, 3, 3, 3)), g.bias(4, 0.05 * 0.02)
+        outputs.append(g.quant(g.node("Conv", [padded, w, bias]), 0.1, 128))
+    return g.model(*outputs)
+
+
+def test_pad_with_a_value_on_the_grid_and_off_it(qdq_graph, layerwise):
+    """``DQ -> Pad(c)``, read by a QuantizeLinear and a Conv. c = 0.6 is the code 140 on x's
+    grid (0.05, 128) and is padded as that code: both readers lower; <= 1 LSB (the Pad's Q
+    requantizes once, as ORT's DQ -> Q; the Conv's float32 sum can round a tie the other way).
+    c = 0.61 is off the grid: refused where the Conv reads the Pad (it needs codes), lowered
+    where only the QuantizeLinear reads it (padded after it with the code of 0.61: <= 1 LSB)."""
+    x = np.random.default_rng(5).normal(0, 2, (2, 3, 5, 5)).astype(np.float32)
+    on_grid = _padded_graph(qdq_graph, 0.6, conv=True)
+    diffs = layerwise(on_grid, qb.lower(on_grid), {"x": x})
+    assert len(diffs) == 2 and all(int(d.max()) <= 1 for d in diffs.values()), diffs
+    with pytest.raises(qb.LoweringError, match="Conv .*unquantized float result"):
+        qb.lower(_padded_graph(qdq_graph, 0.61, conv=True))
+    off_grid = _padded_graph(qdq_graph, 0.61, conv=False)
+    (d,) = layerwise(off_grid, qb.lower(off_grid), {"x": x}).values()
+    assert int(d.max()) <= 1
