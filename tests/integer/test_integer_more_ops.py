@@ -311,3 +311,35 @@ def test_pad_with_a_value_on_the_grid_and_off_it(qdq_graph, layerwise):
     off_grid = _padded_graph(qdq_graph, 0.61, conv=False)
     (d,) = layerwise(off_grid, qb.lower(off_grid), {"x": x}).values()
     assert int(d.max()) <= 1
+
+
+class LayerNormGelu(nn.Module):
+    """MambaOut's stem: conv, LayerNorm over channels last, exact GELU, conv. The export
+    quantizes the GELU's output, not the LayerNorm's: GELU reads the float LayerNorm result."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.norm(self.conv1(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.conv2(nn.functional.gelu(h))
+
+
+def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, node_by_node):
+    """Before (2026-12-02): "Div 'stem.act.Div' ...: lowered only as a function of one 8-bit
+    tensor and scalars" (mambaout_femto). The LayerNorm is realized on int16 codes that hold
+    every value it can take (half a step of 2**-15 of its bound), GELU a 65536-entry table on
+    them rounded once to the 8-bit grid where ORT rounds its float32 GELU once: <= 1 LSB."""
+    onnx_model, prog, feeds = _lowered(LayerNormGelu(), (2, 3, 6, 6), tmp_path)
+    diffs = layerwise(onnx_model, prog, feeds)
+    worst = max(int(d.max()) for d in diffs.values())
+    assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
+    env = prog.run(feeds, integer=True)
+    sess = node_by_node(prog.to_onnx({k: v.shape for k, v in feeds.items()}))
+    codes = prog.run_integer(feeds)
+    got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
+    for b, out in zip(prog.outputs, got, strict=True):
+        np.testing.assert_array_equal(out, env[b.name])
