@@ -343,3 +343,17 @@ def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, node_by_nod
     got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
     for b, out in zip(prog.outputs, got, strict=True):
         np.testing.assert_array_equal(out, env[b.name])
+
+
+def test_pad_of_codes_with_a_code_other_than_the_zero_point(qdq_graph, layerwise):
+    """``Q -> Pad(code 7) -> DQ -> Q``: the constant of a Pad on codes is a code, padded as it
+    stands (before: refused unless it was the zero point). Exact: 0 LSB (the same grid)."""
+    g = qdq_graph((2, 3, 4, 4), scale=0.05, zero=128)
+    s, z = g.const(np.float32(0.05)), g.const(np.array(128, np.uint8))
+    codes = g.node("QuantizeLinear", [g.node("Relu", [g.x]), s, z])
+    pads = g.const(np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64))
+    padded = g.node("Pad", [codes, pads, g.const(np.array(7, np.uint8))])
+    model = g.model(g.quant(g.node("DequantizeLinear", [padded, s, z]), 0.05, 128))
+    x = np.random.default_rng(8).normal(0, 2, (2, 3, 4, 4)).astype(np.float32)
+    diffs = layerwise(model, qb.lower(model), {"x": x})
+    assert diffs and all(int(d.max()) == 0 for d in diffs.values()), diffs
