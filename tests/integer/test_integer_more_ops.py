@@ -267,7 +267,7 @@ class PaddedLinearAttention(nn.Module):
         return self.proj(out[:, :-1].transpose(-1, -2) * out[:, -1:].transpose(-1, -2))
 
 
-def test_pad_with_one_matches_ort(tmp_path, layerwise, node_by_node):
+def test_pad_with_one_matches_ort(tmp_path, layerwise, three_emitters):
     """Before (2026-12-02): "Pad ...: pads with a constant other than 0 (the code ...): not on
     the tensor's grid" (efficientvit_b0). ``Q(pad(x, 1)) = pad(Q(x), Q(1))`` elementwise: the
     codes requantized to the Pad's QuantizeLinear grid (once, as ORT's DQ -> Q: 1 LSB at a
@@ -277,12 +277,7 @@ def test_pad_with_one_matches_ort(tmp_path, layerwise, node_by_node):
     diffs = layerwise(onnx_model, prog, feeds)
     worst = max(int(d.max()) for d in diffs.values())
     assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
-    env = prog.run(feeds, integer=True)
-    sess = node_by_node(prog.to_onnx({k: v.shape for k, v in feeds.items()}))
-    codes = prog.run_integer(feeds)
-    got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
-    for b, out in zip(prog.outputs, got, strict=True):
-        np.testing.assert_array_equal(out, env[b.name])
+    three_emitters(prog, feeds, tmp_path)  # numpy, C and integer ONNX: the same codes
 
 
 def _padded_graph(qdq_graph, c: float, conv: bool):
@@ -328,7 +323,7 @@ class LayerNormGelu(nn.Module):
         return self.conv2(nn.functional.gelu(h))
 
 
-def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, node_by_node):
+def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, three_emitters):
     """Before (2026-12-02): "Div 'stem.act.Div' ...: lowered only as a function of one 8-bit
     tensor and scalars" (mambaout_femto). The LayerNorm is realized on int16 codes that hold
     every value it can take (half a step of 2**-15 of its bound), GELU a 65536-entry table on
@@ -337,12 +332,7 @@ def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, node_by_nod
     diffs = layerwise(onnx_model, prog, feeds)
     worst = max(int(d.max()) for d in diffs.values())
     assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
-    env = prog.run(feeds, integer=True)
-    sess = node_by_node(prog.to_onnx({k: v.shape for k, v in feeds.items()}))
-    codes = prog.run_integer(feeds)
-    got = sess.run(None, {b.tensor.name: codes[b.tensor.name] for b in prog.inputs})
-    for b, out in zip(prog.outputs, got, strict=True):
-        np.testing.assert_array_equal(out, env[b.name])
+    three_emitters(prog, feeds, tmp_path)  # numpy, C and integer ONNX: the same codes
 
 
 def test_pad_of_codes_with_a_code_other_than_the_zero_point(qdq_graph, layerwise):
