@@ -347,3 +347,22 @@ def test_pad_of_codes_with_a_code_other_than_the_zero_point(qdq_graph, layerwise
     x = np.random.default_rng(8).normal(0, 2, (2, 3, 4, 4)).astype(np.float32)
     diffs = layerwise(model, qb.lower(model), {"x": x})
     assert diffs and all(int(d.max()) == 0 for d in diffs.values()), diffs
+
+
+def test_conv_reading_softmax_probabilities_emits_onnx(qdq_graph, layerwise, three_emitters,
+                                                       tmp_path):  # fmt: skip
+    """EfficientFormerV2's talking head: Softmax -> 1x1 Conv with no QuantizeLinear between,
+    so the Conv reads the int16 probabilities (2**-15). Before (2026-12-02): the integer ONNX
+    emission failed, "ONNX emitter: int16 operands have no integer kernel" (the numpy program
+    ran). The int16 codes are split into two bytes, two exact ConvIntegers (``_int16_sums``):
+    the three emitters agree; vs ORT <= 1 LSB (the int16 probabilities are 2**-15, 128 times
+    finer than this output step, and the sum is requantized once)."""
+    g = qdq_graph((2, 4, 5, 6), scale=0.05, zero=128)
+    probs = g.node("Softmax", [g.x], axis=-1)
+    w, bias = g.weight((6, 4, 1, 1)), g.bias(6, 2**-15 * 0.02)
+    model = g.model(g.quant(g.node("Conv", [probs, w, bias]), 0.004, 128))
+    x = np.random.default_rng(9).normal(0, 2, (2, 4, 5, 6)).astype(np.float32)
+    prog = qb.lower(model)
+    (d,) = layerwise(model, prog, {"x": x}).values()
+    assert int(d.max()) <= 1
+    three_emitters(prog, {"x": x}, tmp_path)
