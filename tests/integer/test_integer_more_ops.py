@@ -247,3 +247,122 @@ def test_masked_fill_with_zero_and_division_by_counts(qdq_graph, layerwise):
     feeds = {"x": rng.normal(0, 2, (2, 3, 4)).astype(np.float32)}
     (d,) = layerwise(model, qb.lower(model), feeds).values()
     assert int(d.max()) <= 1
+
+
+class PaddedLinearAttention(nn.Module):
+    """EfficientViT (MIT) LiteMLA's ``F.pad(v, (0, 0, 0, 1), value=1)``: a row of ones under
+    ``v`` (channels first), so that ``v @ k^T`` carries the sum of ``k`` as its last row. The
+    export quantizes the padded ``v`` (a QuantizeLinear reads the Pad); 1 is off ``v``'s grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = torch.relu(self.qkv(x)).transpose(-1, -2).chunk(3, dim=1)  # (B, 8, T) each
+        v = nn.functional.pad(v, (0, 0, 0, 1), mode="constant", value=1.0)  # (B, 9, T)
+        vk = torch.matmul(v, k.transpose(-1, -2))  # (B, 9, 8)
+        out = torch.matmul(vk, q)  # (B, 9, T)
+        return self.proj(out[:, :-1].transpose(-1, -2) * out[:, -1:].transpose(-1, -2))
+
+
+def test_pad_with_one_matches_ort(tmp_path, layerwise, three_emitters):
+    """Before (2026-12-02): "Pad ...: pads with a constant other than 0 (the code ...): not on
+    the tensor's grid" (efficientvit_b0). ``Q(pad(x, 1)) = pad(Q(x), Q(1))`` elementwise: the
+    codes requantized to the Pad's QuantizeLinear grid (once, as ORT's DQ -> Q: 1 LSB at a
+    tie) and padded with the code of 1 on it; the products as for any quantized MatMul."""
+    onnx_model, prog, feeds = _lowered(PaddedLinearAttention(), (2, 6, 8), tmp_path)
+    assert any(n.op_type == "Pad" for n in onnx_model.graph.node)
+    diffs = layerwise(onnx_model, prog, feeds)
+    worst = max(int(d.max()) for d in diffs.values())
+    assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
+    three_emitters(prog, feeds, tmp_path)  # numpy, C and integer ONNX: the same codes
+
+
+def _padded_graph(qdq_graph, c: float, conv: bool):
+    g = qdq_graph((2, 3, 5, 5), scale=0.05, zero=128)
+    pads = g.const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    padded = g.node("Pad", [g.x, pads, g.const(np.float32(c))])
+    outputs = [g.quant(padded, 0.04, 100)]
+    if conv:
+        w, bias = g.weight((4, 3, 3, 3)), g.bias(4, 0.05 * 0.02)
+        outputs.append(g.quant(g.node("Conv", [padded, w, bias]), 0.1, 128))
+    return g.model(*outputs)
+
+
+def test_pad_with_a_value_on_the_grid_and_off_it(qdq_graph, layerwise):
+    """``DQ -> Pad(c)``, read by a QuantizeLinear and a Conv. c = 0.6 is the code 140 on x's
+    grid (0.05, 128) and is padded as that code: both readers lower; <= 1 LSB (the Pad's Q
+    requantizes once, as ORT's DQ -> Q; the Conv's float32 sum can round a tie the other way).
+    c = 0.61 is off the grid: refused where the Conv reads the Pad (it needs codes), lowered
+    where only the QuantizeLinear reads it (padded after it with the code of 0.61: <= 1 LSB)."""
+    x = np.random.default_rng(5).normal(0, 2, (2, 3, 5, 5)).astype(np.float32)
+    on_grid = _padded_graph(qdq_graph, 0.6, conv=True)
+    diffs = layerwise(on_grid, qb.lower(on_grid), {"x": x})
+    assert len(diffs) == 2 and all(int(d.max()) <= 1 for d in diffs.values()), diffs
+    with pytest.raises(qb.LoweringError, match="Conv .*unquantized float result"):
+        qb.lower(_padded_graph(qdq_graph, 0.61, conv=True))
+    off_grid = _padded_graph(qdq_graph, 0.61, conv=False)
+    (d,) = layerwise(off_grid, qb.lower(off_grid), {"x": x}).values()
+    assert int(d.max()) <= 1
+
+
+class LayerNormGelu(nn.Module):
+    """MambaOut's stem: conv, LayerNorm over channels last, exact GELU, conv. The export
+    quantizes the GELU's output, not the LayerNorm's: GELU reads the float LayerNorm result."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.norm(self.conv1(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.conv2(nn.functional.gelu(h))
+
+
+def test_gelu_of_a_float_layer_norm_matches_ort(tmp_path, layerwise, three_emitters):
+    """Before (2026-12-02): "Div 'stem.act.Div' ...: lowered only as a function of one 8-bit
+    tensor and scalars" (mambaout_femto). The LayerNorm is realized on int16 codes that hold
+    every value it can take (half a step of 2**-15 of its bound), GELU a 65536-entry table on
+    them rounded once to the 8-bit grid where ORT rounds its float32 GELU once: <= 1 LSB."""
+    onnx_model, prog, feeds = _lowered(LayerNormGelu(), (2, 3, 6, 6), tmp_path)
+    diffs = layerwise(onnx_model, prog, feeds)
+    worst = max(int(d.max()) for d in diffs.values())
+    assert worst <= 1, {k: int(d.max()) for k, d in diffs.items()}
+    three_emitters(prog, feeds, tmp_path)  # numpy, C and integer ONNX: the same codes
+
+
+def test_pad_of_codes_with_a_code_other_than_the_zero_point(qdq_graph, layerwise):
+    """``Q -> Pad(code 7) -> DQ -> Q``: the constant of a Pad on codes is a code, padded as it
+    stands (before: refused unless it was the zero point). Exact: 0 LSB (the same grid)."""
+    g = qdq_graph((2, 3, 4, 4), scale=0.05, zero=128)
+    s, z = g.const(np.float32(0.05)), g.const(np.array(128, np.uint8))
+    codes = g.node("QuantizeLinear", [g.node("Relu", [g.x]), s, z])
+    pads = g.const(np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64))
+    padded = g.node("Pad", [codes, pads, g.const(np.array(7, np.uint8))])
+    model = g.model(g.quant(g.node("DequantizeLinear", [padded, s, z]), 0.05, 128))
+    x = np.random.default_rng(8).normal(0, 2, (2, 3, 4, 4)).astype(np.float32)
+    diffs = layerwise(model, qb.lower(model), {"x": x})
+    assert diffs and all(int(d.max()) == 0 for d in diffs.values()), diffs
+
+
+def test_conv_reading_softmax_probabilities_emits_onnx(qdq_graph, layerwise, three_emitters,
+                                                       tmp_path):  # fmt: skip
+    """EfficientFormerV2's talking head: Softmax -> 1x1 Conv with no QuantizeLinear between,
+    so the Conv reads the int16 probabilities (2**-15). Before (2026-12-02): the integer ONNX
+    emission failed, "ONNX emitter: int16 operands have no integer kernel" (the numpy program
+    ran). The int16 codes are split into two bytes, two exact ConvIntegers (``_int16_sums``):
+    the three emitters agree; vs ORT <= 1 LSB (the int16 probabilities are 2**-15, 128 times
+    finer than this output step, and the sum is requantized once)."""
+    g = qdq_graph((2, 4, 5, 6), scale=0.05, zero=128)
+    probs = g.node("Softmax", [g.x], axis=-1)
+    w, bias = g.weight((6, 4, 1, 1)), g.bias(6, 2**-15 * 0.02)
+    model = g.model(g.quant(g.node("Conv", [probs, w, bias]), 0.004, 128))
+    x = np.random.default_rng(9).normal(0, 2, (2, 4, 5, 6)).astype(np.float32)
+    prog = qb.lower(model)
+    (d,) = layerwise(model, prog, {"x": x}).values()
+    assert int(d.max()) <= 1
+    three_emitters(prog, {"x": x}, tmp_path)

@@ -142,13 +142,19 @@ def _conv(g: _Graph, step, ins: list[str], out: str) -> None:
     w = np.asarray(a["weight"])
     wz = _scalar_zero(step, a["w_zero"], "weight")
     spatial = w.ndim - 2
-    x, xz = _x_u8(g, step, ins[0], a["x_zero"])
     wu, wzu = g.weight_u8(w, wz)
-    acc = g.op("ConvInteger", [x, wu, xz, wzu], group=a["group"], strides=list(a["strides"]),
-               pads=list(a["pads"]), dilations=list(a["dilations"]),
-               kernel_shape=list(w.shape[2:]))  # fmt: skip
+
+    def sums(x: str, xz: str) -> str:
+        return g.i64(g.op("ConvInteger", [x, wu, xz, wzu], group=a["group"],
+                          strides=list(a["strides"]), pads=list(a["pads"]),
+                          dilations=list(a["dilations"]), kernel_shape=list(w.shape[2:])))  # fmt: skip
+
+    if np.dtype(g.program.tensors[step.inputs[0]].dtype).itemsize == 1:
+        acc = sums(*_x_u8(g, step, ins[0], a["x_zero"]))
+    else:  # int16 codes (EfficientFormerV2's talking head reads softmax probabilities)
+        acc = _int16_sums(g, step, ins[0], a["x_zero"], sums)
     shape = _channel_shape(spatial + 2, 1, w.shape[0])
-    acc = g.op("Add", [g.i64(acc), g.const(np.asarray(a["bias"]).reshape(shape))])
+    acc = g.op("Add", [acc, g.const(np.asarray(a["bias"]).reshape(shape))])
     g.requantize(acc, step, np.reshape(a["multiplier"], shape), np.reshape(a["shift"], shape),
                  shape, out)  # fmt: skip
 
@@ -287,16 +293,26 @@ def _avgpool(g: _Graph, step, ins: list[str], out: str) -> None:
 
     if np.dtype(g.program.tensors[step.inputs[0]].dtype).itemsize == 1:
         acc = sums(*_x_u8(g, step, ins[0], a["x_zero"]))
-    else:  # int16 codes: c = 256 hi + lo, lo in [0, 255], hi in [-128, 127]; two exact sums
-        c = g.centered(ins[0], a["x_zero"])
-        lo = g.op("BitwiseAnd", [c, g.const(255)])
-        hi = g.op("Add", [g.op("Div", [g.op("Sub", [c, lo]), g.const(256)]), g.const(128)])
-        u8 = TensorProto.UINT8
-        acc = g.op("Add", [sums(g.op("Cast", [lo], to=u8), g.const(0, np.uint8)),
-                           g.op("Mul", [sums(g.op("Cast", [hi], to=u8), g.const(128, np.uint8)),
-                                        g.const(256)])])  # fmt: skip
+    else:
+        acc = _int16_sums(g, step, ins[0], a["x_zero"], sums)
     shape = g.shapes[step.output][2:]
     g.requantize(acc, step, a["multiplier"], a["shift"], shape, out)
+
+
+def _int16_sums(g: _Graph, step, x: str, zero: int, sums: Callable[[str, str], str]) -> str:
+    """A linear window sum (``sums(u8 codes, u8 zero point)``, int64) of int16 codes: ``c = q -
+    z = 256 hi + lo``, lo in [0, 255], hi in [-128, 127] (so ``|q - z| <= 32768``); two exact
+    8-bit sums. The padding of both is their zero point: 0 once centered, as for ``c``."""
+    t = g.program.tensors[step.inputs[0]]
+    if not (-32768 <= t.qmin - zero and t.qmax - zero <= 32767):
+        raise ValueError(f"ONNX emitter: {step.node}: int16 codes minus {zero} leave 16 bits")
+    c = g.centered(x, zero)
+    lo = g.op("BitwiseAnd", [c, g.const(255)])
+    hi = g.op("Add", [g.op("Div", [g.op("Sub", [c, lo]), g.const(256)]), g.const(128)])
+    u8 = TensorProto.UINT8
+    return g.op("Add", [sums(g.op("Cast", [lo], to=u8), g.const(0, np.uint8)),
+                        g.op("Mul", [sums(g.op("Cast", [hi], to=u8), g.const(128, np.uint8)),
+                                     g.const(256)])])  # fmt: skip
 
 
 @_register("reduce_mean")

@@ -41,6 +41,7 @@ from ._core import (
     QValue,
     SumPending,
     Value,
+    as_function,
     attrs_of,
     code_range,
     compose,
@@ -241,7 +242,7 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
                 and isinstance(v.scores, Const) and isinstance(ins[1 - i], QValue)):  # fmt: skip
             biased = _binary(b, node, [ins[1 - i], v.scores])[0]
             return [MaskedScores(biased, v.keep, node_name(node), v.nan_rows, v.fill)]
-    composed = compose(node, ins, BINARY[node.op_type])
+    composed = compose(node, _bounded_functions(b, node, ins), BINARY[node.op_type])
     if composed is not None:
         return [composed]
     biased = add_bias(node, ins)  # MatMul -> Add(int32 bias)
@@ -305,6 +306,28 @@ def _float_constants_on_fine_grid(node: onnx.NodeProto, ins: list[Value | None])
             v = QConst(np.asarray(q).astype(np.int32), np.asarray(scale), np.asarray(0), None)
         out.append(v)
     return out
+
+
+def _bounded_functions(
+    b: Builder, node: onnx.NodeProto, ins: list[Value | None]
+) -> list[Value | None]:
+    """A float result with a bound (a LayerNormalization output that no QuantizeLinear follows:
+    MambaOut's stem LN -> GELU) on int16 codes that hold every value (``as_codes``, as
+    ``_unary`` does), when the other operand is a function of those codes, or a scalar that it
+    divides or raises it by: GELU's ``x / sqrt 2`` and ``x * (...)`` then compose into one
+    table on them. (Add / Sub / Mul by a scalar keep ``_float_sums_on_int16_grid``'s steps.)"""
+    i = [j for j, v in enumerate(ins) if isinstance(v, Pending) and v.bound is not None
+         and math.isfinite(v.bound) and v.bound > 0
+         and not isinstance(v, SumPending | LinearPending)]  # fmt: skip
+    if len(i) != 1 or len(ins) != 2:
+        return ins
+    v, other = ins[i[0]], as_function(ins[1 - i[0]])
+    codes = b.realized.get(v.node)
+    if other is None or other[0] is not None and (codes is None or other[0].name != codes.name):
+        return ins
+    if other[0] is None and node.op_type in ("Add", "Sub", "Mul"):
+        return ins
+    return [as_codes(b, v) if j == i[0] else w for j, w in enumerate(ins)]
 
 
 def _float_sums_on_int16_grid(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list:

@@ -39,10 +39,11 @@ from ._core import (
     describe_node,
     index_input,
     node_name,
+    quantize_real,
     register_lowering,
 )
 from ._groupnorm import Normalized, reshaped
-from ._qdq import table_step
+from ._qdq import rescale_sum, table_step
 
 _FLAT_ORDER = ("reshape", "flatten", "squeeze", "unsqueeze", "identity")  # keep the flat order
 
@@ -275,8 +276,11 @@ for _op, (_kernel, _attrs) in MOVEMENTS.items():
 
 @register_lowering("Pad")
 def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    """Padding with zeros (the zero point's code) or copies (reflect / edge / wrap) of a
-    quantized tensor: its grid, its codes moved (what ``qb.export`` writes for a zero pad)."""
+    """Padding of a quantized tensor with a constant (the zero point's code, or the code of any
+    value on its grid) or copies (reflect / edge / wrap): its grid, its codes moved (what
+    ``qb.export`` writes for a zero pad). A constant off the grid (EfficientViT's LiteMLA pads
+    ``v`` with 1) is padded after the QuantizeLinear that reads the Pad: ``Q(pad(x, c)) =
+    pad(Q(x), Q(c))``, quantization being elementwise."""
     mode = attrs_of(node).get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     v, pads = ins[0], _ints(node, ins[1], "pads") if len(ins) > 1 else None
@@ -288,37 +292,64 @@ def _pad(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Valu
             f"{describe_node(node)}: only non-negative constant pads in mode constant, reflect, "
             f"edge or wrap are lowered (got pads={pads}, mode={mode!r})"
         )
+    pads = tuple(int(p) for p in pads)
+    fill = _fill(node, constant) if mode == "constant" else 0.0
     if isinstance(v, Elementwise):  # SEW: GELU -> Pad (a graph output, or its QuantizeLinear)
-        if mode != "constant" or (_is_zero(constant) if constant is not None else True):
+        if mode != "constant" or fill == 0.0:
             with np.errstate(all="ignore"):
                 at_zero = float(np.asarray(v.fn(np.zeros(1)), np.float64).reshape(-1)[0])
             if mode != "constant" or at_zero == 0.0:  # f(0) = 0: pad the source with code z
-                attrs = {"pads": tuple(int(p) for p in pads), "mode": mode,
-                         "value": int(v.source.zero_point)}  # fmt: skip
+                attrs = {"pads": pads, "mode": mode, "value": int(v.source.zero_point)}
                 return [moved(b, node, v, "pad", attrs)]
-        v = _tabled(v)
+        v = tabled(v)
     if isinstance(v, Pending | FloatInput):
-        if mode == "constant" and constant is not None and not _is_zero(constant):
-            raise LoweringError(
-                f"{describe_node(node)}: pads a float result with a constant other than 0 "
-                "before its QuantizeLinear: only the code of 0 (the zero point) is lowered"
-            )
-        return [_pad_before_quantize(node, v, tuple(int(p) for p in pads), mode)]
+        return [_pad_before_quantize(node, v, pads, mode, fill)]
     if not isinstance(v, QValue):
         raise LoweringError(f"{describe_node(node)}: the padded tensor must be integer codes")
-    value = v.tensor.zero_point
-    expected = value if v.integer else 0.0  # codes (Q -> Pad) or dequantized values (DQ -> Pad)
-    if mode == "constant" and constant is not None:
-        if not isinstance(constant, Const) or np.any(np.asarray(constant.array) != expected):
-            raise LoweringError(
-                f"{describe_node(node)}: pads with a constant other than 0 (the code "
-                f"{value}): not on the tensor's grid"
-            )
-    attrs = {"pads": tuple(int(p) for p in pads), "mode": mode, "value": int(value)}
+    value = v.tensor.zero_point  # the code of 0 (also for Q -> Pad with no constant: as before)
+    if mode == "constant" and constant is not None and fill != (value if v.integer else 0.0):
+        code = _code_of(v, fill)
+        if code is None:  # off the grid: the QuantizeLinear that reads the Pad quantizes it
+            return [_pad_before_quantize(node, _requantized(v), pads, mode, fill)]
+        value = code
+    attrs = {"pads": pads, "mode": mode, "value": int(value)}
     return [moved(b, node, v, "pad", attrs)]
 
 
-def _tabled(v: Elementwise) -> Pending:
+def _fill(node: onnx.NodeProto, constant: Value | None) -> float:
+    """A constant Pad's value as a real number, 0 when absent; a code (Q -> Pad: an integer
+    constant) is given as it stands, and read against the codes by ``_code_of``."""
+    if constant is None:
+        return 0.0
+    if not isinstance(constant, Const) or np.asarray(constant.array).size != 1:
+        raise LoweringError(
+            f"{describe_node(node)}: the pad value must be one constant (got {constant!r})"
+        )
+    return float(np.asarray(constant.array).reshape(-1)[0])
+
+
+def _code_of(v: QValue, fill: float) -> int | None:
+    """The code that ``fill`` pads: itself for codes (Q -> Pad), else the code whose float32
+    dequantization (ONNX Runtime's DQ) is exactly ``fill``; None when ``fill`` is off the grid."""
+    t = v.tensor
+    if v.integer:  # Q -> Pad: the constant is a code
+        return int(fill) if fill == int(fill) and t.qmin <= fill <= t.qmax else None
+    code = int(round(fill / t.scale)) + t.zero_point
+    exact = np.float32(code - t.zero_point) * np.float32(t.scale) == np.float32(fill)
+    return code if exact and t.qmin <= code <= t.qmax else None
+
+
+def _requantized(v: QValue) -> Pending:
+    """Codes on another grid: requantized by the QuantizeLinear that reads them."""
+    name = v.tensor.name
+
+    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
+        rescale_sum(builder, name + "_requantized", [v.tensor], out, qmin, qmax)
+
+    return Pending(name, realize)
+
+
+def tabled(v: Elementwise) -> Pending:
     """A float function of 8-bit codes as the table that its QuantizeLinear will make."""
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -327,18 +358,15 @@ def _tabled(v: Elementwise) -> Pending:
     return Pending(v.node, realize)
 
 
-def _is_zero(v: Value) -> bool:
-    return isinstance(v, Const) and bool(np.all(np.asarray(v.array) == 0))
-
-
 def _pad_before_quantize(
-    node: onnx.NodeProto, v: Pending | FloatInput, pads: tuple[int, ...], mode: str
+    node: onnx.NodeProto, v: Pending | FloatInput, pads: tuple[int, ...], mode: str, fill: float
 ) -> Pending:
     """``Pad -> QuantizeLinear`` of a float result or a float graph input (a ZeroPad2d before
     the first quantizer, HF EfficientNet's stem; a LayerNorm output padded to whole windows,
-    Swin): quantize, then pad the codes. Exact, because quantization is elementwise and
-    ``quantize(0) = z``: a padded 0 goes through a Relu / Clip between the Pad and the
-    QuantizeLinear to the code ``clamp(z, qmin, qmax)``, which the pad writes."""
+    Swin; LiteMLA's ``pad(v, value=1)``): quantize, then pad the codes. Exact, because
+    quantization is elementwise: a padded ``c`` goes through a Relu / Clip between the Pad and
+    the QuantizeLinear to the code ``clamp(quantize(c), qmin, qmax)``, which the pad writes
+    (quantization is monotone, so clamping before or after it is the same)."""
     name = node_name(node)
 
     def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
@@ -348,7 +376,7 @@ def _pad_before_quantize(
         else:
             before = builder.like(out.name + "_before_pad", out)
             v.realize(builder, before, qmin, qmax)
-        value = min(max(out.zero_point, qmin), qmax)
+        value = min(max(quantize_real(fill, out), qmin), qmax)
         builder.step("pad", name, [before], out, pads=pads, mode=mode, value=int(value))
 
     if isinstance(v, FloatInput):

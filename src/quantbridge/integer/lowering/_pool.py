@@ -32,7 +32,7 @@ from ._core import (
     register_lowering,
 )
 from ._groupnorm import Normalized, as_codes
-from ._movement import moved
+from ._movement import moved, tabled
 from ._qdq import float_result_codes
 from ._rms import RowMean, mean_of_squares
 from ._unit_axis import lifted
@@ -84,19 +84,17 @@ def _ceil_pads(b: Builder, node: onnx.NodeProto, window: dict) -> tuple[int, ...
 
 
 def _increasing(node: onnx.NodeProto, v: Value | None) -> Value | None:
-    """``v``, refused when it is a float function of codes that is not non-decreasing (SiLU):
-    ``max`` moves through ``f`` to the codes only when ``f`` keeps their order."""
+    """``v``, or, for a float function of codes that is not non-decreasing (dpn's SiLU ->
+    MaxPool), that function tabled onto the grid of the QuantizeLinear that reads the max / min:
+    ``max`` moves through ``f`` to the codes only when ``f`` keeps their order, but it always
+    moves through the (non-decreasing) quantization, so ``Q(max f(x)) = max Q(f(x))`` exactly."""
     if isinstance(v, Elementwise):
         t = v.source
         r = (np.arange(t.qmin, t.qmax + 1, dtype=np.float64) - t.zero_point) * t.scale
         with np.errstate(all="ignore"):
             f = np.asarray(v.fn(r), np.float64) * np.ones_like(r)
         if not np.all(np.diff(f) >= 0):
-            raise LoweringError(
-                f"{describe_node(node)}: takes the max / min of a float function of codes that "
-                f"is not increasing (no QuantizeLinear between {v.node!r} and it, e.g. SiLU); "
-                "quantize that function's output first"
-            )
+            return tabled(v)
     return v
 
 
