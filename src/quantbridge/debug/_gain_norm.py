@@ -286,7 +286,8 @@ def masked_attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
     _, v = (np.asarray(a, np.float64) for a in values)
     ds, dv = (np.abs(np.asarray(d, np.float64)) for d in diffs)
     d_row = abs(norm["scale"]) * np.max(ds, axis=-1, keepdims=True)  # [..., T, 1]
-    spread = np.minimum(np.expm1(2.0 * d_row), 2.0)
+    # expm1 is capped before it overflows (1.1 > ln 3: the same value, no RuntimeWarning)
+    spread = np.minimum(np.expm1(np.minimum(2.0 * d_row, 1.1)), 2.0)
     v_top = np.max(np.abs(v), axis=-2, keepdims=True)  # [..., 1, d]: per output column
     dv_top = np.max(dv, axis=-2, keepdims=True)
     return spread * v_top + dv_top
