@@ -172,6 +172,11 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         ]
     elif op == "Softmax":
         under_test = [helper.make_node("Softmax", ["td"], ["y"], axis=-1)]
+    elif op == "pooled":  # a max pool of the layer norm, then quantized (timm NesT's ConvPool)
+        under_test = [
+            helper.make_node("LayerNormalization", ["td", "gamma", "beta"], ["ln"], axis=-1),
+            helper.make_node("MaxPool", ["ln"], ["y"], kernel_shape=[1, 2], pads=[0, 0, 0, 1]),
+        ]
     elif op == "masked":  # Where(mask, x, c), the mask a graph input (an attention mask)
         inits.append(init("fill", np.float32(-1.0)))
         under_test = [helper.make_node("Where", ["mask", "td", "fill"], ["y"])]
@@ -215,7 +220,7 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
 _CODES = np.tile(np.array([0, 2, 4, 6, 8, 9, 12, 14], np.float32), (1, 2, 4, 1))
 
 
-@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed", "masked"])
+@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed", "masked", "pooled"])
 def test_a_tie_carried_into_a_normalization_is_rounding(op):
     a, b = _tie_then(op), _tie_then(op, tie_s_w=1.000001)
     inputs = {"x": _CODES * np.float32(S_IN)}

@@ -49,8 +49,9 @@ after it), ``masked_attention_bound`` bounds ``P @ v`` without the mask, from th
 the probabilities of a row sum to 1 (or are all 0) in both engines.
 
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
-stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
-largest element bounds every element they pick.
+stand between the op and its QuantizeLinear, and max pooling (1-Lipschitz in the largest
+element): the bound is computed on the op's output and its largest element bounds every
+element they pick.
 
 ``tests/debug/test_compare_norm_credit.py`` checks every bound against float64 recomputations
 of random rows and perturbations (hypothesis).
@@ -63,6 +64,10 @@ import onnx
 from onnx import helper
 
 from ._gain import SELECTING_OPS
+
+# ops after the normalization that keep its largest-element bound: data movement, and max
+# pooling (|max a - max b| <= max |a - b| over the window; timm NesT's LN -> MaxPool -> Q)
+_MOVES = SELECTING_OPS | {"MaxPool", "GlobalMaxPool"}
 
 
 def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
@@ -81,7 +86,7 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
     output: a final layer norm)."""
     p = producer.get(tensor)
     for _ in range(8):  # data movement after the op (GPT-2's LN -> view -> Conv1D's Q)
-        if p is None or p.op_type not in SELECTING_OPS:
+        if p is None or p.op_type not in _MOVES:
             break
         p = producer.get(p.input[0])
     if p is not None and p.op_type == "Div":
