@@ -172,6 +172,12 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         ]
     elif op == "Softmax":
         under_test = [helper.make_node("Softmax", ["td"], ["y"], axis=-1)]
+    elif op == "padded":  # a (here empty) pad of the layer norm (timm Swin's window pad)
+        inits.append(init("pads", np.zeros(8, np.int64)))
+        under_test = [
+            helper.make_node("LayerNormalization", ["td", "gamma", "beta"], ["ln"], axis=-1),
+            helper.make_node("Pad", ["ln", "pads"], ["y"]),
+        ]
     elif op == "pooled":  # a max pool of the layer norm, then quantized (timm NesT's ConvPool)
         under_test = [
             helper.make_node("LayerNormalization", ["td", "gamma", "beta"], ["ln"], axis=-1),
@@ -220,7 +226,9 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
 _CODES = np.tile(np.array([0, 2, 4, 6, 8, 9, 12, 14], np.float32), (1, 2, 4, 1))
 
 
-@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed", "masked", "pooled"])
+@pytest.mark.parametrize(
+    "op", ["LayerNormalization", "Softmax", "decomposed", "masked", "pooled", "padded"]
+)
 def test_a_tie_carried_into_a_normalization_is_rounding(op):
     a, b = _tie_then(op), _tie_then(op, tie_s_w=1.000001)
     inputs = {"x": _CODES * np.float32(S_IN)}

@@ -49,8 +49,8 @@ after it), ``masked_attention_bound`` bounds ``P @ v`` without the mask, from th
 the probabilities of a row sum to 1 (or are all 0) in both engines.
 
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
-stand between the op and its QuantizeLinear, and max pooling (1-Lipschitz in the largest
-element): the bound is computed on the op's output and its largest element bounds every
+stand between the op and its QuantizeLinear, and Pad and max pooling (1-Lipschitz in the
+largest element): the bound is computed on the op's output and its largest element bounds every
 element they pick.
 
 ``tests/debug/test_compare_norm_credit.py`` checks every bound against float64 recomputations
@@ -65,9 +65,10 @@ from onnx import helper
 
 from ._gain import SELECTING_OPS
 
-# ops after the normalization that keep its largest-element bound: data movement, and max
-# pooling (|max a - max b| <= max |a - b| over the window; timm NesT's LN -> MaxPool -> Q)
-_MOVES = SELECTING_OPS | {"MaxPool", "GlobalMaxPool"}
+# ops after the normalization that keep its largest-element bound: data movement, Pad (copies
+# or a constant; timm Swin's LN -> window pad -> view -> Q) and max pooling
+# (|max a - max b| <= max |a - b| over the window; timm NesT's LN -> MaxPool -> Q)
+_MOVES = SELECTING_OPS | {"Pad", "MaxPool", "GlobalMaxPool"}
 
 
 def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
