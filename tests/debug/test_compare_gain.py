@@ -230,11 +230,8 @@ def test_a_quantizer_named_after_a_no_op_call_is_labelled_by_the_op(quantizer, n
     assert _label(quantizer, node) == label
 
 
-def test_a_tie_carried_through_a_linear_layer_is_rounding():
-    # the tie model's output through x @ W + b, W int8 weights (as the exporter writes a Linear:
-    # MatMul by a transposed DequantizeLinear, then the bias Add): its inputs' 1-step ties can
-    # carry |dx| @ |W|, here several steps of the output (wav2vec2 OV vs ORT: out_proj, 2 steps
-    # on 0.02% of values, was the first divergence once GELU and attention were credited)
+def _tie_linear_model() -> tuple[onnx.ModelProto, np.ndarray]:
+    """The tie model's output through x @ W + b, quantized (``lin_q``, int8, step 0.1)."""
     model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
     out = model.graph.output[0].name
     w_codes = (np.arange(32).reshape(4, 8) % 7 - 3).astype(np.int8)  # [N, K], torch's layout
@@ -257,6 +254,15 @@ def test_a_tie_carried_through_a_linear_layer_is_rounding():
     model.graph.output[0].name = "lin_out"
     model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 4
     onnx.checker.check_model(model, full_check=True)
+    return model, w_codes
+
+
+def test_a_tie_carried_through_a_linear_layer_is_rounding():
+    # the tie model's output through x @ W + b, W int8 weights (as the exporter writes a Linear:
+    # MatMul by a transposed DequantizeLinear, then the bias Add): its inputs' 1-step ties can
+    # carry |dx| @ |W|, here several steps of the output (wav2vec2 OV vs ORT: out_proj, 2 steps
+    # on 0.02% of values, was the first divergence once GELU and attention were credited)
+    model, w_codes = _tie_linear_model()
     codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
     r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
     assert r.errors == {} and r.unmatched == {}
@@ -392,4 +398,41 @@ def test_a_tie_carried_into_a_float_output_linear_is_rounding():
     assert head["max_abs"] > 1e-2 * np.abs(logits).max()  # the premise: beyond float tolerance
     assert head["max_abs"] <= bound * (1 + 1e-6)
     assert head["class"] == "rounding", head
+    assert r.first_divergence is None
+
+
+def test_a_pad_of_codes_passes_its_input_on():
+    # the Linear test's output, then Pad on its int8 codes (the zero point as the pad value),
+    # DequantizeLinear, Reshape and QuantizeLinear at the same step: the exporter's form of a
+    # pad of a quantized tensor (timm Swin's PatchMerging: Q -> Pad -> DQ -> Reshape -> Q). The
+    # Pad's output is no site, and compare stopped there: the Reshape had "carried 0.00", a
+    # false first divergence 2 steps from ORT against ort-ref. A Pad and a Reshape copy values
+    # (unit gain): the carried error is the Linear's
+    model, _ = _tie_linear_model()
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.int64([0, 0, 0, 0, 0, 0, 1, 0]), "pads"),
+        numpy_helper.from_array(np.int64([1, 1, 36]), "shape"),
+    ])  # fmt: skip
+    model.graph.node.extend([
+        helper.make_node("Pad", ["lin_q", "pads", "z_lin"], ["pad_q"], name="pad"),
+        helper.make_node("DequantizeLinear", ["pad_q", "s_lin", "z_lin"], ["pad_dq"]),
+        helper.make_node("Reshape", ["pad_dq", "shape"], ["flat"], name="flat"),
+        helper.make_node("QuantizeLinear", ["flat", "s_lin", "z_lin"], ["flat_q"], name="flat_q"),
+        helper.make_node("DequantizeLinear", ["flat_q", "s_lin", "z_lin"], ["flat_out"]),
+    ])  # fmt: skip
+    del model.graph.output[:]
+    model.graph.output.append(
+        helper.make_tensor_value_info("flat_out", onnx.TensorProto.FLOAT, [1, 1, 36])
+    )
+    onnx.checker.check_model(model, full_check=True)
+    site = {s.name: s for s in find_sites(model)}["flat_q"]
+    assert site.inputs == ("lin_q",) and site.unit_gain, site
+    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
+    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
+    assert r.errors == {} and r.unmatched == {}
+    pairs = {t["name"]: t["pairs"][0] for t in r.tensors}
+    lin, flat = pairs["lin_q"], pairs["flat_q"]
+    assert flat["max_lsb"] == lin["max_lsb"] > 1, (lin, flat)  # the premise: beyond one step
+    assert flat["carried_lsb"] == pytest.approx(lin["max_lsb"]), flat  # same step: a copy
+    assert flat["class"] == "rounding", flat
     assert r.first_divergence is None

@@ -7,6 +7,8 @@ second file is still found."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -170,6 +172,17 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         ]
     elif op == "Softmax":
         under_test = [helper.make_node("Softmax", ["td"], ["y"], axis=-1)]
+    elif op == "padded":  # a (here empty) pad of the layer norm (timm Swin's window pad)
+        inits.append(init("pads", np.zeros(8, np.int64)))
+        under_test = [
+            helper.make_node("LayerNormalization", ["td", "gamma", "beta"], ["ln"], axis=-1),
+            helper.make_node("Pad", ["ln", "pads"], ["y"]),
+        ]
+    elif op == "pooled":  # a max pool of the layer norm, then quantized (timm NesT's ConvPool)
+        under_test = [
+            helper.make_node("LayerNormalization", ["td", "gamma", "beta"], ["ln"], axis=-1),
+            helper.make_node("MaxPool", ["ln"], ["y"], kernel_shape=[1, 2], pads=[0, 0, 0, 1]),
+        ]
     elif op == "masked":  # Where(mask, x, c), the mask a graph input (an attention mask)
         inits.append(init("fill", np.float32(-1.0)))
         under_test = [helper.make_node("Where", ["mask", "td", "fill"], ["y"])]
@@ -213,7 +226,9 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
 _CODES = np.tile(np.array([0, 2, 4, 6, 8, 9, 12, 14], np.float32), (1, 2, 4, 1))
 
 
-@pytest.mark.parametrize("op", ["LayerNormalization", "Softmax", "decomposed", "masked"])
+@pytest.mark.parametrize(
+    "op", ["LayerNormalization", "Softmax", "decomposed", "masked", "pooled", "padded"]
+)
 def test_a_tie_carried_into_a_normalization_is_rounding(op):
     a, b = _tie_then(op), _tie_then(op, tie_s_w=1.000001)
     inputs = {"x": _CODES * np.float32(S_IN)}
@@ -238,3 +253,16 @@ def test_a_changed_gamma_is_still_the_first_divergence():
     y = next(t["pairs"][0] for t in r.tensors if t["name"] == "yq")
     assert y["carried_lsb"] > 1, y  # the credit is there, and the change is beyond it
     assert r.first_divergence is not None and r.first_divergence["name"] == "yq"
+
+
+def test_masked_attention_bound_of_a_huge_score_difference_is_capped_without_a_warning():
+    # timm Visformer (random init, scores of +-1e3): expm1(2 D) overflowed to inf, a numpy
+    # RuntimeWarning printed by compare, before the cap at 2 took it back. The bound is
+    # 2 max|v| + max|dv| (|P' - P|_1 <= 2), computed without the overflow
+    v = np.array([[[1.0, -3.0], [2.0, 0.5]]])  # [1, T=2, d=2]
+    dv = np.array([[[0.1, 0.0], [0.0, 0.2]]])
+    ds = np.array([[[0.0, 800.0], [1.0, 0.0]]])  # [1, T, T]: exp(1600) overflows float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bound = masked_attention_bound([None, v], [ds, dv], {"scale": 1.0})
+    assert np.allclose(bound, np.broadcast_to([4.1, 6.2], (1, 2, 2)), rtol=0, atol=1e-12)

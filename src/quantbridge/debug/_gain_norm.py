@@ -49,8 +49,9 @@ after it), ``masked_attention_bound`` bounds ``P @ v`` without the mask, from th
 the probabilities of a row sum to 1 (or are all 0) in both engines.
 
 Ops that only move or select elements (``_gain.SELECTING_OPS``: GPT-2's ``LN -> view``) may
-stand between the op and its QuantizeLinear: the bound is computed on the op's output and its
-largest element bounds every element they pick.
+stand between the op and its QuantizeLinear, and Pad and max pooling (1-Lipschitz in the
+largest element): the bound is computed on the op's output and its largest element bounds every
+element they pick.
 
 ``tests/debug/test_compare_norm_credit.py`` checks every bound against float64 recomputations
 of random rows and perturbations (hypothesis).
@@ -63,6 +64,11 @@ import onnx
 from onnx import helper
 
 from ._gain import SELECTING_OPS
+
+# ops after the normalization that keep its largest-element bound: data movement, Pad (copies
+# or a constant; timm Swin's LN -> window pad -> view -> Q) and max pooling
+# (|max a - max b| <= max |a - b| over the window; timm NesT's LN -> MaxPool -> Q)
+_MOVES = SELECTING_OPS | {"Pad", "MaxPool", "GlobalMaxPool"}
 
 
 def norm_of(node: onnx.NodeProto, producer: dict, operand, opset: int) -> dict:
@@ -81,7 +87,7 @@ def norm_at(tensor: str, producer: dict, operand, opset: int) -> dict:
     output: a final layer norm)."""
     p = producer.get(tensor)
     for _ in range(8):  # data movement after the op (GPT-2's LN -> view -> Conv1D's Q)
-        if p is None or p.op_type not in SELECTING_OPS:
+        if p is None or p.op_type not in _MOVES:
             break
         p = producer.get(p.input[0])
     if p is not None and p.op_type == "Div":
@@ -358,7 +364,8 @@ def masked_attention_bound(values: list, diffs: list, norm: dict) -> np.ndarray:
     _, v = (np.asarray(a, np.float64) for a in values)
     ds, dv = (np.abs(np.asarray(d, np.float64)) for d in diffs)
     d_row = abs(norm["scale"]) * np.max(ds, axis=-1, keepdims=True)  # [..., T, 1]
-    spread = np.minimum(np.expm1(2.0 * d_row), 2.0)
+    # expm1 is capped before it overflows (1.1 > ln 3: the same value, no RuntimeWarning)
+    spread = np.minimum(np.expm1(np.minimum(2.0 * d_row, 1.1)), 2.0)
     v_top = np.max(np.abs(v), axis=-2, keepdims=True)  # [..., 1, d]: per output column
     dv_top = np.max(dv, axis=-2, keepdims=True)
     return spread * v_top + dv_top

@@ -243,8 +243,9 @@ def _constant_valued(graph: onnx.GraphProto, consts: dict) -> set[str]:
 def _upstream(
     node: onnx.NodeProto, sites: dict, producer: dict, limit: int = 256
 ) -> tuple[tuple[str, ...], bool]:
-    """The sites ``node`` is computed from: walk its inputs back through float ops, stopping
-    at sites (and DequantizeLinear of a site); constants and graph inputs end a path. Also
+    """The sites ``node`` is computed from: walk its inputs back through float ops (and ops on
+    codes between a site and its DequantizeLinear), stopping at sites (and DequantizeLinear of
+    a site); constants and graph inputs end a path. Also
     whether ``node`` and every op walked through is in ``UNIT_GAIN_OPS``."""
     found: list[str] = []
     unit_gain = node.op_type in UNIT_GAIN_OPS
@@ -264,6 +265,8 @@ def _upstream(
         if p.op_type == "DequantizeLinear":
             if p.input[0] in sites:
                 found.append(p.input[0])
+            else:  # codes moved by an op on codes (Q -> Pad -> DQ: Swin's PatchMerging)
+                todo.append(p.input[0])
             continue
         if masked_where(p, producer, sites):  # each element one branch's (unit gain)
             todo.extend(i for i in p.input[1:] if i)

@@ -21,6 +21,7 @@ from torch import nn
 from ..numerics import dequantize, fake_quantize, storage_dtype
 from ._bias_fit import fit_bias_grids
 from ._fakequant import BiasQuantizer, ConstantQuantizer, QState, Quantizer, WeightQuantizer
+from ._nodes import weight_of
 
 
 @torch.library.custom_op("quantbridge::quantize_dequantize", mutates_args=())
@@ -91,7 +92,7 @@ def export_mode(model: nn.Module):
     touched: list[tuple[nn.Module, list[str]]] = []
     for m in model.modules():  # QAT weights follow the weight: their current range
         if isinstance(m, WeightQuantizer) and m.enabled and m.qstate is QState.CALIBRATING:
-            m(model.get_parameter(m.weight_name))
+            m(weight_of(model, m.weight_name))
     # every int32 bias fits its grid: a bias trained or corrected since the freeze, or a weight
     # range followed just now, raises its weight step where needed (``_bias_fit``)
     fit_bias_grids(model, following=True)
@@ -120,7 +121,7 @@ def _prepare(model: nn.Module, m: nn.Module) -> list[str]:
     if isinstance(m, WeightQuantizer):
         if not m.enabled:
             return []
-        w = model.get_parameter(m.weight_name)  # (a following range is set in export_mode)
+        w = weight_of(model, m.weight_name)  # (a following range is set in export_mode)
         dtype = torch_storage_dtype(m)
         _set(m, "export_qweight", m.quantize_integers(w).to(dtype))
         _set(m, "export_scale", m.current_scale().clone())

@@ -50,3 +50,12 @@ def is_float_tensor(node) -> bool:
         return False
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.dtype in (torch.float32, torch.float64)
+
+
+def weight_of(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The tensor a weight quantizer reads: a parameter, or a buffer used as a weight (timm
+    TResNet's anti-aliasing blur: ``F.conv2d(x, self.filt)``, ``filt`` a registered buffer)."""
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return model.get_buffer(name)

@@ -21,6 +21,7 @@ from ._fakequant import Quantizer, WeightQuantizer
 from ._fold_affine import fold_affine as fold_affine_ops
 from ._fold_affine_input import fold_affine_inputs
 from ._model import QuantModel
+from ._nodes import weight_of
 from ._ops import PAD_OPS, PAD_OWN_GRID
 from ._outliers import outlier_residuals, outlier_rules
 from ._passes import fold_batchnorm, own_parameters, tensor_storages
@@ -359,7 +360,7 @@ def freeze(qmodel: QuantModel, weights: bool = True) -> None:
     for m in container.children():
         if isinstance(m, WeightQuantizer):
             if weights:
-                m.compute_from(qmodel.get_parameter(m.weight_name))
+                m.compute_from(weight_of(qmodel, m.weight_name))
         elif isinstance(m, Quantizer):
             m.freeze()
 

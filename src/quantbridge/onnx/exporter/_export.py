@@ -46,6 +46,7 @@ from ...torch._capture import (
 from ...torch._deadline import CaptureTimeout, capture_budget, deadline
 from ...torch._export_ops import code_extremes, export_mode
 from ...torch._model import QuantModel, check_dynamic
+from ...torch._nodes import weight_of
 from ...torch._placement import CONTAINER
 from ...torch._progress import progress_enabled, progress_scope, stage
 from ...torch._qat import folded_copy
@@ -284,7 +285,7 @@ def _largest_code(qmodel: QuantModel, q) -> int:
     not a parameter of the model). Called after ``adopt_replaced_layers``: a replaced layer's
     quantizer holds its new layer's scales by then."""
     try:
-        w = qmodel.get_parameter(q.weight_name)
+        w = weight_of(qmodel, q.weight_name)
     except AttributeError:
         return max(-q.qmin, q.qmax)
     with torch.no_grad():
