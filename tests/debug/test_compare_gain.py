@@ -179,24 +179,36 @@ def test_a_chain_with_a_per_channel_constant_gets_no_slope():
     assert site.gain is None
 
 
-def test_a_tie_carried_through_a_matmul_of_two_activations_is_rounding():
+@pytest.mark.parametrize("clamp", [None, "Relu", "Clip"])
+def test_a_tie_carried_through_a_matmul_of_two_activations_is_rounding(clamp):
     # the tie model's output times itself by MatMul (attention's Q K^T reads two quantized
     # activations; wav2vec2 OV vs ORT named such a MatMul the first divergence, 2 steps on 0.05%
-    # of values, its inputs 1 step apart): the bound |da| @ |a| + |a| @ |da| + |da| @ |da|
+    # of values, its inputs 1 step apart): the bound |da| @ |a| + |a| @ |da| + |da| @ |da|.
+    # With a Relu / Clip(0, 24) between the product and its QuantizeLinear (timm ReXNet's SE:
+    # x * sigmoid(s) -> ReLU6, a false first divergence, 3 steps "carried 0"): neither op moves
+    # two values further apart, so the product's bound holds unchanged
     model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
     out = model.graph.output[0].name
     model.graph.initializer.extend([
         numpy_helper.from_array(np.float32(0.1), "s_mm"),
         numpy_helper.from_array(np.uint8(0), "z_mm"),
+        numpy_helper.from_array(np.float32(0.0), "lo"),
+        numpy_helper.from_array(np.float32(24.0), "hi"),
     ])  # fmt: skip
+    product = [helper.make_node("MatMul", [out, out], ["mm"])]
+    if clamp is not None:
+        ins = ["mm", "lo", "hi"] if clamp == "Clip" else ["mm"]
+        product.append(helper.make_node(clamp, ins, ["mm_c"]))
     model.graph.node.extend([
-        helper.make_node("MatMul", [out, out], ["mm"]),
-        helper.make_node("QuantizeLinear", ["mm", "s_mm", "z_mm"], ["mm_q"], name="mm"),
+        *product,
+        helper.make_node("QuantizeLinear", [product[-1].output[0], "s_mm", "z_mm"], ["mm_q"],
+                         name="mm"),
         helper.make_node("DequantizeLinear", ["mm_q", "s_mm", "z_mm"], ["mm_out"]),
     ])  # fmt: skip
     model.graph.output[0].name = "mm_out"
     onnx.checker.check_model(model, full_check=True)
-    # codes 0..15: products summed over 8 stay below 8 * 1.6^2 = 20.5, 205 steps of 0.1
+    # codes 0..15: products summed over 8 stay below 8 * 1.6^2 = 20.5 < 24 (205 steps of 0.1;
+    # the Clip cuts nothing)
     codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
     r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
     assert r.errors == {} and r.unmatched == {}
@@ -321,44 +333,6 @@ def test_a_tie_carried_into_a_gate_reading_two_sites_is_rounding(combine):
     assert gate["carried_lsb"] == pytest.approx(float(bound) / step, rel=1e-5)
     assert gate["max_lsb"] > 1, gate  # the premise: beyond one step
     assert gate["class"] == "rounding", gate
-    assert r.first_divergence is None
-
-
-@pytest.mark.parametrize("clamp", ["Relu", "Clip"])
-def test_a_product_read_through_a_relu_or_clip_keeps_its_credit(clamp):
-    # the MatMul test above with a Relu / Clip(0, 24) between the product and its QuantizeLinear
-    # (timm ReXNet's SE: x * sigmoid(s) -> ReLU6; ORT against ort-ref was a false first
-    # divergence, 3 steps "carried 0", its input 1 step apart). Neither op moves two values
-    # further apart, so the product's bound holds: the same carried_lsb as without it
-    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
-    out = model.graph.output[0].name
-    model.graph.initializer.extend([
-        numpy_helper.from_array(np.float32(0.1), "s_mm"),
-        numpy_helper.from_array(np.uint8(0), "z_mm"),
-        numpy_helper.from_array(np.float32(0.0), "lo"),
-        numpy_helper.from_array(np.float32(24.0), "hi"),
-    ])  # fmt: skip
-    model.graph.node.extend([
-        helper.make_node("MatMul", [out, out], ["mm"]),
-        helper.make_node(clamp, ["mm", "lo", "hi"] if clamp == "Clip" else ["mm"], ["mm_c"]),
-        helper.make_node("QuantizeLinear", ["mm_c", "s_mm", "z_mm"], ["mm_q"], name="mm"),
-        helper.make_node("DequantizeLinear", ["mm_q", "s_mm", "z_mm"], ["mm_out"]),
-    ])  # fmt: skip
-    model.graph.output[0].name = "mm_out"
-    onnx.checker.check_model(model, full_check=True)
-    # codes 0..15 (the MatMul test's): products summed over 8 stay below 8 * 1.6^2 = 20.5 < 24,
-    # so the Clip cuts nothing
-    codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
-    r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
-    assert r.errors == {} and r.unmatched == {}
-    mm = {t["name"]: t["pairs"][0] for t in r.tensors}["mm_q"]
-    q = codes.reshape(8, 8).astype(np.int64)  # as in the MatMul test
-    a = np.rint((q.astype(np.float32) * np.float32(0.1)) / np.float32(0.2)) * 0.2
-    da = np.abs(a - np.rint(q / 2.0) * 0.2)
-    bound = float((da @ np.abs(a) + np.abs(a) @ da + da @ da).max())
-    assert mm["carried_lsb"] == pytest.approx(bound / 0.1, rel=1e-5)
-    assert mm["max_lsb"] > 1, mm  # the premise: beyond one step
-    assert mm["class"] == "rounding", mm
     assert r.first_divergence is None
 
 
