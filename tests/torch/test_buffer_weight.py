@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -42,3 +45,23 @@ def test_a_buffer_weight_is_quantized_and_exported(tmp_path):
         ref = qm(data[0]).numpy()
     # the same QDQ arithmetic in float32 on both sides: float32 accumulation order only
     np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize(
+    "option", [{"adaround": True}, {"distill_steps": 3}, {"weight_ranges": "mse"}], ids=str
+)
+def test_a_buffer_weight_takes_the_weight_methods(option):
+    """AdaRound, distillation and mse weight ranges read each weight by name: they crashed on a
+    buffer weight with torch's "`filt` is not an nn.Parameter" (sweep 2026-12-02, TResNet)."""
+    torch.manual_seed(0)
+    model = _Blur().eval()
+    data = [torch.randn(2, 3, 16, 16) for _ in range(3)]
+    recipe = dataclasses.replace(qb.Recipe.preset("default"), **option)
+    qm = qb.quantize(model, data, recipe=recipe, progress=False)
+    with torch.no_grad():
+        got, want = qm(data[0]), model(data[0])
+    # 7-bit weights and 8-bit activations on a 2-conv model: far above 20 dB from float (a
+    # broken weight, e.g. a zeroed or unscaled buffer, lands below 0 dB)
+    sqnr = 10 * torch.log10(want.square().mean() / (got - want).square().mean())
+    assert sqnr > 20, float(sqnr)
+    assert isinstance(qm.get_buffer("filt"), torch.Tensor)  # still a buffer, not a parameter

@@ -57,6 +57,7 @@ from ._checkpoint_foreign import foreign, foreign_or_corrupt
 from ._errors import CheckpointError
 from ._fakequant import QState, Quantizer
 from ._model import QuantModel, keep_float_weight, kept_float_weights
+from ._nodes import weight_of
 from ._placement import CONTAINER
 from ._qat import freeze_batchnorm
 from ._quantize import prepare
@@ -399,7 +400,7 @@ def _load_tensors(qmodel: QuantModel, header: dict, tensors: dict[str, torch.Ten
         raise CheckpointError(f"checkpoint was made with a different architecture: {problem}")
     qmodel.load_state_dict(tensors, strict=True)
     for attr, name in header.get("float_weights", {}).items():
-        keep_float_weight(getattr(container, attr), qmodel.get_parameter(name), floats[attr])
+        keep_float_weight(getattr(container, attr), weight_of(qmodel, name), floats[attr])
 
 
 def _tensors_from_format_1(tensors: dict, records: dict) -> dict:

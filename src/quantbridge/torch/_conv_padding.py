@@ -24,6 +24,7 @@ import contextlib
 import torch
 from torch._guards import detect_fake_mode
 
+from ._nodes import weight_of
 from ._passes import finish
 
 aten = torch.ops.aten
@@ -48,7 +49,7 @@ def _weight_shape(gm: torch.fx.GraphModule, w) -> tuple | None:
     if isinstance(val, torch.Tensor):
         return tuple(val.shape)
     if isinstance(w, torch.fx.Node) and w.op == "get_attr":
-        return tuple(gm.get_parameter(w.target).shape)
+        return tuple(weight_of(gm, w.target).shape)
     return None
 
 

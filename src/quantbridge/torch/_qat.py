@@ -34,6 +34,7 @@ from ._bias_fit import fit_bias_grids
 from ._collective import is_distributed
 from ._fakequant import ConstantQuantizer, QState, Quantizer, WeightQuantizer
 from ._model import QuantModel
+from ._nodes import weight_of
 from ._passes import fold_batchnorm, set_graph_training
 from ._placement import CONTAINER, quantize_new_bias
 from ._quantize import calibrate_and_freeze
@@ -78,7 +79,7 @@ def prepare_qat(
             continue  # constants do not train: their grid stays the one set at placement
         if isinstance(m, WeightQuantizer):
             if learn_scales:
-                m.compute_from(qmodel.get_parameter(m.weight_name))
+                m.compute_from(weight_of(qmodel, m.weight_name))
                 m.make_learnable()
         elif isinstance(m, Quantizer):
             if learn_scales:
@@ -93,7 +94,7 @@ def freeze_observers(qmodel: QuantModel) -> QuantModel:
     their current moving average. Learned (LSQ) scales keep learning."""
     for m in getattr(qmodel, CONTAINER).children():
         if isinstance(m, WeightQuantizer) and m.qstate is not QState.LEARNED:
-            m.compute_from(qmodel.get_parameter(m.weight_name))
+            m.compute_from(weight_of(qmodel, m.weight_name))
         elif isinstance(m, Quantizer):
             m.stop_tracking()
     fit_bias_grids(qmodel)  # every int32 bias fits its (now fixed) grid
@@ -140,7 +141,7 @@ def _rescale(wq: WeightQuantizer, k: torch.Tensor, qmodel: QuantModel) -> None:
     with torch.no_grad():
         if wq.axis is None:  # per-tensor: |k| differs per channel, so recompute from the weight
             if wq.qstate is not QState.CALIBRATING:
-                wq.compute_from(qmodel.get_parameter(wq.weight_name))
+                wq.compute_from(weight_of(qmodel, wq.weight_name))
             if wq.qstate is QState.LEARNED:
                 wq.log_scale.copy_(torch.log(wq.scale))
             return

@@ -74,6 +74,7 @@ from ...numerics import (
 from ...recipe import AdaRound
 from .._fakequant import WeightQuantizer
 from .._model import QuantModel, float_mode, keep_float_weight
+from .._nodes import weight_of
 from .._ops import FOLDABLE_ACTIVATIONS
 from .._progress import progress_bar, stage
 from ._graph import conv_geometry, groups_of
@@ -123,7 +124,7 @@ def weighted_layers(qmodel: QuantModel) -> list[_Layer]:
             bias_node = bq.args[0] if bq.op == "call_module" else bq
             if bias_node.op == "get_attr":
                 bias = qmodel.get_parameter(bias_node.target).detach()
-        layers.append(_Layer(node, wq, qmodel.get_parameter(wq.weight_name), bias, _clamp(node)))
+        layers.append(_Layer(node, wq, weight_of(qmodel, wq.weight_name), bias, _clamp(node)))
     return layers
 
 

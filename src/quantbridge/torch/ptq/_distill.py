@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_flatten
 
 from .._fakequant import BiasQuantizer, QState, Quantizer, WeightQuantizer
 from .._model import QuantModel, float_mode, keep_float_weight
+from .._nodes import weight_of
 from .._progress import progress_bar
 
 __all__ = ["DistillResult", "distill"]
@@ -298,11 +299,11 @@ def _settle(qmodel, acts, layers, gains) -> None:
     for m in acts:
         m.fix_learned()
     with torch.no_grad(), float_mode(qmodel):
-        floats = [qmodel.get_parameter(layer.weight_quantizer.weight_name).detach().clone()
+        floats = [weight_of(qmodel, layer.weight_quantizer.weight_name).detach().clone()
                   for layer in layers]  # fmt: skip
     for layer, gain, float_weight in zip(layers, gains, floats, strict=True):
         wq = layer.weight_quantizer
-        param = qmodel.get_parameter(wq.weight_name)
+        param = weight_of(qmodel, wq.weight_name)
         with torch.no_grad():
             codes = wq.quantize_integers(param)
             g = gain.log_gain.detach().exp()

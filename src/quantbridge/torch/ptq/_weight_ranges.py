@@ -29,6 +29,7 @@ import torch
 from ...numerics import PerChannel, weighted_mse_scales
 from .._fakequant import WeightQuantizer
 from .._model import float_mode
+from .._nodes import weight_of
 from ._bias_correction import tap_means
 from ._graph import CONV_OPS, groups_of, record
 
@@ -78,7 +79,7 @@ def _importance(qmodel, layers, batches, centered: bool) -> dict:
         record(qmodel, batches, {n for n, _ in layers}, lambda n, v: None, on_args)
     out = {}
     for node, q in layers:
-        w = qmodel.get_parameter(q.weight_name)
+        w = weight_of(qmodel, q.weight_name)
         d = (sums[node] / counts[node]).reshape(-1)
         if centered:
             d = (d - (firsts[node] / counts[node]).reshape(-1) ** 2).clamp_min(0)
@@ -102,7 +103,7 @@ def fit_weight_ranges(qmodel, mode: str, batches=None, centered: bool = False) -
             raise ValueError("weight_ranges='output' needs calibration batches; got none")
         importance = _importance(qmodel, layers, list(batches), centered)
     for node, q in layers:
-        w = qmodel.get_parameter(q.weight_name).detach()
+        w = weight_of(qmodel, q.weight_name).detach()
         d = importance[node] if mode == "output" else None
         w2 = w.double().reshape(w.shape[0], -1).numpy()
         scale = torch.from_numpy(weighted_mse_scales(w2, q.qmin, q.qmax, d))
