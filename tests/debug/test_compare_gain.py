@@ -242,8 +242,9 @@ def test_a_quantizer_named_after_a_no_op_call_is_labelled_by_the_op(quantizer, n
     assert _label(quantizer, node) == label
 
 
-def _tie_linear_model() -> tuple[onnx.ModelProto, np.ndarray]:
-    """The tie model's output through x @ W + b, quantized (``lin_q``, int8, step 0.1)."""
+def _tie_linear_model(quantized: bool = True) -> tuple[onnx.ModelProto, np.ndarray]:
+    """The tie model's output through x @ W + b, quantized (``lin_q``, int8, step 0.1), or left
+    float as the graph output (``logits``, the Add named ``head``: a classifier's float head)."""
     model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
     out = model.graph.output[0].name
     w_codes = (np.arange(32).reshape(4, 8) % 7 - 3).astype(np.int8)  # [N, K], torch's layout
@@ -252,18 +253,26 @@ def _tie_linear_model() -> tuple[onnx.ModelProto, np.ndarray]:
         numpy_helper.from_array(np.float32(0.5), "s_wl"),
         numpy_helper.from_array(np.int8(0), "z_wl"),
         numpy_helper.from_array(np.float32([0.1, -0.2, 0.3, 0.0]), "b_lin"),
-        numpy_helper.from_array(np.float32(0.1), "s_lin"),
-        numpy_helper.from_array(np.int8(0), "z_lin"),
     ])  # fmt: skip
     model.graph.node.extend([
         helper.make_node("DequantizeLinear", ["w_lin", "s_wl", "z_wl"], ["w_dq"]),
         helper.make_node("Transpose", ["w_dq"], ["w_t"], perm=[1, 0]),
         helper.make_node("MatMul", [out, "w_t"], ["mm"]),
-        helper.make_node("Add", ["mm", "b_lin"], ["lin"]),
-        helper.make_node("QuantizeLinear", ["lin", "s_lin", "z_lin"], ["lin_q"], name="lin"),
-        helper.make_node("DequantizeLinear", ["lin_q", "s_lin", "z_lin"], ["lin_out"]),
     ])  # fmt: skip
-    model.graph.output[0].name = "lin_out"
+    if quantized:
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.float32(0.1), "s_lin"),
+            numpy_helper.from_array(np.int8(0), "z_lin"),
+        ])  # fmt: skip
+        model.graph.node.extend([
+            helper.make_node("Add", ["mm", "b_lin"], ["lin"]),
+            helper.make_node("QuantizeLinear", ["lin", "s_lin", "z_lin"], ["lin_q"], name="lin"),
+            helper.make_node("DequantizeLinear", ["lin_q", "s_lin", "z_lin"], ["lin_out"]),
+        ])  # fmt: skip
+        model.graph.output[0].name = "lin_out"
+    else:
+        model.graph.node.append(helper.make_node("Add", ["mm", "b_lin"], ["logits"], name="head"))
+        model.graph.output[0].name = "logits"
     model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 4
     onnx.checker.check_model(model, full_check=True)
     return model, w_codes
@@ -342,24 +351,7 @@ def test_a_tie_carried_into_a_float_output_linear_is_rounding():
     # ort-ref named that float output the first divergence of every such model (ReXNet,
     # MobileNetV4: "a float tensor") although its input was 1 step apart: a float output of a
     # Linear / conv of one site gets the same |dx| @ |W| credit
-    model = conv_1x1_qdq(0.1, 1.0, 0.2, shape=(1, 1, 8, 8))
-    out = model.graph.output[0].name
-    w_codes = (np.arange(32).reshape(4, 8) % 7 - 3).astype(np.int8)  # [N, K], torch's layout
-    model.graph.initializer.extend([
-        numpy_helper.from_array(w_codes, "w_lin"),
-        numpy_helper.from_array(np.float32(0.5), "s_wl"),
-        numpy_helper.from_array(np.int8(0), "z_wl"),
-        numpy_helper.from_array(np.float32([0.1, -0.2, 0.3, 0.0]), "b_lin"),
-    ])  # fmt: skip
-    model.graph.node.extend([
-        helper.make_node("DequantizeLinear", ["w_lin", "s_wl", "z_wl"], ["w_dq"]),
-        helper.make_node("Transpose", ["w_dq"], ["w_t"], perm=[1, 0]),
-        helper.make_node("MatMul", [out, "w_t"], ["mm"]),
-        helper.make_node("Add", ["mm", "b_lin"], ["logits"], name="head"),
-    ])  # fmt: skip
-    model.graph.output[0].name = "logits"
-    model.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 4
-    onnx.checker.check_model(model, full_check=True)
+    model, w_codes = _tie_linear_model(quantized=False)
     codes = (np.arange(64) % 16).astype(np.float32).reshape(1, 1, 8, 8)
     r = qb.compare(model, inputs={"x": codes * np.float32(0.1)}, engines=["ort-ref", "integer"])
     assert r.errors == {} and r.unmatched == {}
