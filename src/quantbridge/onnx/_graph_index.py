@@ -1,6 +1,6 @@
 """Who produces and who reads each tensor of one ONNX graph, and which tensors are constants: the
 index the fold pass's ``GraphView`` (``passes/_graph.py``) and the inspector's ``Graph``
-(``inspector/_graph.py``) both start from."""
+(``inspector/_graph.py``) both start from; and ``unique_name``, a name not yet used in it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+
+def unique_name(base: str, used: set[str]) -> str:
+    """``base``, else ``base_1``, ``base_2`` ...: the first not in ``used``, which it joins."""
+    name, k = base, 0
+    while name in used:
+        k += 1
+        name = f"{base}_{k}"
+    used.add(name)
+    return name
 
 
 class GraphIndex:

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ._graph_index import unique_name
+
 QONNX_DOMAINS = frozenset({"qonnx.custom_op.general", "finn.custom_op.general"})
 _FIX = (
     "re-export it with brevitas.export.export_onnx_qcdq (QuantizeLinear -> Clip -> "
@@ -124,12 +126,7 @@ def qonnx_to_qcdq(model: onnx.ModelProto) -> onnx.ModelProto:
     used = {t for n in g.node for t in (*n.input, *n.output)} | set(consts)
 
     def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
+        return unique_name(base, used)
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

@@ -37,6 +37,8 @@ import re
 
 import onnx
 
+from .._graph_index import unique_name
+
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _CLASSES = "pkg.torch.onnx.class_hierarchy"
 _OURS = "quantbridge."  # the export ops' namespace (``quantbridge.torch._export_ops``)
@@ -63,7 +65,7 @@ def name_nodes(model: onnx.ModelProto, modules: dict[str, str] | None = None) ->
     used = {n.name for n in nodes if id(n) not in names and id(n) not in ours}
     for n in nodes:  # graph order: the first call keeps the plain name
         if id(n) in names:
-            names[id(n)] = _unique(names[id(n)], used)
+            names[id(n)] = unique_name(names[id(n)], used)
     producer = {o: n for n in nodes for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
@@ -78,7 +80,7 @@ def name_nodes(model: onnx.ModelProto, modules: dict[str, str] | None = None) ->
         base = _quantizer_base(group, names, bases, producer, readers, inputs)
         for n in group:
             tag = _TAGS.get(n.op_type, n.op_type.lower())
-            names[id(n)] = _unique(f"{base}_{tag}", used) if base else _unique(n.name, used)
+            names[id(n)] = unique_name(f"{base}_{tag}", used) if base else unique_name(n.name, used)
     for n in nodes:
         if id(n) in names:
             n.name = names[id(n)]
@@ -164,12 +166,3 @@ def _quantizer_base(group, names, bases, producer, readers, inputs) -> str | Non
         role = _LINEAR_BIAS.get(reader.op_type, {}).get(position)
     role = role or f"input{position}"
     return f"{names[main]}.{role}"  # the op's name, unique by now (``conv_1.bias``)
-
-
-def _unique(name: str, used: set[str]) -> str:
-    found, i = name, 0
-    while found in used:
-        i += 1
-        found = f"{name}_{i}"
-    used.add(found)
-    return found

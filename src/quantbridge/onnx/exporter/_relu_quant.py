@@ -46,6 +46,7 @@ from ...optables import (
     NONNEGATIVE_OUTPUT_OPS,
     NONNEGATIVE_PRESERVING_OPS,
 )
+from .._graph_index import unique_name
 
 _RANGE = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255)}
 _NP = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8}
@@ -73,12 +74,7 @@ class _Graph:
         return None if tensor is None else numpy_helper.to_array(tensor)
 
     def fresh(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.names:
-            i += 1
-            name = f"{base}_{i}"
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
     def const(self, base: str, value: int, dtype: int) -> str:
         name = self.fresh(base)
