@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from debug_models import TIE_S, TIE_S_IN, tie_prefix
 from onnx import TensorProto, helper, numpy_helper
 
 import quantbridge as qb
 
-S_IN, S_TIE = 0.1, 0.2  # the tie conv: code round(q * 0.1 * 1.0 / 0.2), a tie at every odd q
+S_IN, S_TIE = TIE_S_IN, TIE_S  # the tie conv: code round(q * 0.1 * 1.0 / 0.2), a tie at odd q
 
 
 def _tie_then(op: str, w_codes: np.ndarray, s_w: float, s_out: float, attrs: dict, out_shape,
@@ -26,21 +27,14 @@ def _tie_then(op: str, w_codes: np.ndarray, s_w: float, s_out: float, attrs: dic
     def init(name, value):
         return numpy_helper.from_array(np.asarray(value), name)
 
-    inits = [
-        init("s_in", np.float32(S_IN)), init("z_in", np.uint8(0)),
-        init("w_tie", np.ones((2, 1, 1, 1), np.int8)), init("s_wt", np.float32(tie_s_w)),
-        init("z_w", np.int8(0)), init("s_tie", np.float32(S_TIE)), init("z_u8", np.uint8(0)),
+    inits, prefix = tie_prefix(tie_s_w)
+    inits += [
         init("w", w_codes), init("s_w", np.float32(s_w)),
         init("b", (np.arange(c_out) * 0.1 - 0.05).astype(np.float32)),
         init("s_out", np.float32(s_out)), init("z_out", np.int8(0)),
     ]  # fmt: skip
     nodes = [
-        helper.make_node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"]),
-        helper.make_node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"]),
-        helper.make_node("DequantizeLinear", ["w_tie", "s_wt", "z_w"], ["wtd"]),
-        helper.make_node("Conv", ["xd", "wtd"], ["t"], group=2, name="tie"),
-        helper.make_node("QuantizeLinear", ["t", "s_tie", "z_u8"], ["tq"], name="quant_tie"),
-        helper.make_node("DequantizeLinear", ["tq", "s_tie", "z_u8"], ["td"]),
+        *prefix,
         helper.make_node("DequantizeLinear", ["w", "s_w", "z_w"], ["wd"]),
         helper.make_node(op, ["td", "wd", "b"], ["y"], name="under_test", **attrs),
         helper.make_node("QuantizeLinear", ["y", "s_out", "z_out"], ["yq"], name="quant_y"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from debug_models import TIE_S, TIE_S_IN, tie_prefix
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -99,25 +100,14 @@ def _init(name, value):
     return numpy_helper.from_array(np.asarray(value), name)
 
 
-S_IN, S_TIE = 0.1, 0.2  # the tie conv halves the input codes: every odd code is an exact tie
+S_IN, S_TIE = TIE_S_IN, TIE_S  # the tie conv halves the input codes: every odd code a tie
 
 
 def _tie_then(under_test: list, inits: list, out_type, tie_s_w: float = 1.0) -> onnx.ModelProto:
     """x -> Q -> DQ -> Conv (halving: ties) -> Q -> DQ ``td`` -> ``under_test`` -> ``out``."""
-    inits = [
-        _init("s_in", np.float32(S_IN)), _init("z_u8", np.uint8(0)),
-        _init("w_tie", np.ones((2, 1, 1, 1), np.int8)), _init("s_wt", np.float32(tie_s_w)),
-        _init("z_w", np.int8(0)), _init("s_tie", np.float32(S_TIE)), *inits,
-    ]  # fmt: skip
-    nodes = [
-        helper.make_node("QuantizeLinear", ["x", "s_in", "z_u8"], ["xq"]),
-        helper.make_node("DequantizeLinear", ["xq", "s_in", "z_u8"], ["xd"]),
-        helper.make_node("DequantizeLinear", ["w_tie", "s_wt", "z_w"], ["wtd"]),
-        helper.make_node("Conv", ["xd", "wtd"], ["t"], group=2, name="tie"),
-        helper.make_node("QuantizeLinear", ["t", "s_tie", "z_u8"], ["tq"], name="quant_tie"),
-        helper.make_node("DequantizeLinear", ["tq", "s_tie", "z_u8"], ["td"]),
-        *under_test,
-    ]
+    prefix_inits, prefix = tie_prefix(tie_s_w)
+    inits = [*prefix_inits, *inits]
+    nodes = [*prefix, *under_test]
     graph = helper.make_graph(
         nodes, "tie_then", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_type)], inits,

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from debug_models import TIE_S, TIE_S_IN, tie_prefix
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -148,7 +149,7 @@ def test_the_layer_norm_bound_is_its_gain_for_one_element():
     assert norm_bound(x, d, norm).max() == pytest.approx(2.0 * 0.01 / sigma, rel=0.2)
 
 
-S_IN, S_TIE, S_OUT = 0.1, 0.2, 0.02
+S_IN, S_TIE, S_OUT = TIE_S_IN, TIE_S, 0.02
 
 
 def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.ModelProto:
@@ -159,10 +160,8 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
         return numpy_helper.from_array(np.asarray(value), name)
 
     gamma = (np.linspace(0.5, 1.5, 8) * gamma_scale).astype(np.float32)
-    inits = [
-        init("s_in", np.float32(S_IN)), init("z_u8", np.uint8(0)),
-        init("w_tie", np.ones((2, 1, 1, 1), np.int8)), init("s_wt", np.float32(tie_s_w)),
-        init("z_w", np.int8(0)), init("s_tie", np.float32(S_TIE)),
+    inits, prefix = tie_prefix(tie_s_w)
+    inits += [
         init("gamma", gamma), init("beta", np.full(8, 0.1, np.float32)),
         init("s_out", np.float32(S_OUT)), init("z_out", np.int8(0)),
     ]  # fmt: skip
@@ -199,12 +198,7 @@ def _tie_then(op: str, tie_s_w: float = 1.0, gamma_scale: float = 1.0) -> onnx.M
             helper.make_node("Div", ["centered", "sigma"], ["y"]),
         ]
     nodes = [
-        helper.make_node("QuantizeLinear", ["x", "s_in", "z_u8"], ["xq"]),
-        helper.make_node("DequantizeLinear", ["xq", "s_in", "z_u8"], ["xd"]),
-        helper.make_node("DequantizeLinear", ["w_tie", "s_wt", "z_w"], ["wtd"]),
-        helper.make_node("Conv", ["xd", "wtd"], ["t"], group=2, name="tie"),
-        helper.make_node("QuantizeLinear", ["t", "s_tie", "z_u8"], ["tq"], name="quant_tie"),
-        helper.make_node("DequantizeLinear", ["tq", "s_tie", "z_u8"], ["td"]),
+        *prefix,
         *under_test,
         helper.make_node("QuantizeLinear", ["y", "s_out", "z_out"], ["yq"], name="quant_y"),
         helper.make_node("DequantizeLinear", ["yq", "s_out", "z_out"], ["out"]),
