@@ -21,13 +21,13 @@ def test_float_model_says_quantize_first():
 def test_every_op_without_lowering_is_listed(qdq_graph):
     g = qdq_graph((1, 4, 8))
     a = g.node("Hardmax", [g.x])  # (Softmax and LayerNormalization lower since issue 10)
-    b = g.node("LpNormalization", [a])
+    b = g.node("Shrink", [a])  # (LpNormalization lowers since the division kernel)
     c = g.node("Hardmax", [b])
     with pytest.raises(qb.LoweringError) as err:
         qb.lower(g.model(g.quant(c, 0.1, 0)))
     message = str(err.value)
     assert "cannot lower 3 nodes" in message
-    assert f"Hardmax (2: '{a}', '{c}')" in message and f"LpNormalization (1: '{b}')" in message
+    assert f"Hardmax (2: '{a}', '{c}')" in message and f"Shrink (1: '{b}')" in message
 
 
 def test_mismatched_q_dq_names_the_node(qdq_graph):

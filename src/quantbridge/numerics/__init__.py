@@ -22,7 +22,7 @@ from ._fixed_point import (
     rounding_divide_by_pot,
     saturating_rounding_doubling_high_mul,
 )
-from ._intmath import ISQRT_MAX, isqrt_newton, round_divide
+from ._intmath import ISQRT_MAX, divide_half_even, isqrt_newton, round_divide
 from ._qparams import FALLBACK_SCALE, MIN_SCALE, choose_qparams, pow2_ceil
 from ._requantize import (
     common_shift_multipliers,
@@ -59,6 +59,7 @@ __all__ = [
     "choose_qparams",
     "common_shift_multipliers",
     "dequantize",
+    "divide_half_even",
     "expand_blocks",
     "fake_quantize",
     "fit_weight_scale_to_bias",

@@ -1,4 +1,5 @@
-"""Integer division and square root for integer-only normalizations (softmax, layer norm).
+"""Integer division and square root for integer-only normalizations (softmax, layer norm, L2
+normalization, division of two tensors).
 
 Both are defined on int64 numpy arrays, and the C and integer-ONNX emitters of
 ``quantbridge.integer`` write the same operations out, so all three agree bit for bit:
@@ -7,6 +8,11 @@ Both are defined on int64 numpy arrays, and the C and integer-ONNX emitters of
   nearest with ties toward +infinity (``2.5 -> 3``, ``-2.5 -> -2``). One flooring division of
   integers: no float, the same in numpy (``//``), C (a flooring helper) and ONNX (truncating
   Div corrected by one where the remainder is negative).
+* ``divide_half_even(a, b)``: ``a / b`` rounded to nearest, ties to even, for ``b > 0`` (the rule
+  of ``requantize`` and of ONNX QuantizeLinear, so a quotient that lands exactly on a tie gets
+  the code the float model's QuantizeLinear gives it): ``q = floor(a / b)``, ``r = a - q b`` in
+  ``[0, b)``, then ``q + 1`` when ``2r > b`` or when ``2r == b`` and ``q`` is odd. Exact for
+  ``|a| < 2**63`` and ``0 < b < 2**62`` (``2r < 2b`` fits int64).
 * ``isqrt_newton(w)``: ``floor(sqrt(w))`` for ``1 <= w < 2**62`` by Newton's iteration from
   above, a fixed number of steps (``ISQRT_STEPS``) so that it unrolls in ONNX and vectorizes:
 
@@ -32,6 +38,15 @@ def round_divide(a: object, b: object) -> np.ndarray:
     the caller keeps ``|2a + b| < 2**63``."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     return (2 * a + b) // (2 * b)
+
+
+def divide_half_even(a: object, b: object) -> np.ndarray:
+    """``a / b`` rounded to nearest, ties to even, int64, ``0 < b < 2**62`` (module docstring):
+    ``7 / 2 -> 4``, ``5 / 2 -> 2``, ``-5 / 2 -> -2``, ``-7 / 2 -> -4``."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    q = a // b
+    r2 = 2 * (a - q * b)
+    return q + ((r2 > b) | ((r2 == b) & (q & 1 == 1)))
 
 
 def isqrt_newton(w: object) -> np.ndarray:

@@ -7,7 +7,7 @@ docstrings state ``r = s(q - z)``, the integer pipeline and the accumulator boun
 
 from __future__ import annotations
 
-from . import _eltwise, _index, _linear, _movement, _normalize, _pool  # noqa: F401  (fill the registry)
+from . import _divide, _eltwise, _index, _linear, _movement, _normalize, _pool  # noqa: F401  (fill the registry)
 from ._registry import KERNELS, Kernel, register_kernel, run_step
 
 __all__ = ["KERNELS", "Kernel", "register_kernel", "run_step"]

@@ -34,6 +34,7 @@ from ...onnx.passes._graph import MS_DOMAIN
 from ...optables import FUSED_DYNAMIC_OPS, GROUP_WISE_OPS
 from .._program import IntegerProgram
 from . import (  # noqa: F401  (registry)
+    _divide,
     _einsum,
     _eltwise,
     _index,

@@ -49,8 +49,10 @@ from ._core import (
     node_name,
     register_lowering,
 )
+from ._divide import division
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic, integer_concat
+from ._l2 import L2Norm
 from ._linear import LinearPending, add_bias, scaled_accumulator
 from ._qdq import float_result_codes, rescale_sum, table_step
 from ._rms import CenteredSum, RowSquares, centered_source, centered_squares
@@ -129,6 +131,8 @@ def _clip_bounds(node: onnx.NodeProto, ins: list[Value | None]) -> tuple[float, 
 def _relu_clip(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
     lo, hi = (0.0, math.inf) if node.op_type == "Relu" else _clip_bounds(node, ins)
     x = ins[0]
+    if isinstance(x, L2Norm):  # F.normalize's clamp_min(eps) stays on the norm (``_divide``)
+        return [dataclasses.replace(x, lo=max(x.lo, lo), hi=min(x.hi, hi))]
     if isinstance(x, Pending):
         return [Pending(x.node, x.realize, max(x.lo, lo), min(x.hi, hi), x.bound, x.accumulator)]
     if node.op_type == "Clip" and isinstance(x, QValue) and x.integer:
@@ -256,6 +260,9 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     ins = _float_factor_on_int16_grid(node, ins)
     ins = _accumulators_on_int16_grid(b, node, ins)
     ins = _float_constants_on_fine_grid(node, ins)  # a float constant added to those codes
+    quotient = division(b, node, ins) if node.op_type == "Div" else None
+    if quotient is not None:  # by a tensor: F.normalize, GRN (``_divide``)
+        return [quotient]
     if node.op_type not in ("Add", "Sub", "Mul"):
         raise LoweringError(
             f"{describe_node(node)}: lowered only as a function of one 8-bit tensor and scalars"

@@ -14,6 +14,7 @@ and a float function of one tensor moves its source.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ from ._core import (
     register_lowering,
 )
 from ._groupnorm import Normalized, reshaped
+from ._l2 import L2Norm
 from ._qdq import rescale_sum, table_step
 
 _FLAT_ORDER = ("reshape", "flatten", "squeeze", "unsqueeze", "identity")  # keep the flat order
@@ -75,6 +77,8 @@ def moved(b: Builder, node: onnx.NodeProto, v: Value | None, op: str, attrs: dic
             inner.realize(builder, before, qmin, qmax)
             builder.step(op, name, [before], out, **attrs)
 
+        if isinstance(v, L2Norm) and op in ("expand", "identity"):  # F.normalize's expand_as
+            return dataclasses.replace(v, realize=realize)  # a Div broadcasts it the same
         return Pending(
             v.node, realize, v.lo, v.hi, v.bound, _moved_accumulator(b, node, v, op, attrs)
         )

@@ -1,8 +1,8 @@
 """Lowering of MaxPool, ReduceMax and ReduceMin (on codes, no rescale; after the
 requantization of a pending kernel, with which they commute), AveragePool, GlobalAveragePool and ReduceMean (integer window sums
 and one requantization by ``s_x / (count * s_y)``; ``kernels._pool`` states the pipeline), and
-ReduceSum (the same sums, requantized by ``s_x / s_y``); a reduction of a constant (ReduceL2 in
-a weight norm's ``g * v / ||v||``) is folded.
+ReduceSum (the same sums, requantized by ``s_x / s_y``), ReduceL2 (``_l2``); a reduction of a
+constant (ReduceL2 in a weight norm's ``g * v / ||v||``) is folded.
 
 An average reads codes, or a float result that no QuantizeLinear follows, realized first on
 symmetric int16 codes (``_averaged_input``): a bounded one (a layer norm, a residual sum, Swin's
@@ -32,6 +32,7 @@ from ._core import (
     register_lowering,
 )
 from ._groupnorm import Normalized, as_codes
+from ._l2 import l2_norm_value
 from ._movement import moved, tabled
 from ._qdq import float_result_codes
 from ._rms import RowMean, mean_of_squares
@@ -246,12 +247,10 @@ def _reduce_sum(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
         x = np.asarray(ins[0].array)
         folded = REDUCE_FOLD[node.op_type](x, tuple(axes) if axes else None, keep)
         return [Const(np.asarray(folded, x.dtype))]
-    if node.op_type != "ReduceSum":
-        raise LoweringError(f"{describe_node(node)}: an L2 norm of activations has no integer "
-                            "lowering (only of constants: a weight norm); compute it in float "
-                            "outside the program or quantize its output after a float op")  # fmt: skip
     if not axes:
         raise LoweringError(f"{describe_node(node)}: reducing over all axes is not lowered")
+    if node.op_type == "ReduceL2":  # F.normalize, GRN: isqrt of the sum of squares (_l2)
+        return [l2_norm_value(b, node, _averaged_input(b, node, ins[0]), axes, keep)]
     x = as_activation(node, ins[0])
     rank = len(b.shapes.get(node.input[0]) or ())
     axes = [ax % rank if rank else ax for ax in axes]

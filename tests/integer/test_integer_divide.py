@@ -1,0 +1,127 @@
+"""Integer division (``kernels._divide``): L2 normalization (``F.normalize``'s ReduceL2 ->
+Clip(eps) -> Expand -> Div, ONNX LpNormalization), the L2 norm itself, convnextv2's GRN
+``||x|| / (mean ||x|| + eps)`` and the quotient of two quantized tensors, on hand-built QDQ
+graphs against ONNX Runtime node by node and a float64 recomputation, the C and integer-ONNX
+emitters bit-exact with the numpy executor; division by a zero code saturates as the float
+model's +-inf does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import quantbridge as qb
+from quantbridge.numerics import dequantize, quantize
+
+
+def _normalize(axis: int):
+    """``F.normalize(x, dim=axis)`` as torch exports it."""
+
+    def build(g):
+        norm = g.node("ReduceL2", [g.x, g.const(np.array([axis], np.int64))], keepdims=1)
+        clamped = g.node("Clip", [norm, g.const(np.float32(1e-12))])
+        wide = g.node("Expand", [clamped, g.node("Shape", [g.x])])
+        return g.quant(g.node("Div", [g.x, wide]), 1 / 127, 0, np.int8)
+
+    return build
+
+
+def _lp_normalization(g):
+    return g.quant(g.node("LpNormalization", [g.x], axis=-1, p=2), 1 / 127, 0, np.int8)
+
+
+def _norm_then_q(g):
+    norm = g.node("ReduceL2", [g.x, g.const(np.array([-1], np.int64))], keepdims=0)
+    return g.quant(norm, 0.05, 0)
+
+
+def _grn(g):
+    """timm's GlobalResponseNorm (channels last): ``g = ||x||`` over H, W, ``g / (mean_c g +
+    1e-6)``; the norm and the mean stay float (what qb.export writes)."""
+    norm = g.node("ReduceL2", [g.x, g.const(np.array([1, 2], np.int64))], keepdims=1)
+    mean = g.node("ReduceMean", [norm, g.const(np.array([-1], np.int64))], keepdims=1)
+    shifted = g.node("Add", [mean, g.const(np.float32(1e-6))])
+    return g.quant(g.node("Div", [norm, shifted]), 0.01, 0)
+
+
+CASES = {  # name: (build, input shape)
+    "normalize_channels": (_normalize(1), (2, 8, 4, 4)),
+    "normalize_last": (_normalize(-1), (3, 6, 16)),
+    "lp_normalization": (_lp_normalization, (3, 6, 16)),
+    "l2_norm": (_norm_then_q, (3, 6, 16)),
+    "grn": (_grn, (2, 4, 4, 16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_divisions_agree_with_ort_and_emitters(name, qdq_graph, three_emitters, tmp_path):
+    """Within 1 LSB of ONNX Runtime's float32 QDQ graph, >= 97% exact: the kernels round once
+    (the norms' isqrt floor and the multiplier are ~2**-30 relative, far below half a code),
+    so a code differs only where float32 rounding moves a value across a rounding boundary;
+    GRN's norm and mean (float in the QDQ graph) go on int16 codes first (~2**-13 relative:
+    ~0.01 of an output code here). Measured: 0 LSB for the normalizations and the norm, max 1
+    LSB (>= 99% exact) for GRN."""
+    build, shape = CASES[name]
+    g = qdq_graph(shape, scale=0.0437, zero=120)
+    model = g.model(build(g))
+    prog = qb.lower(model)
+    x = (np.random.default_rng(1).standard_normal(shape) * 2).astype(np.float32)
+    got = prog.run({"x": x}, integer=True)[prog.outputs[0].name].astype(np.int64)
+    out = prog.outputs[0].tensor
+    ref = g_ref = _node_by_node(model, x)
+    lsb = np.abs(got - (np.rint(g_ref / out.scale) + out.zero_point))
+    assert lsb.max() <= 1 and (lsb == 0).mean() >= 0.97, (name, lsb.max(), (lsb == 0).mean())
+    assert ref.shape == got.shape
+    three_emitters(prog, {"x": x}, tmp_path)
+
+
+def _node_by_node(model, x):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("axis", [1, -1])
+def test_l2_normalize_is_the_float64_rounding(axis, qdq_graph):
+    """Against a float64 recomputation of the QDQ model (dequantize, ``x / max(||x||, eps)``,
+    quantize ties to even): one rounding of a quotient exact to ~2**-30, so 0 LSB except on
+    a float64 tie, which random inputs do not hit. A zero row gives the code of 0."""
+    shape = (4, 8, 5)
+    g = qdq_graph(shape, scale=0.0437, zero=120)
+    prog = qb.lower(g.model(_normalize(axis)(g)))
+    x = (np.random.default_rng(2).standard_normal(shape) * 2).astype(np.float32)
+    x[0] = 120 * 0.0437 - 5.2444  # a row of codes at the zero point: ||x|| = 0 < eps
+    codes = prog.run_integer({"x": x})[prog.inputs[0].tensor.name]
+    r = np.asarray(dequantize(codes.astype(np.float64), 0.0437, 120), np.float64)
+    y = r / np.maximum(np.sqrt((r * r).sum(axis=axis, keepdims=True)), 1e-12)
+    expected = quantize(y, np.float64(1 / 127), np.float64(0), -128, 127)
+    got = prog.run({"x": x}, integer=True)[prog.outputs[0].name]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_quotient_of_two_tensors_saturates_on_a_zero_denominator(qdq_graph, three_emitters,
+                                                                  tmp_path):  # fmt: skip
+    """``Div(a, d)`` of two quantized tensors: 1 LSB of ORT at most (one rounding of an exact
+    quotient of integers; float32 rounds ``s_a / s_d``), and where ``d``'s code is its zero
+    point ORT divides by 0: +-inf, saturated by QuantizeLinear to 127 / -128, which the program
+    gives too; 0 / 0 (NaN in float) is the code of 0 by the kernel's policy."""
+    shape = (4, 32)
+    g = qdq_graph(shape, scale=0.03, zero=128)
+    d = g.quant(g.node("Abs", [g.node("Sin", [g.node("Mul", [g.x, g.const(np.float32(3))])])]),
+                0.01, 0)  # fmt: skip
+    model = g.model(g.quant(g.node("Div", [g.x, d]), 0.5, 0, np.int8))
+    prog = qb.lower(model)
+    assert "divide" in prog.op_counts()
+    x = np.random.default_rng(3).uniform(-3.5, 3.5, shape).astype(np.float32)
+    x[0, :4] = [np.pi / 3, -np.pi / 3, 2 * np.pi / 3, 0.0]  # d's code is 0 here; a is not 0...
+    x[0, 3] = 0.0  # ...except at x = 0: 0 / 0
+    got = prog.run({"x": x}, integer=True)[prog.outputs[0].name].astype(np.int64)
+    ref = _node_by_node(model, x)
+    lsb = np.abs(got - np.rint(ref / 0.5))
+    lsb[0, 3] = 0  # ORT's QuantizeLinear of NaN casts it: -128 here, undefined in C++
+    assert lsb.max() <= 1, lsb.max()
+    np.testing.assert_array_equal(got[0, :4], [127, -128, 127, 0])
+    three_emitters(prog, {"x": x}, tmp_path)
