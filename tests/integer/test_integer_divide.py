@@ -125,3 +125,26 @@ def test_quotient_of_two_tensors_saturates_on_a_zero_denominator(qdq_graph, thre
     assert lsb.max() <= 1, lsb.max()
     np.testing.assert_array_equal(got[0, :4], [127, -128, 127, 0])
     three_emitters(prog, {"x": x}, tmp_path)
+
+
+def _slice(g, x, start: int, end: int, axis: int) -> str:
+    ints = [g.const(np.array([v], np.int64)) for v in (start, end, axis)]
+    return g.node("Slice", [x, *ints])
+
+
+def test_roll_as_torch_exports_it_matches_ort(qdq_graph, three_emitters, tmp_path):
+    """``torch.roll(x, (2, -3), (2, 3))`` as the dynamo exporter writes it: Slice -> Concat per
+    axis, the second axis slicing the first Concat (a pending result, no QuantizeLinear between),
+    then a QuantizeLinear on another grid. Requantization is elementwise, so the program moves
+    the codes and requantizes each part once: 0 LSB from ORT (was refused: 'operands must be
+    quantized tensors')."""
+    shape = (1, 3, 6, 7)
+    g = qdq_graph(shape, scale=0.0437, zero=120)
+    a = g.node("Concat", [_slice(g, g.x, 4, 6, 2), _slice(g, g.x, 0, 4, 2)], axis=2)
+    b = g.node("Concat", [_slice(g, a, 3, 7, 3), _slice(g, a, 0, 3, 3)], axis=3)
+    model = g.model(g.quant(b, 0.05, 100))
+    prog = qb.lower(model)
+    x = (np.random.default_rng(4).standard_normal(shape) * 2).astype(np.float32)
+    got = prog.run({"x": x})[prog.outputs[0].name]
+    np.testing.assert_array_equal(got, _node_by_node(model, x))
+    three_emitters(prog, {"x": x}, tmp_path)

@@ -34,6 +34,7 @@ from ...onnx.passes._graph import MS_DOMAIN
 from ...optables import FUSED_DYNAMIC_OPS, GROUP_WISE_OPS
 from .._program import IntegerProgram
 from . import (  # noqa: F401  (registry)
+    _concat,
     _divide,
     _einsum,
     _eltwise,
@@ -181,8 +182,29 @@ def _check(model: onnx.ModelProto) -> None:
         raise LoweringError(
             f"cannot lower {sum(map(len, missing.values()))} nodes with no integer lowering: "
             f"{listed}. Lowered op types: {', '.join(sorted(LOWERINGS))}"
-            f"{_contrib_fix(nodes, missing)}"
+            f"{_contrib_fix(nodes, missing)}{_op_fixes(missing)}"
         )  # fmt: skip
+
+
+# what a user can do about an op with no integer kernel (the ones real models hit most)
+OP_FIXES = {
+    "LSTM": "a recurrent layer (its gates and cell state need a requantization per time step) "
+    "has no integer kernel: lower the graph before it and the graph after it as two models, "
+    "running the LSTM in float between them, or replace it with convolutions / attention",
+    "ScatterND": "an indexed write (x[..., idx] = v exported as ScatterND) has no integer kernel: "
+    "write it as torch.cat of slices (which lowers), or apply it outside the program",
+    "Col2Im": "nn.Fold has no integer kernel: write it as a ConvTranspose with a one-hot weight "
+    "(which lowers), or apply it outside the program",
+    "DFT": "a Fourier transform (complex twiddle factors) has no integer kernel: compute the "
+    "spectrum in float outside the program and quantize what the model reads of it",
+}
+OP_FIXES["GRU"] = OP_FIXES["RNN"] = OP_FIXES["LSTM"]
+OP_FIXES["STFT"] = OP_FIXES["DFT"]
+
+
+def _op_fixes(missing: dict[str, list[str]]) -> str:
+    fixes = [f"{op}: {OP_FIXES[op]}" for op in sorted(missing) if op in OP_FIXES]
+    return f". What to do: {'; '.join(fixes)}" if fixes else ""
 
 
 _CONTRIB_BLOCK = 128  # the block_size attribute's default in ONNX Runtime's contrib-op specs

@@ -1,4 +1,4 @@
-"""Lowering of elementwise ops: Add / Sub / Mul / Concat by integer rescaling, Relu / Clip into
+"""Lowering of elementwise ops: Add / Sub / Mul by integer rescaling, Relu / Clip into
 the requantization clamp, and float functions of one 8-bit tensor into exact lookup tables.
 
 Rules, in the order a handler asks them:
@@ -11,10 +11,10 @@ Rules, in the order a handler asks them:
    an integer Clip of codes (QuantizeLinear -> Clip -> DequantizeLinear: narrow range, sub-8-bit,
    uint8 after a ReLU) narrows the clamp of the step that wrote them, or is one identity
    ``rescale_sum`` with that clamp;
-3. Add / Sub / Mul / Concat of program tensors (or integer constants) with any scales: a
-   ``Pending`` realized as ``rescale_sum`` / ``mul`` / ``concat`` with integer multipliers;
+3. Add / Sub / Mul of program tensors (or integer constants) with any scales: a
+   ``Pending`` realized as ``rescale_sum`` / ``mul`` with integer multipliers (Concat: ``_concat``);
    a float constant tensor added to one program tensor goes on a fine int32 grid first
-   (``_float_constants_on_fine_grid``); a Concat of constants (shape arithmetic) is folded.
+   (``_float_constants_on_fine_grid``); a division by a tensor is ``_divide``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ...numerics import fixed_point_multiplier, fixed_point_multipliers, quantize
+from ...numerics import fixed_point_multiplier, quantize
 from .._program import QTensor
 from ._core import (
     Builder,
@@ -51,10 +51,10 @@ from ._core import (
 )
 from ._divide import division
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
-from ._index import additive_mask, integer_arithmetic, integer_concat
+from ._index import additive_mask, integer_arithmetic
 from ._l2 import L2Norm
 from ._linear import LinearPending, add_bias, scaled_accumulator
-from ._qdq import float_result_codes, rescale_sum, table_step
+from ._qdq import float_result_codes, rescale_sum
 from ._rms import CenteredSum, RowSquares, centered_source, centered_squares
 from ._rms import compose as compose_row
 
@@ -415,32 +415,3 @@ def _mul(b: Builder, name: str, a: QTensor, c: QTensor) -> Pending:
     # |a c| <= range(a) range(c): a float graph output (Llama's final norm weight) on int16
     real = a.scale * code_range(a, a.zero_point) * c.scale * code_range(c, c.zero_point)
     return Pending(name, realize, bound=real)
-
-
-@register_lowering("Concat")
-def _concat(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
-    axis = int(attrs_of(node)["axis"])
-    if all(isinstance(v, Const) for v in ins):  # shape arithmetic: Shape -> Concat -> Expand
-        return [Const(np.concatenate([v.array for v in ins], axis=axis))]
-    if any(isinstance(v, IndexValue | IntInput) for v in ins):  # index pairs, not codes
-        return integer_concat(b, node, ins)
-    # a float function of one 8-bit tensor (rotary embeddings' stack((-x2, x1)): Neg of one
-    # half) becomes a table straight onto the output's grid, then concatenated as it is
-    parts = [v if isinstance(v, Elementwise) else _operand(b, node, v) for v in ins]
-    name = node_name(node)
-
-    def realize(builder: Builder, out: QTensor, qmin: int, qmax: int) -> None:
-        tensors = []
-        for v in parts:
-            if isinstance(v, Elementwise):
-                t = builder.like(out.name + "_part", out)
-                table_step(builder, v.node, v.source, v.fn, t, qmin, qmax)
-                v = t
-            tensors.append(v)
-        multiplier, shift = fixed_point_multipliers([t.scale / out.scale for t in tensors])
-        builder.step("concat", name, tensors, out, zeros=[t.zero_point for t in tensors],
-                     multipliers=[int(m) for m in multiplier], shifts=[int(s) for s in shift],
-                     axis=axis, out_zero=out.zero_point, qmin=qmin, qmax=qmax,
-                     dtype=out.dtype)  # fmt: skip
-
-    return [Pending(name, realize)]
