@@ -71,3 +71,19 @@ def test_overflowing_accumulator_is_refused_and_named(qdq_graph):
 def test_accumulator_bits_must_be_32_or_64(qdq_graph):
     with pytest.raises(ValueError, match="32 or 64"):
         qb.lower(_wide_model(qdq_graph, 4), accumulator_bits=16)
+
+
+def test_ops_real_models_hit_are_refused_with_what_to_do(qdq_graph):
+    """LSTM, ScatterND (the last refusals of the model sweep with no kernel) are named with
+    their node and the fix, all in one error."""
+    g = qdq_graph((2, 3, 4))
+    w = g.const(np.zeros((1, 16, 4), np.float32))
+    r = g.const(np.zeros((1, 16, 4), np.float32))
+    lstm = g.node("LSTM", [g.x, w, r], hidden_size=4)
+    idx = g.const(np.zeros((1, 1), np.int64))
+    scatter = g.node("ScatterND", [g.x, idx, g.const(np.zeros((1, 3, 4), np.float32))])
+    with pytest.raises(qb.LoweringError) as err:
+        qb.lower(g.model(g.quant(lstm, 0.1, 0), g.quant(scatter, 0.1, 0)))
+    message = str(err.value)
+    assert f"LSTM (1: '{lstm}')" in message and f"ScatterND (1: '{scatter}')" in message
+    assert "LSTM: a recurrent layer" in message and "torch.cat of slices" in message
