@@ -14,16 +14,26 @@ import quantbridge as qb
 from quantbridge.numerics import dequantize, quantize
 
 
-def _normalize(axis: int):
-    """``F.normalize(x, dim=axis)`` as torch exports it."""
+def _normalized(g, x: str, axis: int) -> str:
+    """``F.normalize(x, dim=axis)`` as torch exports it (float, no QuantizeLinear)."""
+    norm = g.node("ReduceL2", [x, g.const(np.array([axis], np.int64))], keepdims=1)
+    clamped = g.node("Clip", [norm, g.const(np.float32(1e-12))])
+    return g.node("Div", [x, g.node("Expand", [clamped, g.node("Shape", [x])])])
 
+
+def _normalize(axis: int):
     def build(g):
-        norm = g.node("ReduceL2", [g.x, g.const(np.array([axis], np.int64))], keepdims=1)
-        clamped = g.node("Clip", [norm, g.const(np.float32(1e-12))])
-        wide = g.node("Expand", [clamped, g.node("Shape", [g.x])])
-        return g.quant(g.node("Div", [g.x, wide]), 1 / 127, 0, np.int8)
+        return g.quant(_normalized(g, g.x, axis), 1 / 127, 0, np.int8)
 
     return build
+
+
+def _cosine_scores(g):
+    """swinv2_cr's cosine attention: ``F.normalize(q) @ F.normalize(k)^T``, both float (what
+    qb.export writes), the scores quantized."""
+    k = g.quant(g.node("Sin", [g.x]), 0.01, 128)
+    kt = g.node("Transpose", [_normalized(g, k, -1)], perm=[0, 2, 1])
+    return g.quant(g.node("MatMul", [_normalized(g, g.x, -1), kt]), 1 / 127, 0, np.int8)
 
 
 def _lp_normalization(g):
@@ -49,7 +59,8 @@ CASES = {  # name: (build, input shape)
     "normalize_last": (_normalize(-1), (3, 6, 16)),
     "lp_normalization": (_lp_normalization, (3, 6, 16)),
     "l2_norm": (_norm_then_q, (3, 6, 16)),
-    "grn": (_grn, (2, 4, 4, 16)),
+    "grn": (_grn, (2, 4, 4, 64)),
+    "cosine_scores": (_cosine_scores, (2, 6, 16)),
 }
 
 
@@ -59,8 +70,10 @@ def test_divisions_agree_with_ort_and_emitters(name, qdq_graph, three_emitters, 
     (the norms' isqrt floor and the multiplier are ~2**-30 relative, far below half a code),
     so a code differs only where float32 rounding moves a value across a rounding boundary;
     GRN's norm and mean (float in the QDQ graph) go on int16 codes first (~2**-13 relative:
-    ~0.01 of an output code here). Measured: 0 LSB for the normalizations and the norm, max 1
-    LSB (>= 99% exact) for GRN."""
+    ~0.01 of an output code here), and the unit vectors of cosine attention on int16 codes of
+    ``1 / top`` (``top = isqrt(2**31 / K)``: the int32 accumulator; ~2**-13 per element).
+    Measured: 0 LSB for the normalizations and the norm, max 1 LSB for GRN and the cosine
+    scores."""
     build, shape = CASES[name]
     g = qdq_graph(shape, scale=0.0437, zero=120)
     model = g.model(build(g))

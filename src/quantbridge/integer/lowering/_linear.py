@@ -11,6 +11,7 @@ range_b`` for a product of two activations). A layer whose bound exceeds the acc
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -273,19 +274,21 @@ def matmul_const(b, node, x: QTensor, xs: float, xz: int, w: QConst, bias) -> Pe
 
 
 def matmul_act(
-    b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float, row_sum=None
-) -> Pending:
+    b, node, a: QTensor, az: int, bt: QTensor, bz: int, acc_scale: float, row_sum=None,
+    tops: tuple = (None, None),
+) -> Pending:  # fmt: skip
     """``a @ b`` of two program tensors (attention scores, ...): scalar parameters; the bound
     uses K from ONNX shape inference (``K * range_a * range_b``), or ``row_sum * range_b`` when
-    the rows of ``a`` have a known bound on ``sum |q - z|`` (softmax probabilities)."""
+    the rows of ``a`` have a known bound on ``sum |q - z|`` (softmax probabilities); ``tops``:
+    the clamp of codes realized narrower than their dtype (``_bounded_operands``)."""
     k = b.dim(node.input[0], -1)
     if k is None and row_sum is None:
         raise LoweringError(
             f"{describe_node(node)}: the reduction length of {node.input[0]!r} is unknown, so "
             "its accumulator cannot be bounded; export with static shapes"
         )
-    rows = k * code_range(a, az) if row_sum is None else row_sum
-    bound = np.array([rows * code_range(bt, bz)], dtype=np.float64)
+    rows = k * (tops[0] or code_range(a, az)) if row_sum is None else row_sum
+    bound = np.array([rows * (tops[1] or code_range(bt, bz))], dtype=np.float64)
     return linear(b, node, "matmul", [a, bt], np.array([acc_scale]), bound, a_zero=az,
                   b_zero=np.int64(bz), bias=np.zeros(1, np.int64))  # fmt: skip
 
@@ -342,8 +345,39 @@ def _float_weight_on_left(b: Builder, node: onnx.NodeProto, w: np.ndarray, x: QT
     return moved(b, node, y, "transpose", perm)
 
 
+def _bounded_operands(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> tuple:
+    """A MatMul operand that is a float result with a bound and no QuantizeLinear (swinv2_cr's
+    cosine attention: ``F.normalize(q) @ F.normalize(k)^T``, each in [-1, 1]) realized on
+    symmetric int16 codes of ``bound / top``, ``top`` the largest that keeps the int32
+    accumulator (``K top_a top_b < 2**31``, ``top <= 32767``): half a step of error per
+    element, ~2**-13 of the bound for K = 64."""
+    bounded = [isinstance(v, Pending) and not isinstance(v, LinearPending) and v.bound is not None
+               and math.isfinite(v.bound) and v.bound > 0 for v in ins[:2]]  # fmt: skip
+    k = b.dim(node.input[0], -1)
+    if not any(bounded) or k is None:
+        return ins, (None, None)
+    other = [None if f else v for v, f in zip(ins[:2], bounded, strict=True)]
+    ranges = [code_range(v.tensor, v.tensor.zero_point) if isinstance(v, QValue) else None
+              for v in other]  # fmt: skip
+    out, tops = list(ins), [None, None]
+    for i, v in enumerate(ins[:2]):
+        if not bounded[i]:
+            continue
+        if all(bounded):
+            top = min(2**15 - 1, math.isqrt((2**31 - 1) // k))
+        else:
+            top = min(2**15 - 1, (2**31 - 1) // (k * (ranges[1 - i] or 2**15)))
+        codes = b.tensor(f"{node_name(node)}_operand{i}", np.int16, v.bound / top, 0)
+        lo = -top if v.lo == -math.inf else max(-top, round(v.lo / codes.scale))
+        hi = top if v.hi == math.inf else min(top, round(v.hi / codes.scale))
+        v.realize(b, codes, lo, max(lo, hi))
+        out[i], tops[i] = QValue(codes), top
+    return out, tuple(tops)
+
+
 @register_lowering("MatMul")
 def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[Value]:
+    ins, tops = _bounded_operands(b, node, ins)
     if (isinstance(ins[0], Const) and ins[0].array.dtype.kind == "f"
             and isinstance(ins[1], QValue) and not ins[1].integer):  # fmt: skip
         return [_float_weight_on_left(b, node, np.asarray(ins[0].array), ins[1].tensor)]
@@ -352,7 +386,7 @@ def _matmul_qdq(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> li
     if isinstance(ins[1], QValue | Elementwise):
         (t, cb), row_sum = scaled_activation(node, ins[1]), getattr(ins[0], "row_sum", None)
         scale = a.scale * t.scale * ca * cb
-        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, scale, row_sum)]
+        return [matmul_act(b, node, a, a.zero_point, t, t.zero_point, scale, row_sum, tops)]
     w = as_qconst(node, ins[1], "the second operand")
     return [matmul_const(b, node, a, a.scale * ca, a.zero_point, w, None)]
 
