@@ -201,3 +201,18 @@ def test_a_float64_model_is_told_to_cast_to_float64():
     model = nn.Sequential(nn.Linear(4, 4)).double()
     with pytest.raises(ValueError, match=r"pass float64 tensors \(x.to\(torch.float64\)"):
         _quantize(model, _data())
+
+
+# -- export and compare ------------------------------------------------------------------------
+def test_export_and_compare_name_a_missing_input_and_an_unknown_opset(tmp_path):
+    x = _data()
+    qmodel = _quantize(nn.Sequential(nn.Linear(4, 4)), x, recipe="int8")
+    # session 15: 'calibration batch 0 is a NoneType' / numpy's object-array message / the onnx
+    # checker's "Unrecognized attribute: output_dtype for operator DequantizeLinear"
+    with pytest.raises(TypeError, match=r"^example_inputs is a NoneType; .*example_inputs=x"):
+        qb.export(qmodel, tmp_path / "m.onnx", None, progress=False)
+    with pytest.raises(TypeError, match=r"inputs is None: pass the inputs to run"):
+        qb.compare(qmodel, inputs=None)
+    with pytest.raises(ValueError, match=r"opset 99: the installed onnx .* knows opsets up to"):
+        qb.export(qmodel, tmp_path / "m.onnx", x[0], opset=99, progress=False)
+    assert not (tmp_path / "m.onnx").exists()

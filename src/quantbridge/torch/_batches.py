@@ -21,8 +21,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 
-def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
-    """One calibration batch as ``(args, kwargs)``; TypeError naming the batch otherwise."""
+def as_call(batch: Any, index: int | str) -> tuple[tuple, dict]:
+    """One calibration batch (``index``: its number) or one named example (``index``: the
+    argument's name, ``"example_inputs"``) as ``(args, kwargs)``; TypeError naming it otherwise."""
+    what = f"calibration batch {index}" if isinstance(index, int) else index
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
     if isinstance(batch, (tuple, list)):
@@ -30,14 +32,19 @@ def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
     if isinstance(batch, Mapping):
         return (), dict(batch)
     if isinstance(batch, np.ndarray):
+        each = " for each batch, or transform=torch.from_numpy" if isinstance(index, int) else ""
         raise TypeError(
-            f"calibration batch {index} is a numpy array {batch.dtype}{list(batch.shape)}; pass "
-            "torch tensors: torch.from_numpy(a) for each batch, or transform=torch.from_numpy"
+            f"{what} is a numpy array {batch.dtype}{list(batch.shape)}; pass "
+            f"torch tensors: torch.from_numpy(a){each}"
         )
+    loader = (
+        ". For a DataLoader of (inputs, labels) pass transform=lambda batch: batch[0]"
+        if isinstance(index, int)
+        else ": one batch as the model takes it, e.g. example_inputs=x"
+    )
     raise TypeError(
-        f"calibration batch {index} is a {type(batch).__name__}; expected a tensor (one input), "
-        "a tuple (positional inputs) or a dict (keyword inputs). For a DataLoader of "
-        "(inputs, labels) pass transform=lambda batch: batch[0]"
+        f"{what} is a {type(batch).__name__}; expected a tensor (one input), "
+        f"a tuple (positional inputs) or a dict (keyword inputs){loader}"
     )
 
 
