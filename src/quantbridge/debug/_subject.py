@@ -118,7 +118,12 @@ def array_inputs(inputs: Any) -> Any:
 
 
 def read_inputs(inputs: Any) -> Any:
-    """An ``.npz`` path read into a dict; anything else as given."""
+    """An ``.npz`` path read into a dict; anything else as given (None refused, with the forms)."""
+    if inputs is None:
+        raise TypeError(
+            "inputs is None: pass the inputs to run, as a tensor or array, a tuple of them, a dict "
+            "{input name: array} or an .npz path, e.g. compare(qmodel, inputs=x)"
+        )
     if isinstance(inputs, (str, os.PathLike)):
         if not os.path.isfile(inputs):
             raise FileNotFoundError(f"inputs {os.fspath(inputs)}: no such file")

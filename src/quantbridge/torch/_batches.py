@@ -12,6 +12,7 @@ A ``DataLoader`` yielding ``(inputs, labels)`` works through ``transform=lambda 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -20,8 +21,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 
-def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
-    """One calibration batch as ``(args, kwargs)``; TypeError naming the batch otherwise."""
+def as_call(batch: Any, index: int | str) -> tuple[tuple, dict]:
+    """One calibration batch (``index``: its number) or one named example (``index``: the
+    argument's name, ``"example_inputs"``) as ``(args, kwargs)``; TypeError naming it otherwise."""
+    what = f"calibration batch {index}" if isinstance(index, int) else index
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
     if isinstance(batch, (tuple, list)):
@@ -29,14 +32,19 @@ def as_call(batch: Any, index: int) -> tuple[tuple, dict]:
     if isinstance(batch, Mapping):
         return (), dict(batch)
     if isinstance(batch, np.ndarray):
+        each = " for each batch, or transform=torch.from_numpy" if isinstance(index, int) else ""
         raise TypeError(
-            f"calibration batch {index} is a numpy array {batch.dtype}{list(batch.shape)}; pass "
-            "torch tensors: torch.from_numpy(a) for each batch, or transform=torch.from_numpy"
+            f"{what} is a numpy array {batch.dtype}{list(batch.shape)}; pass "
+            f"torch tensors: torch.from_numpy(a){each}"
         )
+    loader = (
+        ". For a DataLoader of (inputs, labels) pass transform=lambda batch: batch[0]"
+        if isinstance(index, int)
+        else ": one batch as the model takes it, e.g. example_inputs=x"
+    )
     raise TypeError(
-        f"calibration batch {index} is a {type(batch).__name__}; expected a tensor (one input), "
-        "a tuple (positional inputs) or a dict (keyword inputs). For a DataLoader of "
-        "(inputs, labels) pass transform=lambda batch: batch[0]"
+        f"{what} is a {type(batch).__name__}; expected a tensor (one input), "
+        f"a tuple (positional inputs) or a dict (keyword inputs){loader}"
     )
 
 
@@ -58,6 +66,19 @@ def iter_calls(
             "calib_data must be an iterable of batches (a list or a DataLoader), not a single "
             f"{type(data).__name__}; wrap it: [batch]"
         )
+    if isinstance(data, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"calib_data is a path ({os.fspath(data)!r}); quantize takes the batches themselves: "
+            "load them first (a list of tensors, or a DataLoader); the command line's "
+            "'quantbridge quantize' and qb.quantize_onnx read .npz files"
+        )
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"calib_data must be an iterable of batches (a list or a DataLoader), got "
+            f"{type(data).__name__}"
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"max_batches={limit!r}: give a positive int, or None for every batch")
     for i, batch in enumerate(data):
         if limit is not None and i >= limit:
             return
@@ -105,7 +126,15 @@ def input_spec(args: tuple, kwargs: dict) -> dict:
             return {"tensor": {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}}
         if x is None or isinstance(x, (bool, int, float, str)):
             return {"value": x}
-        raise TypeError(f"cannot record a model input of type {type(x).__name__}")
+        if isinstance(x, (list, tuple)):  # forward(self, xs) given a list of tensors
+            return {type(x).__name__: [one(v) for v in x]}
+        if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+            return {"dict": {k: one(v) for k, v in x.items()}}
+        raise TypeError(
+            f"cannot record a model input of type {type(x).__name__}: an input is a tensor, a "
+            "Python number, string or None, or a list, tuple or str-keyed dict of them; wrap the "
+            "model so that forward takes those"
+        )
 
     return {"args": [one(a) for a in args], "kwargs": {k: one(v) for k, v in kwargs.items()}}
 
@@ -117,6 +146,11 @@ def inputs_from_spec(spec: dict) -> tuple[tuple, dict]:
         if "tensor" in d:
             t = d["tensor"]
             return torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"]))
+        if "list" in d or "tuple" in d:
+            items = [one(v) for v in d.get("list", d.get("tuple"))]
+            return items if "list" in d else tuple(items)
+        if "dict" in d:
+            return {k: one(v) for k, v in d["dict"].items()}
         return d["value"]
 
     return tuple(one(a) for a in spec["args"]), {k: one(v) for k, v in spec["kwargs"].items()}

@@ -46,7 +46,7 @@ from ._batches import describe
 from ._conv_padding import explicit_conv_padding
 from ._deadline import CaptureTimeout, capture_budget, deadline
 from ._linear_products import linear_products
-from ._passes import out_of_place
+from ._passes import out_of_place, written_inputs
 from ._sdpa import decompose_sdpa
 
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,6 +160,27 @@ def capture(
     decompose_sdpa(gm)  # SDPA as eager attention: both forms get the same placement
     linear_products(gm)  # x @ w.T (Falcon's linears) -> aten.linear: the tables know it
     return gm
+
+
+def refuse_written_inputs(model: nn.Module, gm: torch.fx.GraphModule) -> None:
+    """CaptureError naming the input ``forward`` writes in place, and its line (``prepare``'s
+    check; ``capture`` itself keeps the write): quantize runs
+    each calibration batch more than once, each run would see the last one's writes."""
+    written = written_inputs(gm)
+    if not written:
+        return
+    name, node = written[0]
+    sites = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', node.meta.get("stack_trace") or "")
+    sites = [s for s in sites if _is_user_file(s[0])][-1:]
+    where = "".join(
+        f' at {f}:{n} in {fn}(): "{linecache.getline(f, int(n)).strip()}"' for f, n, fn in sites
+    )
+    op = str(node.target).split(".")[-2] if "." in str(node.target) else str(node.target)
+    raise CaptureError(
+        f"{type(model).__name__}.forward writes its input {name!r} in place ({op}){where}: "
+        "quantize runs every calibration batch several times, and each run would read what the "
+        f"last one wrote; compute out of place instead ({name} = {name} * 2, not {name}.mul_(2))"
+    )
 
 
 @contextlib.contextmanager
@@ -317,9 +338,8 @@ def dtype_fix(text: str, model_dtype: torch.dtype | None) -> str:
     if model_dtype is None or not _DTYPE.search(text):
         return ""
     dtype = str(model_dtype).replace("torch.", "")
-    return (
-        f"pass {dtype} tensors (x.float(); images as integers need x.float() / 255 as in training)"
-    )
+    cast = "x.float()" if model_dtype == torch.float32 else f"x.to(torch.{dtype})"
+    return f"pass {dtype} tensors ({cast}; images as integers need {cast} / 255 as in training)"
 
 
 _INDICES = re.compile(r"'indices' to have one of the following scalar types")

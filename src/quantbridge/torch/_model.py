@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..recipe import Recipe
+from ._call_guards import wrap_guards
 from ._errors import CheckpointError
 from ._fakequant import BiasQuantizer, Quantizer
 from ._passes import set_graph_training
@@ -74,6 +75,7 @@ class QuantModel(torch.fx.GraphModule):
         self.__dict__["_qb_source"] = source if source is not None else extra.get("_qb_source")
         # a layer replaced later (transfer learning) gets its quantizers re-set (``_replace``)
         record_weight_shapes(self)
+        wrap_guards(self)  # torch's 'Guard failed: ...' as a ValueError naming the input
         self.register_forward_pre_hook(adopt_hook)
 
     def _deepcopy_init(self):

@@ -25,6 +25,8 @@
   feeds nothing but the batch norm, and the batch norm is not in training mode. The float result
   is unchanged up to float32 rounding; quantization then sees the folded weight, as the deployed
   engine does.
+* ``written_inputs`` - the in-place ops that write a graph input (``x.mul_(2)`` in forward):
+  capture refuses them, since quantize runs each calibration batch more than once.
 * ``set_graph_training`` - flip the ``training`` argument of the captured batch-norm and dropout
   ops (``QuantModel.train`` calls it, so the graph follows the module's mode).
 """
@@ -82,6 +84,34 @@ def _aliases(node: torch.fx.Node) -> bool:
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
+def written_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.Node]]:
+    """(input name, op) of each in-place op that writes a graph input, directly or through a
+    view."""
+    written = []
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
+        if first is None or not first.is_write or not node.args:
+            continue
+        source = node.args[0]
+        while isinstance(source, torch.fx.Node) and _view_of_first(source):
+            source = source.args[0]
+        if isinstance(source, torch.fx.Node) and source.op == "placeholder":
+            written.append((str(source.target), node))
+    return written
+
+
+def _view_of_first(node: torch.fx.Node) -> bool:
+    """``node`` reads its first argument's storage: a view op, or the quantizer on an input
+    (a placed graph reads the user's tensor through it where quantization is off)."""
+    if not node.args:
+        return False
+    if node.op == "call_module":
+        return str(node.target).startswith("_quantbridge")
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
 def _same_dtype(node: torch.fx.Node) -> bool:
     dtypes = {
         a.meta["val"].dtype
@@ -118,14 +148,19 @@ def own_parameters(gm: torch.fx.GraphModule, shared: set[int] | None = None) -> 
     """Replace every parameter and buffer of ``gm`` by a copy, or only those whose storage is
     in ``shared`` (``tensor_storages`` taken before passes that create new tensors: a folded
     weight is ``gm``'s own already, and copying it would only add a copy of the model)."""
-    for name, p in list(gm.named_parameters()):
+    copies: dict[int, torch.Tensor] = {}  # by id: tied weights (one Parameter) stay tied
+    for name, p in list(gm.named_parameters(remove_duplicate=False)):
         if shared is None or _storage(p) in shared:
             owner, attr = _owner(gm, name)
-            setattr(owner, attr, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
-    for name, b in list(gm.named_buffers()):
+            if id(p) not in copies:
+                copies[id(p)] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+            setattr(owner, attr, copies[id(p)])
+    for name, b in list(gm.named_buffers(remove_duplicate=False)):
         if shared is None or _storage(b) in shared:
             owner, attr = _owner(gm, name)
-            owner.register_buffer(attr, b.detach().clone())
+            if id(b) not in copies:
+                copies[id(b)] = b.detach().clone()
+            owner.register_buffer(attr, copies[id(b)])
 
 
 def tensor_storages(gm: nn.Module) -> set[int]:

@@ -59,7 +59,7 @@ def _signature(parameters: list[list]) -> inspect.Signature:
     )
 
 
-def _is_default(value: Any, default: dict) -> bool:
+def is_default(value: Any, default: dict) -> bool:
     """Whether ``value`` is the recorded default (plain values only; a tensor never is)."""
     if "constant" not in default:
         return False
@@ -107,10 +107,10 @@ def to_capture_layout(
             out.update(value)
         elif name in names:
             out[name] = value
-        elif not _is_default(value, defaults[name]):
+        elif not is_default(value, defaults[name]):
             raise TypeError(
                 f"input {name!r} ({shown}) was not part of the captured call, whose keyword "
-                f"inputs are {names}; pass {name}={_default_text(defaults[name])} or "
+                f"inputs are {names}; pass {name}={default_text(defaults[name])} or "
                 "leave it out, or quantize with batches that include it"
             )
     rank = {n: i for i, n in enumerate(names)}  # the capture's keyword order (torch.export's)
@@ -118,7 +118,7 @@ def to_capture_layout(
     return tuple(bound[n] for n in positional), ordered
 
 
-def _default_text(default: dict) -> str:
+def default_text(default: dict) -> str:
     if "constant" in default:
         return repr(default["constant"])
     return default.get("constant_repr", "its default")

@@ -15,9 +15,16 @@ from ..recipe import Recipe, resolve_recipe
 from ._batches import as_call, check_like, describe, input_spec, iter_calls, nonfinite_source
 from ._bias_fit import fit_bias_grids
 from ._bn_affine import batchnorm_as_conv
-from ._capture import capture, declared_dims_fixed, dtype_fix, user_stacklevel
+from ._capture import (
+    capture,
+    declared_dims_fixed,
+    dtype_fix,
+    refuse_written_inputs,
+    user_stacklevel,
+)
 from ._distributed import sync_observers
 from ._fakequant import Quantizer, WeightQuantizer
+from ._float_model import check_float_module
 from ._fold_affine import fold_affine as fold_affine_ops
 from ._fold_affine_input import fold_affine_inputs
 from ._model import QuantModel
@@ -92,7 +99,7 @@ def prepare(
     if (fixed := declared_dims_fixed(model, dynamic)) is not None:
         warnings.warn(fixed, stacklevel=user_stacklevel())
     was_training = model.training
-    model.eval()
+    _set_mode(model, False)
     try:
         with stage(
             f"capturing {type(model).__name__} (torch.export, dynamic={dynamic!r})", progress
@@ -101,7 +108,8 @@ def prepare(
                 model, example_args, example_kwargs, dynamic, explicit_padding=explicit_padding
             )
     finally:
-        model.train(was_training)
+        _set_mode(model, was_training)
+    refuse_written_inputs(model, gm)  # before any batch runs
     shared = tensor_storages(gm)  # the capture's tensors are the user's model's
     if fold_bn:  # folding writes new tensors, never the captured ones
         fold_batchnorm(gm)
@@ -227,7 +235,7 @@ def calibrate_and_freeze(
     ``recipe.adaround`` (PTQ only), AdaRound then sets the weights' rounding (``ptq``)."""
     ada = recipe.adaround if freeze_weights else None
     kept: list = []
-    _check_float_module(model)
+    check_float_module(model)
     if forward_loop is not None:
         if calib_data is not None:
             raise ValueError("pass either calib_data or forward_loop, not both")
@@ -287,35 +295,13 @@ def calibrate_and_freeze(
     return qmodel
 
 
-def _check_float_module(model: Any) -> None:
-    """TypeError naming the fix for what torch.export cannot capture or should not re-quantize."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, QuantModel):
-        raise TypeError(
-            "model is already quantized (a QuantModel); quantize the float model it came from "
-            "(quantize leaves it unchanged) to use another recipe or other calibration data, or "
-            "train this one further as it is (QAT)"
-        )
-    if isinstance(model, torch.jit.ScriptModule):
-        raise TypeError(
-            f"model is a torch.jit.ScriptModule ({type(model).__name__}, from torch.jit.script or "
-            "torch.jit.trace), which torch.export cannot capture; pass the nn.Module you "
-            "scripted, or export it to ONNX and use quantize_onnx"
-        )
-    other = next(
-        ((n, t) for n, t in model.named_parameters() if t.dtype in (torch.float16, torch.bfloat16)),
-        None,
-    )
-    if other is not None:  # LLMs are often loaded in bfloat16 / float16 (torch_dtype=...)
-        name, t = other
-        dtype = str(t.dtype).replace("torch.", "")
-        raise TypeError(
-            f"the model's weights are {dtype} ({name!r} is the first); quantbridge calibrates "
-            "and simulates INT8 on a float32 model: call model.float() first (Hugging Face: "
-            "from_pretrained(..., torch_dtype=torch.float32)); the INT8 weights and scales are "
-            "chosen from it as from the original"
-        )
+def _set_mode(model: nn.Module, training: bool) -> None:
+    """``model.train(training)``; ``ExportedProgram.module()`` refuses both, and runs as it was
+    exported (its batch norms and dropouts fixed in the exported mode)."""
+    try:
+        model.train(training)
+    except NotImplementedError:
+        pass
 
 
 def _cast_calls(calls, model_dtype):

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_map
 
 from ._batches import describe
 from ._capture import user_stacklevel
-from ._positional import forward_parameters, to_capture_layout
+from ._positional import default_text, forward_parameters, is_default, to_capture_layout
 
 
 def bind_first_batch(model: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -176,6 +176,8 @@ def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
     unknown or the call has no more positional inputs than the capture."""
     spec = getattr(module, "qb_capture", {}).get("inputs") or {}
     source = module.__dict__.get("_qb_source")
+    if source is not None and "args" in spec and kwargs:
+        kwargs = _captured_keywords(module, source, kwargs)
     if source is None or "args" not in spec or len(args) <= len(spec["args"]):
         return args, kwargs  # nothing to map (the common call: no signature read)
     parameters = forward_parameters(source.forward)
@@ -200,6 +202,36 @@ def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
                 f"{list(spec['kwargs'])}"
             )
     return mapped
+
+
+def _captured_keywords(module: nn.Module, source: nn.Module, kwargs: dict) -> dict:
+    """``kwargs`` less the optional inputs the capture did not take that hold their default
+    (``flip=False``, as the capture ran it); TypeError naming one that does not: the graph has no
+    input for it, and torch's "unexpected keyword argument" does not say why."""
+    try:
+        taken = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    extra = [k for k in kwargs if k not in taken]
+    parameters = forward_parameters(source.forward) if extra else None
+    if not parameters:
+        return kwargs
+    defaults = {name: default for name, _, default in parameters}
+    kept = dict(kwargs)
+    for name in extra:
+        if name not in defaults:
+            continue  # not forward's: torch's own error names it
+        default = defaults[name]
+        if is_default(kwargs[name], default):
+            del kept[name]
+            continue
+        shown = default_text(default)
+        raise TypeError(
+            f"input {name!r} was not given in the calibration batches, so the model was captured "
+            f"with forward's default {name}={shown}, and {name}={kwargs[name]!r} cannot change "
+            f"it; quantize with batches that give {name} (a dict batch {{..., {name!r}: ...}})"
+        )
+    return kept
 
 
 def input_names(module: nn.Module) -> list[str] | None:

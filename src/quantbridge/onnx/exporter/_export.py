@@ -94,6 +94,11 @@ def _choose_opset(qmodel: QuantModel, opset: int | None) -> int:
         return max(DEFAULT_OPSET, need, PACKED_4BIT_OPSET if _has_4bit_weights(qmodel) else 0)
     if opset < 13:  # checked first: below 13 the 16-bit message below would be the wrong reason
         raise ValueError(f"opset {opset}: QDQ export needs opset >= 13 (per-axis DequantizeLinear)")
+    if opset > (known := onnx.defs.onnx_opset_version()):  # else the checker's "Unrecognized ..."
+        raise ValueError(
+            f"opset {opset}: the installed onnx {onnx.__version__} knows opsets up to {known}; "
+            f"pass opset={known} or less (None: {DEFAULT_OPSET}, what every engine reads)"
+        )
     if opset < need:
         raise ValueError(
             f"opset {opset} cannot hold this model: {why} needs opset >= {need}; "
@@ -159,7 +164,7 @@ def to_onnx(
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
         dynamic = qmodel.qb_capture.get("dynamic", "batch")
-    args, kwargs = as_call(example_inputs, 0)
+    args, kwargs = as_call(example_inputs, "example_inputs")
     args, kwargs = check_call(qmodel, args, kwargs)  # in the capture's layout; one-line errors
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
@@ -187,7 +192,7 @@ def float_to_onnx(
             f"float_to_onnx exports a float torch model, got a {type(model).__name__}; export a "
             "QuantModel with quantbridge.export"
         )
-    call = as_call(example_inputs, 0)
+    call = as_call(example_inputs, "example_inputs")
     proto = _trace(model, call, DEFAULT_OPSET if opset is None else opset, dynamic)
     pop_calls(proto)  # no quantizer here
     return proto

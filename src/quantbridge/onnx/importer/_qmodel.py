@@ -341,7 +341,7 @@ def quant_model(
         args, dynamic = example_inputs(proto, set(graph.consts))
         kwargs = {}
     else:
-        args, kwargs = as_call(example, 0)
+        args, kwargs = as_call(example, "example_inputs")
         dynamic = "all" if _free_dims(proto, set(graph.consts)) else "batch"
     gm, dynamic = _capture_file(module, args, kwargs, dynamic, proto, set(graph.consts))
     own_parameters(gm)
