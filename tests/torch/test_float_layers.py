@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
@@ -54,3 +55,47 @@ def test_type_rule_and_nothing_float():
                         [torch.randn(4, 8)], progress=False)  # fmt: skip
     assert plain.float_layers() == {}
     assert "float weight" not in plain.summary()
+
+
+@torch.library.custom_op("qbtest::expert_mm", mutates_args=())
+def _expert_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w.transpose(-2, -1).sum(0)
+
+
+@_expert_mm.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+class _LibraryOp(nn.Module):
+    """An op of another library reading a stacked parameter, as Hugging Face mixture-of-experts
+    run ``transformers.grouped_mm_fallback`` by default."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.experts = nn.Module()
+        self.experts.w = nn.Parameter(torch.randn(3, 4, 8) * 0.3)
+
+    def forward(self, x):
+        return torch.ops.qbtest.expert_mm(self.fc(x), self.experts.w)
+
+
+def test_op_of_another_library_reading_a_parameter_is_warned_and_listed():
+    """Before: quantize said nothing (``warned: []`` for Mixtral in bench/hf_sweep), its
+    experts' weights float; export then failed on the op."""
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*qbtest::"
+                      r"expert_mm reads the parameter experts.w"):  # fmt: skip
+        qm = qb.quantize(_LibraryOp().eval(), [torch.randn(4, 8)], progress=False)
+    found = qm.float_layers()
+    assert list(found) == ["expert_mm"]  # the op's node: the model's own forward calls it
+    assert "qbtest::expert_mm reads the parameter experts.w" in found["expert_mm"]
+    # a rule that skips the layer silences the warning, and ``float_layers`` names the rule
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*stay float")
+        qm = qb.quantize(_LibraryOp().eval(), [torch.randn(4, 8)], progress=False,
+                         recipe=qb.Recipe().with_rules(qb.Rule(pattern="*", skip=True)))  # fmt: skip
+    assert (
+        qm.float_layers()["expert_mm"] == "kept float by the recipe rule (pattern='*', skip=True)"
+    )
