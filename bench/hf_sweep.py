@@ -92,6 +92,9 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     "qwen2_moe": ("qwen2_moe", MOE, "text"),
     "olmoe": ("olmoe", MOE, "text"),
     "qwen3_moe": ("qwen3_moe", dict(MOE, head_dim=8), "text"),
+    # the experts as ``W[ids]`` then ``bmm`` (HF's batched_mm): the form that exports
+    "mixtral-bmm": ("mixtral", dict(MOE, experts_implementation="batched_mm"), "text"),
+    "qwen2_moe-bmm": ("qwen2_moe", dict(MOE, experts_implementation="batched_mm"), "text"),
     # sequence to sequence
     "t5": ("t5", dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                       decoder_start_token_id=0), "s2s"),

@@ -67,35 +67,42 @@ def _(x, w):
     return x.new_empty(x.shape[0], w.shape[1])
 
 
-class _LibraryOp(nn.Module):
-    """An op of another library reading a stacked parameter, as Hugging Face mixture-of-experts
-    run ``transformers.grouped_mm_fallback`` by default."""
+class _Experts(nn.Module):
+    """Two reads of stacked parameters by an op of another library in one layer, as Hugging
+    Face mixture-of-experts run ``transformers.grouped_mm_fallback`` (gate_up_proj, down_proj)
+    by default."""
 
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.experts = nn.Module()
-        self.experts.w = nn.Parameter(torch.randn(3, 4, 8) * 0.3)
+        self.w = nn.Parameter(torch.randn(3, 4, 8) * 0.3)
+        self.w2 = nn.Parameter(torch.randn(3, 8, 4) * 0.3)
 
     def forward(self, x):
-        return torch.ops.qbtest.expert_mm(self.fc(x), self.experts.w)
+        return torch.ops.qbtest.expert_mm(torch.ops.qbtest.expert_mm(x, self.w), self.w2)
+
+
+class _LibraryOp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.experts = nn.Linear(8, 8), _Experts()
+
+    def forward(self, x):
+        return self.experts(self.fc(x))
 
 
 def test_op_of_another_library_reading_a_parameter_is_warned_and_listed():
     """Before: quantize said nothing (``warned: []`` for Mixtral in bench/hf_sweep), its
     experts' weights float; export then failed on the op."""
     torch.manual_seed(0)
-    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*qbtest::"
-                      r"expert_mm reads the parameter experts.w"):  # fmt: skip
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) with weights stay float.*'experts': qbtest::"
+                      r"expert_mm reads the parameter experts.w, experts.w2:"):  # fmt: skip
         qm = qb.quantize(_LibraryOp().eval(), [torch.randn(4, 8)], progress=False)
     found = qm.float_layers()
-    assert list(found) == ["expert_mm"]  # the op's node: the model's own forward calls it
-    assert "qbtest::expert_mm reads the parameter experts.w" in found["expert_mm"]
+    assert list(found) == ["experts"]
+    assert "qbtest::expert_mm reads the parameter experts.w" in found["experts"]
     # a rule that skips the layer silences the warning, and ``float_layers`` names the rule
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*stay float")
         qm = qb.quantize(_LibraryOp().eval(), [torch.randn(4, 8)], progress=False,
                          recipe=qb.Recipe().with_rules(qb.Rule(pattern="*", skip=True)))  # fmt: skip
-    assert (
-        qm.float_layers()["expert_mm"] == "kept float by the recipe rule (pattern='*', skip=True)"
-    )
+    assert qm.float_layers()["experts"] == "kept float by the recipe rule (pattern='*', skip=True)"

@@ -88,9 +88,10 @@ def _untabled_reason(node: torch.fx.Node, weights: list[str]) -> str:
 
 
 def unknown_readers(gm: torch.fx.GraphModule) -> list[tuple[str, str, str]]:
-    """(layer, its class name, reason) of each op of another library or an untabled aten
-    product reading an unquantized float parameter: placement's warning names them."""
-    found = []
+    """(layer, its class name, reason) of each layer whose ops of another library or untabled
+    aten products read unquantized float parameters (one entry per layer, every such parameter
+    named): placement's warning names them."""
+    found: dict[str, tuple[str, torch.fx.Node, list[str]]] = {}
     for node in gm.graph.nodes:
         if node.op == "call_function" and (
             _other_library(node) or node.target in _UNTABLED_PRODUCTS
@@ -98,8 +99,9 @@ def unknown_readers(gm: torch.fx.GraphModule) -> list[tuple[str, str, str]]:
             weights = [w for w in (_float_weight(gm, a) for a in _operands(node)) if w]
             if weights:
                 module, module_type = module_of(node)
-                found.append((module or node.name, module_type, _untabled_reason(node, weights)))
-    return found
+                entry = found.setdefault(module or node.name, (module_type, node, []))
+                entry[2].extend(w for w in weights if w not in entry[2])
+    return [(name, t, _untabled_reason(node, ws)) for name, (t, node, ws) in found.items()]
 
 
 def float_layers(gm: torch.fx.GraphModule, recipe: Recipe | None) -> dict[str, str]:
