@@ -26,6 +26,7 @@ from ..recipe import Recipe
 from ._call_guards import wrap_guards
 from ._errors import CheckpointError
 from ._fakequant import BiasQuantizer, Quantizer
+from ._float_layers import float_layers
 from ._passes import set_graph_training
 from ._pickling import reduce_quant_model
 from ._placement import CONTAINER, QuantPoint, output_quantizers
@@ -173,10 +174,18 @@ class QuantModel(torch.fx.GraphModule):
         return all(m.enabled for m in self._all_quantizers())
 
     def summary(self) -> str:
+        """One line per quantizer, then one per layer whose weight runs in float and why (a
+        recipe rule that skips it, or no int8 form: ``float_layers``)."""
         lines = []
         for name, q in self.quantizers().items():
             lines.append(f"{name}: {q.extra_repr() if isinstance(q, Quantizer) else 'int32 bias'}")
+        lines += [f"{name}: float weight, {why}" for name, why in self.float_layers().items()]
         return "\n".join(lines)
+
+    def float_layers(self) -> dict[str, str]:
+        """Layer name -> why its weight runs in float: kept by a recipe rule (named), or with no
+        int8 form (placement warned). Empty when every layer with weights is quantized."""
+        return float_layers(self, self.qb_recipe)
 
 
 # module types of higher layers with their own float switch (``quantization_enabled`` and

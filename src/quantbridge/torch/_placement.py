@@ -417,7 +417,7 @@ class _Planner:
             self.fan_out(node)
         if self.outputs:
             self.float_reads_of_inputs()
-        warn_placement(self.recipe, left_float, self.seen_modules)
+        warn_placement(self.recipe, left_float, self.seen_modules, self.graph)
         self.plan.order = list(self.points.values())
         return self.plan
 

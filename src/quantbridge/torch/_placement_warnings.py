@@ -7,11 +7,19 @@ import warnings
 
 from ..recipe import Recipe
 from ._capture import user_stacklevel
+from ._float_layers import unknown_readers
 
 
-def warn_placement(recipe: Recipe, left_float: list, seen_modules: set) -> None:
+def warn_placement(recipe: Recipe, left_float: list, seen_modules: set, graph=None) -> None:
     """``left_float``: (layer, reason) of weighted ops no rule skips that stay float;
-    ``seen_modules``: the (module path, type name) pairs the walk met."""
+    ``seen_modules``: the (module path, type name) pairs the walk met; ``graph``: the placed
+    graph, whose ops of other libraries reading parameters are named too (``unknown_readers``)."""
+    if graph is not None:
+        named = {name for name, _ in left_float}
+        left_float = left_float + [
+            (name, why) for name, module_type, why in unknown_readers(graph.owning_module)
+            if name not in named and not recipe.for_module(name, module_type)[0]
+        ]  # fmt: skip
     left_float = list(dict.fromkeys(left_float))  # a loop's steps: one entry per layer and why
     if left_float:
         shown = "; ".join(f"{name!r}: {why}" for name, why in left_float[:6])

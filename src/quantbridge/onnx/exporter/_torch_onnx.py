@@ -392,7 +392,8 @@ _OP_FIXES = {
         "Hugging Face mixture-of-experts layers (Mixtral, Qwen2-MoE ...) run their experts "
         "through this op by default: load the model with experts_implementation='batched_mm' "
         "(from_pretrained(..., experts_implementation='batched_mm'), or the config's "
-        "experts_implementation); the experts' 3-D weights stay float either way"
+        "experts_implementation), whose stacked expert weights quantbridge quantizes per (expert, "
+        "output channel); quantize again after the switch"
     ),
 }
 
