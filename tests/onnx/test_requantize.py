@@ -155,7 +155,7 @@ def test_export_of_a_zero_position_embedding(monkeypatch):
         next(p.value for p in after.metadata_props if p.key == "quantbridge.quantizers")
     )
     q_outputs = {n.output[0] for n in after.graph.node if n.op_type == "QuantizeLinear"}
-    sites = [s for v in record.values() for s in v.get("sites", ())]
+    sites = [s for v in record.values() for s in v.get("sites", ()) if s]  # "": a call removed
     assert sites and set(sites) <= q_outputs
     assert all(p.key != CALLS_KEY for p in after.metadata_props)
 

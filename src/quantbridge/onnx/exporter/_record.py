@@ -27,7 +27,7 @@ def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
     entry says ``"merged": true`` (the initializer is named after another quantizer).
 
     Each activation quantizer's ``"sites"``: the QuantizeLinear output each of its calls became,
-    in the order of its calls (``_merged_calls``), where every call has one; the optimizer's
+    in the order of its calls (``_merged_calls``), ``""`` for a call left with none; the optimizer's
     merging of identical calls (Llama's per-layer rotary unsqueeze) made several calls, of one
     or several quantizers, one tensor."""
     names = {init.name for init in model.graph.initializer}
@@ -49,8 +49,11 @@ def record_quantizers(model: onnx.ModelProto, qmodel: QuantModel) -> None:
                 record[p.name] = {
                     "kind": p.kind, "scale": same[0], "module": p.module, "merged": True
                 }  # fmt: skip
-        if p.name in record and p.kind == "activation" and sites and all(sites[0]):
-            record[p.name]["sites"] = sites[0]  # the QuantizeLinear of each call, in order
+        if p.name in record and p.kind == "activation" and sites and any(sites[0]):
+            # the QuantizeLinear of each call, in order; "" for a call the optimizer removed
+            # with no survivor (a no-op slice of a shared grid's value, crossvit's x[:, 0:1]
+            # of a full batch slice): the other calls keep their places
+            record[p.name]["sites"] = sites[0]
     props = {
         "quantbridge.recipe": qmodel.qb_recipe.to_json(),
         "quantbridge.quantizers": json.dumps(record, sort_keys=True),
