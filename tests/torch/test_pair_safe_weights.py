@@ -119,3 +119,17 @@ def test_ort_fused_equals_node_by_node(quantized, tmp_path):
         outs.append(s.run(None, {s.get_inputs()[0].name: data[1].numpy()})[0])
     # float outputs of an int8 last layer: the same int32 sums times one scale; float32 order
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_export_does_not_warn_of_saturation_for_bounded_pairs(quantized, monkeypatch):
+    """On a CPU without VNNI the exporter warns of layers whose codes can saturate; the bounded
+    codes cannot (except the depthwise conv's, which keep their min-max grid), the min-max codes
+    can. ``u8s8_saturates`` forced True: the check must not depend on this machine."""
+    from quantbridge.onnx.exporter import _export
+
+    monkeypatch.setattr(_export, "u8s8_saturates", lambda: True)
+    _, _, base, safe = quantized
+    (warned_base,) = _export.saturation_warnings(base)
+    assert "4 layer(s)" in warned_base
+    (warned_safe,) = _export.saturation_warnings(safe)
+    assert "1 layer(s) (first: '2.weight')" in warned_safe

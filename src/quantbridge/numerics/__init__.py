@@ -23,7 +23,7 @@ from ._fixed_point import (
     saturating_rounding_doubling_high_mul,
 )
 from ._intmath import ISQRT_MAX, isqrt_newton, round_divide
-from ._pair_bound import pair_bound, pair_bounded_codes, pair_bounded_scales
+from ._pair_bound import broken_pairs, pair_bound, pair_bounded_codes, pair_bounded_scales
 from ._qparams import FALLBACK_SCALE, MIN_SCALE, choose_qparams, pow2_ceil
 from ._requantize import (
     common_shift_multipliers,
@@ -57,6 +57,7 @@ __all__ = [
     "adaround_quantize",
     "beta_schedule",
     "bias_scale",
+    "broken_pairs",
     "choose_qparams",
     "common_shift_multipliers",
     "dequantize",

@@ -50,6 +50,16 @@ def pair_bound(activation_qmax: int, accumulator_max: int = INT16_MAX) -> int:
     return int(accumulator_max // activation_qmax)
 
 
+def broken_pairs(q: np.ndarray, bound: int) -> int:
+    """How many same-sign pairs ``(2j, 2j + 1)`` of the integer codes ``q`` (2-D: channels, K in
+    the engine's reduction order; an odd ``K`` padded with a zero) have ``|q_0| + |q_1| > bound``."""
+    q = np.asarray(q, dtype=np.int64)
+    if q.shape[1] % 2:
+        q = np.pad(q, ((0, 0), (0, 1)))
+    a, b = q[:, 0::2], q[:, 1::2]
+    return int(((a * b > 0) & (np.abs(a) + np.abs(b) > bound)).sum())
+
+
 def pair_bounded_codes(t: np.ndarray, qmin: int, qmax: int, bound: int) -> np.ndarray:
     """Integer codes (int64, the shape of ``t``) nearest to the real codes ``t`` (2-D: channels,
     K in the engine's reduction order) with every same-sign pair ``(2j, 2j + 1)`` of a row
