@@ -397,7 +397,8 @@ def pair_safe_recipe():
     repeat and CPU (2026-12-02, load ~15; harness /tmp/det20 of that session: the bench's QUICK
     data, ``qb.quantize``, ``accuracy._ort_eval``): ORT fused 18.31 dB (+0.31), node by node
     18.59, torch 18.45; every non-depthwise conv's codes within the bound (the transposed
-    convs', which ORT runs in float, and the depthwise convs' are not). The 0.28 dB left
+    convs', which ORT runs in float, and the depthwise convs' are not). Repeat 1: fused 18.08,
+    torch 18.20 (the split-ranges row's repeat 1 not measured on this CPU). The 0.28 dB left
     between fused and node by node is unexplained. On a VNNI CPU the bound only costs (torch
     18.45 vs 19.03): not in ``configs``, and the issue's 20 dB is not met."""
     import dataclasses
