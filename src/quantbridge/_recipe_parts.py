@@ -60,6 +60,19 @@ def check_count(what: str, value: Any) -> None:
         raise ValueError(f"{what} must be an integer >= 0 (0: off), got {value!r}")
 
 
+def check_pair_safe(pair_safe_weights: Any, adaround: Any, distill_steps: int) -> None:
+    """``Recipe.pair_safe_weights``: a bool, and alone of the methods that rewrite weight codes."""
+    if not isinstance(pair_safe_weights, bool):
+        raise ValueError(
+            f"Recipe.pair_safe_weights must be True or False, got {pair_safe_weights!r}"
+        )
+    if pair_safe_weights and (adaround is not None or distill_steps):
+        raise ValueError(
+            "Recipe.pair_safe_weights: AdaRound and distillation rewrite the weight codes after "
+            "it and would break the pair bound; use pair_safe_weights without them"
+        )
+
+
 def check_bias_correction(bias_correction: Any, mask: Any, check: Any, shrink: Any = False) -> None:
     """``Recipe.bias_correction``, ``bias_correction_mask`` (read only by the sequential
     correction), ``bias_correction_check`` and ``bias_correction_shrink`` (sequential only)."""

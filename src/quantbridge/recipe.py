@@ -65,13 +65,8 @@ range group, each group on its own int8 grids, rescaled to one range where the g
 (``torch.ptq._split_ranges``; float function unchanged; the cut weighs each channel's noise by
 the readers' weights on it; the common range's factors balance the readers' activation and
 weight rounding, ``torch.ptq._concat_ranges``, which also brings the parts of a channel
-concatenation that convs read to one range). PP-OCRv4 det on the bench's data (``python -m
-bench --quick``'s ocr_det, calibration repeat 0, ONNX Runtime fused / node by node), the
-"default" preset + 8-bit weights + ``fold_affine`` + mse: 16.01 / 15.92 -> 19.66 / 19.61 dB
-(75 int8 convs for its 64; full-range factors); with ``equalize`` too 19.96 / 20.05, with the
-balanced factors and the concatenation 20.11 / 20.21 (``bench.suite.peers.SPLIT_RANGES``, its
-docstring has the three repeats). ResNet-18-style: one split; MobileNetV2-style (ReLU6): no
-split. Opt-in: it adds convs (time) for a gain measured on one model.
+concatenation that convs read to one range). PP-OCRv4 det: ``bench.suite.peers.SPLIT_RANGES``;
+ResNet-18-style: one split; MobileNetV2-style (ReLU6): none. Opt-in: it adds convs (time).
 
 The default (issue 14) was chosen by measurement across the bench workloads; the tables,
 the peers' defaults and the reasons are in ``docs/default_recipe.md`` (7-bit weights + float
@@ -110,6 +105,7 @@ from ._recipe_parts import (
     check_bias_correction,
     check_choice,
     check_count,
+    check_pair_safe,
     check_tensor_recipe,
     did_you_mean,
     later_value,
@@ -141,6 +137,7 @@ _LATER = {
     "bias_correction_shrink": False,
     "weight_ranges": "minmax",
     "distill_steps": 0,
+    "pair_safe_weights": False,
 }
 
 
@@ -211,6 +208,8 @@ class Recipe:
     # calibration data ("output": the layer's output error; Var(x) with bias correction, which
     # removes the error's mean); ``torch.ptq._weight_ranges``
     weight_ranges: str = "minmax"
+    # 8-bit codes no int16 pair sum saturates on x86 without VNNI (``torch.ptq._pair_bound``)
+    pair_safe_weights: bool = False
     # residual adds read by a layer norm whose channels hold outliers stay float, found on the
     # first calibration batch and recorded as skip rules (``torch._outliers``; preset "transformer")
     float_outlier_residuals: bool = False
@@ -250,6 +249,7 @@ class Recipe:
         check_choice("Recipe.weight_ranges", self.weight_ranges, ("minmax", "mse", "output"))
         check_choice("Recipe.reader_bounds", self.reader_bounds, (False, True, "all"))
         check_count("Recipe.distill_steps", self.distill_steps)
+        check_pair_safe(self.pair_safe_weights, self.adaround, self.distill_steps)
         check_bias_correction(
             self.bias_correction,
             self.bias_correction_mask,

@@ -23,6 +23,7 @@ from ._fixed_point import (
     saturating_rounding_doubling_high_mul,
 )
 from ._intmath import ISQRT_MAX, divide_half_even, isqrt_newton, round_divide
+from ._pair_bound import broken_pairs, pair_bound, pair_bounded_codes, pair_bounded_scales
 from ._qparams import FALLBACK_SCALE, MIN_SCALE, choose_qparams, pow2_ceil
 from ._requantize import (
     common_shift_multipliers,
@@ -56,6 +57,7 @@ __all__ = [
     "adaround_quantize",
     "beta_schedule",
     "bias_scale",
+    "broken_pairs",
     "choose_qparams",
     "common_shift_multipliers",
     "dequantize",
@@ -72,6 +74,9 @@ __all__ = [
     "isqrt_newton",
     "multiply_by_quantized_multiplier",
     "normalize_axis",
+    "pair_bound",
+    "pair_bounded_codes",
+    "pair_bounded_scales",
     "pow2_ceil",
     "quantize",
     "quantize_bias",

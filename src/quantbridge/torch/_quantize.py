@@ -42,6 +42,7 @@ from .ptq._bias_correction import correct_bias
 from .ptq._data import collect_calls, needs_batches
 from .ptq._distill import distill
 from .ptq._equalize import equalize
+from .ptq._pair_bound import bound_weight_pairs
 from .ptq._smoothquant import replay, smooth
 from .ptq._split_ranges import split_ranges
 from .ptq._weight_ranges import fit_weight_ranges
@@ -279,6 +280,9 @@ def calibrate_and_freeze(
         fit_weight_ranges(qmodel, recipe.weight_ranges, batches, bool(recipe.bias_correction))
     warn_dead_ranges(qmodel)
     fit_bias_grids(qmodel)  # a dead channel's int32 bias must fit: raise its weight step
+    if recipe.pair_safe_weights and freeze_weights:  # codes no int16 pair sum saturates on
+        acts = recipe.activations.scheme
+        bound_weight_pairs(qmodel, acts.qmax - acts.qmin)
     if ada is not None:  # learned rounding first; bias correction then measures what is left
         if forward_loop is not None:
             kept = record_calls(forward_loop, qmodel, ada.calib_batches)

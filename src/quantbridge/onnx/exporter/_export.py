@@ -35,6 +35,7 @@ import onnx
 import torch
 
 from ..._platform import safe_weight_bound, u8s8_saturates
+from ...numerics import broken_pairs, pair_bound
 from ...torch._batches import as_call
 from ...torch._capture import (
     dynamic_shapes,
@@ -52,6 +53,7 @@ from ...torch._progress import progress_enabled, progress_scope, stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
 from ...torch._signature import check_call
+from ...torch.ptq._pair_bound import engine_rows
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
 from ._io_names import io_names_of, keep_source_names
@@ -268,6 +270,7 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
         and q.scheme.bits == 8
         and max(-q.qmin, q.qmax) > bound
         and _largest_code(qmodel, q) > bound
+        and not _pairs_within_bound(qmodel, q)  # ``Recipe.pair_safe_weights``'s codes
     ]
     # uint8 activations, and int8 ones: ONNX Runtime stores those as uint8 + 128 (QDQS8ToU8)
     eight_bit_inputs = any(
@@ -283,6 +286,22 @@ def saturation_warnings(qmodel: QuantModel) -> list[str]:
         f"The file is right for CPUs with VNNI; to run it exactly here, quantize with "
         f"recipe='int8_avx2' (7-bit weights)."
     ]
+
+
+def _pairs_within_bound(qmodel: QuantModel, q) -> bool:
+    """Whether every same-sign pair of the weight's codes in the engines' reduction order keeps
+    ``|q0| + |q1| <= numerics.pair_bound(255)``: no int16 pair sum saturates
+    (``torch.ptq._pair_bound``)."""
+    try:
+        w = weight_of(qmodel, q.weight_name)
+    except AttributeError:
+        return False
+    if q.axis != 0 or w.ndim < 2:
+        return False
+    with torch.no_grad():
+        scale = q.scale.reshape((-1,) + (1,) * (w.ndim - 1))
+        codes = torch.round(w.detach() / scale).clamp(q.qmin, q.qmax)
+    return broken_pairs(engine_rows(codes).numpy(), pair_bound(255)) == 0
 
 
 def _largest_code(qmodel: QuantModel, q) -> int:
