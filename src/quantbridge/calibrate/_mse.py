@@ -138,13 +138,15 @@ def _descend(
     hi_values = np.unique(np.append(np.minimum(hist.max, steps), hi))
     for _ in range(_DESCENT_ROUNDS):
         moved = False
-        candidates = lo_values[lo_values <= hi]
+        # never the empty range (0, 0): choose_qparams' fallback scale 1.0, not a grid the data
+        # chose (it won on integer data 0..9, which scale 1 holds exactly, and read as dead)
+        candidates = lo_values[(lo_values <= hi) & ((lo_values != 0.0) | (hi != 0.0))]
         new_lo, new_error = search_1d(
             candidates, lambda v, hi=hi: model.sse(v, np.full_like(v, hi))
         )
         if new_error < error:
             lo, error, moved = new_lo, new_error, moved or new_lo != lo
-        candidates = hi_values[hi_values >= lo]
+        candidates = hi_values[(hi_values >= lo) & ((hi_values != 0.0) | (lo != 0.0))]
         new_hi, new_error = search_1d(
             candidates, lambda v, lo=lo: model.sse(np.full_like(v, lo), v)
         )
