@@ -147,3 +147,20 @@ def test_integer_valued_data_gets_a_range_not_the_empty_fallback() -> None:
     scale, zero_point = choose_qparams(lo, hi, scheme)
     error = np.abs(fake_quantize(x, scale, zero_point, scheme.qmin, scheme.qmax) - x)
     assert error.max() <= 0.5 * float(scale) + 1e-6  # rounding only, no clipping beyond 1 step
+
+
+def test_range_is_searched_once_per_statistics(monkeypatch, heavy_tailed: np.ndarray) -> None:
+    """The answer is cached by content: a second range() does not search again; new data does."""
+    from quantbridge.calibrate import _mse
+
+    calls = []
+    search = _mse.mse_range
+    monkeypatch.setattr(_mse, "mse_range", lambda h, s: calls.append(s) or search(h, s))
+    obs = make_observer("mse")
+    obs.update(heavy_tailed[:1000])
+    first = obs.range(INT8)
+    assert obs.range(INT8) == first and len(calls) == 1
+    obs.update(heavy_tailed[1000:2000])
+    fresh = make_observer("mse")
+    fresh.update(heavy_tailed[:2000])
+    assert obs.range(INT8) == fresh.range(INT8) and len(calls) == 3

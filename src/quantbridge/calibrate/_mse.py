@@ -171,9 +171,16 @@ def mse_range(hist: Histogram, scheme: QScheme) -> tuple[float, float]:
 class MSEObserver(HistogramObserver):
     """Range minimising the expected quantize-dequantize MSE for the scheme."""
 
+    _cache: tuple[tuple, tuple[float, float]] | None = None
+
     def _range(self, scheme: QScheme | None) -> tuple[float, float]:
         scheme = self._require_scheme(scheme)
         hist = self.histogram
         if hist.min == hist.max:
             return hist.min, hist.max
-        return mse_range(hist, scheme)
+        # the last answer, keyed by the statistics' content: quantize asks twice per tensor
+        # (freeze, then dead_ranges), and the search is most of mse's cost
+        key = (scheme, hist.half_range, hist.min, hist.max, hist.counts.tobytes())
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, mse_range(hist, scheme))
+        return self._cache[1]
