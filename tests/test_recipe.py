@@ -31,12 +31,13 @@ def test_recipe_with_rules_round_trips():
 def test_default_recipe_is_the_measured_default_preset():
     """What qb.quantize / quantize_onnx / `quantbridge quantize` use without a recipe (chosen by
     measurement, quantbridge.recipe): 7-bit per-channel weights on every CPU, uint8 activations
-    (minmax), float graph outputs and bias correction (no equalization). ``Recipe()``
+    (mse), float graph outputs and bias correction (no equalization). ``Recipe()``
     itself stays the plain ``int8`` preset."""
     r = resolve_recipe(None)
     assert r == Recipe.preset("default") == resolve_recipe("default")
     assert (r.weights.scheme.qmin, r.weights.scheme.qmax) == (-63, 63)
     assert (r.activations.scheme.qmin, r.activations.scheme.qmax) == (0, 255)
+    assert r.activations.method == "mse"  # session 15 (docs/default_recipe.md)
     assert (r.quantize_outputs, r.equalize, r.bias_correction) == (False, False, "sequential")
     assert Recipe() == Recipe.preset("int8")
     assert (Recipe().weights.scheme.qmin, Recipe().quantize_outputs) == (-127, True)

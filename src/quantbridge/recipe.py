@@ -11,8 +11,8 @@ and impossible combinations raise ``ValueError`` naming the key.
 Presets (``Recipe.preset(name)``, or pass the name to ``quantize``):
 
 * ``"default"``: what ``qb.quantize``, ``qb.quantize_onnx`` and ``quantbridge quantize`` use
-  without a recipe - ``int8_avx2`` (7-bit weights) with float graph outputs and sequential
-  bias correction; see "The default" below for why.
+  without a recipe - ``int8_avx2`` (7-bit weights) with activations calibrated by ``mse``,
+  float graph outputs and sequential bias correction; see "The default" below for why.
 * ``"int8"`` (``Recipe()``): weights int8 symmetric narrow range ([-127, 127]) per output channel;
   activations uint8 asymmetric per tensor, minmax; bias int32 with scale = input x weight scale.
   uint8 activations because x86 engines run u8 x s8 kernels (VNNI ``vpdpbusd``): ONNX Runtime runs
@@ -73,7 +73,8 @@ the peers' defaults and the reasons are in ``docs/default_recipe.md`` (7-bit wei
 outputs + sequential bias correction: the only combination at or above every peer's default on
 every bench workload; sequential correction +3.3 dB on the PP-OCRv4 detector and +20 points of
 the recognizer's 256 lines over one-pass, -0.023 cosine on MiniLM-L6, traced to padded
-positions, see ``Recipe.bias_correction_mask`` / ``bias_correction_check``).
+positions, see ``Recipe.bias_correction_mask`` / ``bias_correction_check``; activations by
+``mse``: ahead of NNCF's default on the detector at the full bench sizes too, see ``PRESETS``).
 
 Weights are 7-bit ([-63, 63], stored as int8) on every machine, not ``native``: a file made
 with 8-bit weights on a VNNI CPU runs several LSB off in ONNX Runtime and OpenVINO on an x86
@@ -170,15 +171,8 @@ class Recipe:
     # conv/linear pairs through ReLU; SmoothQuant outlier migration into linears, alpha a number
     # in [0, 1] or "auto" (searched per layer); empirical bias correction, True (one float pass,
     # each layer's own error) or "sequential" (layer by layer, upstream drift too).
-    # Off in ``Recipe()`` and every preset but "default" (module docstring: where they pay).
-    # Alone, at quick bench sizes in ORT (8-bit weights, 2026-12-01): equalize MobileNetV2-style
-    # 25.40 -> 29.20 dB, ResNet-18-style 36.58 -> 36.59; smoothquant "auto" MiniLM 0.9890 ->
-    # 0.9932 cosine but MobileNetV2-style 25.40 -> 25.24 dB at 2-3x the quantize time;
-    # bias_correction "sequential" (then per layer, ~10x the time): no gain there (25.45 vs
-    # 25.48 dB); on the default preset (7-bit weights, float outputs) it gains: ResNet-18-style
-    # 44.71 -> 47.31 dB, MobileNetV2-style 49.39 -> 54.92 (one quantized pass now: 1.2-1.7x
-    # the quantize time), rec 78.5% -> 99.22% of 256 lines (percentile); MiniLM 0.855 ->
-    # 0.833. The default since stop 14.
+    # Off in ``Recipe()`` and every preset but "default" (module docstring: where they pay;
+    # each one alone: docs/default_recipe.md, "Post-training methods alone").
     equalize: bool = False
     # fold constant ``* k`` / ``+ t`` next to a conv/linear into it (``torch._fold_affine*``); off:
     # PP-OCRv4 det mse +2.2 dB, but rec 95.3% -> 84.4% lines (64) with the same final grids
@@ -401,11 +395,17 @@ PRESETS: dict[str, Recipe] = {
     ),
 }
 # The default recipe (``qb.quantize`` / ``quantize_onnx`` / ``quantbridge quantize`` without one),
-# chosen by measurement: see "The default" in the module docstring for the table and command.
-# Bias correction "sequential" (module docstring's second table): it wins on the CNNs and the
-# OCR detector and recognizer, loses 0.023 cosine on MiniLM-L6.
+# by measurement (docs/default_recipe.md). Sequential bias correction over one pass: +2.6 / +5.5
+# / +3.3 dB ResNet-18 / MobileNetV2-style / OCR det, -0.023 cosine MiniLM-L6. Activations by mse
+# over minmax (median of 3 calibration repeats, ORT; `python -m bench.peer_rows W [--sizes full]
+# --tools quantbridge --only "default;default with mse activations" --repeats 3`): det +0.75 dB
+# quick, +2.57 full (15.67 vs NNCF's 13.58: minmax's range grows with the calibration set),
+# ResNet-18-style +0.49, MobileNetV2-style +0.79, MiniLM +0.031, cls +3.1 %, rec -1 of 32/128 lines.
 PRESETS[DEFAULT] = replace(
-    PRESETS["int8_avx2"], quantize_outputs=False, bias_correction="sequential"
+    PRESETS["int8_avx2"],
+    activations=replace(_default_activations(), method="mse"),
+    quantize_outputs=False,
+    bias_correction="sequential",
 )
 
 

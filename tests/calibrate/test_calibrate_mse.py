@@ -132,3 +132,35 @@ def test_scheme_granularity_is_ignored_for_the_search(heavy_tailed: np.ndarray) 
     obs.update(heavy_tailed[:1000])
     per_channel = dataclasses.replace(INT8, granularity=PerChannel(0))
     assert obs.range(per_channel) == obs.range(INT8)
+
+
+def test_integer_valued_data_gets_a_range_not_the_empty_fallback() -> None:
+    """Regression: uint8 asymmetric on 0..9 returned (0, 0) (the descent tried hi = 0, whose
+    fallback scale 1.0 holds integers exactly), which dead_ranges reads as "saw only zeros".
+    Expected: a range over the data, every value within half a step of its grid point."""
+    x = np.arange(10, dtype=np.float32)
+    obs = make_observer("mse")
+    obs.update(x)
+    scheme = SCHEMES["uint8_asym"]
+    lo, hi = obs.range(scheme)
+    assert lo == 0.0 and 8.0 < hi <= 9.0
+    scale, zero_point = choose_qparams(lo, hi, scheme)
+    error = np.abs(fake_quantize(x, scale, zero_point, scheme.qmin, scheme.qmax) - x)
+    assert error.max() <= 0.5 * float(scale) + 1e-6  # rounding only, no clipping beyond 1 step
+
+
+def test_range_is_searched_once_per_statistics(monkeypatch, heavy_tailed: np.ndarray) -> None:
+    """The answer is cached by content: a second range() does not search again; new data does."""
+    from quantbridge.calibrate import _mse
+
+    calls = []
+    search = _mse.mse_range
+    monkeypatch.setattr(_mse, "mse_range", lambda h, s: calls.append(s) or search(h, s))
+    obs = make_observer("mse")
+    obs.update(heavy_tailed[:1000])
+    first = obs.range(INT8)
+    assert obs.range(INT8) == first and len(calls) == 1
+    obs.update(heavy_tailed[1000:2000])
+    fresh = make_observer("mse")
+    fresh.update(heavy_tailed[:2000])
+    assert obs.range(INT8) == fresh.range(INT8) and len(calls) == 3

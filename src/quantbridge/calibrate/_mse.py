@@ -138,13 +138,15 @@ def _descend(
     hi_values = np.unique(np.append(np.minimum(hist.max, steps), hi))
     for _ in range(_DESCENT_ROUNDS):
         moved = False
-        candidates = lo_values[lo_values <= hi]
+        # never the empty range (0, 0): choose_qparams' fallback scale 1.0, not a grid the data
+        # chose (it won on integer data 0..9, which scale 1 holds exactly, and read as dead)
+        candidates = lo_values[(lo_values <= hi) & ((lo_values != 0.0) | (hi != 0.0))]
         new_lo, new_error = search_1d(
             candidates, lambda v, hi=hi: model.sse(v, np.full_like(v, hi))
         )
         if new_error < error:
             lo, error, moved = new_lo, new_error, moved or new_lo != lo
-        candidates = hi_values[hi_values >= lo]
+        candidates = hi_values[(hi_values >= lo) & ((hi_values != 0.0) | (lo != 0.0))]
         new_hi, new_error = search_1d(
             candidates, lambda v, lo=lo: model.sse(np.full_like(v, lo), v)
         )
@@ -169,9 +171,16 @@ def mse_range(hist: Histogram, scheme: QScheme) -> tuple[float, float]:
 class MSEObserver(HistogramObserver):
     """Range minimising the expected quantize-dequantize MSE for the scheme."""
 
+    _cache: tuple[tuple, tuple[float, float]] | None = None
+
     def _range(self, scheme: QScheme | None) -> tuple[float, float]:
         scheme = self._require_scheme(scheme)
         hist = self.histogram
         if hist.min == hist.max:
             return hist.min, hist.max
-        return mse_range(hist, scheme)
+        # the last answer, keyed by the statistics' content: quantize asks twice per tensor
+        # (freeze, then dead_ranges), and the search is most of mse's cost
+        key = (scheme, hist.half_range, hist.min, hist.max, hist.counts.tobytes())
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, mse_range(hist, scheme))
+        return self._cache[1]

@@ -197,7 +197,7 @@ def quantize(
     refused (pass the float ``nn.Module``).
 
     ``recipe``: a ``Recipe``, its dict, a preset name or a ``.yaml``/``.json`` file; the
-    ``"default"`` preset (7-bit per-channel weights, uint8 activations, float logits, bias
+    ``"default"`` preset (7-bit per-channel weights, uint8 activations by mse, float logits, bias
     correction) was chosen by measurement: ``quantbridge.recipe`` says why. ``"int8"`` is the plain 8-bit preset with
     quantized outputs.
 
