@@ -150,7 +150,10 @@ def pre_processed(src: Path, folder: Path) -> Path:
 
     dst = folder / (src.stem + "_pre.onnx")
     if not dst.exists():
-        quant_pre_process(str(src), str(dst))
+        try:
+            quant_pre_process(str(src), str(dst))
+        except Exception:  # "Incomplete symbolic shape inference" (Resize, LSTM): ONNX's only
+            quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
     return dst
 
 

@@ -112,12 +112,12 @@ def check(path: Path, model: str, work: Path) -> dict:
         except Exception as e:
             row[f"fold_{label}"] = _err(e)
         try:
-            (low, *_) = qb.lower(str(src)).run({"x": x}).values()
+            program = qb.lower(str(src), input_shapes={"x": tuple(x.shape)})
+            (low, *_) = program.run({"x": x}).values()
             row[f"lower_{label}"] = _lsb(low, ref, lsb)
         except Exception as e:
             row[f"lower_{label}"] = _err(e)
-    # the re-export stands for the import (compare would export it again: 5-10 s a file)
-    row["compare"] = _compare(path, qm if out is None else out, x)
+    row["compare"] = _compare(path, qm, x)
     return row
 
 
@@ -151,7 +151,6 @@ def _compare(path: Path, other, x: np.ndarray) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            other = str(other) if isinstance(other, Path) else other
             res = qb.compare(str(path), other, inputs={"x": x})
         first = res.first_divergence
         errs = res.errors
@@ -256,6 +255,25 @@ def _hand_edits(folder, model, src):
     yield "edit_external_data", edited(lambda m: m, external=True)
 
 
+_COLUMNS = ["torch_vs_ort", "train", "reexport_vs_file", "fold_file", "lower_file", "compare"]
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)[:48] if value is not None else "-"
+
+
+def render(rows: list[dict]) -> str:
+    """A markdown table of the rows (LSB numbers to 2 decimals, errors cut to 48 characters)."""
+    lines = ["| file | import | " + " | ".join(_COLUMNS) + " |", "|---" * (len(_COLUMNS) + 2) + "|"]
+    for r in rows:
+        first = r.get("import", r.get("producer", r.get("sweep")))
+        cells = [r["file"].removesuffix(".onnx"), _cell(first)]
+        lines.append("| " + " | ".join(cells + [_cell(r.get(c)) for c in _COLUMNS]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(P.MODELS), default=sorted(P.MODELS))
@@ -264,7 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--folder", default=None, help="keep the files here (default: temp)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--render", nargs="+", default=None, help="JSON-lines files: table only")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render([json.loads(line) for f in args.render for line in open(f) if line.strip()]))
+        return
     torch.set_num_threads(1)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="qb_sweep_"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -283,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(render(rows))
 
 
 if __name__ == "__main__":
