@@ -285,7 +285,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render", nargs="+", default=None, help="JSON-lines files: table only")
     args = parser.parse_args(argv)
     if args.render:
-        print(render([json.loads(line) for f in args.render for line in open(f) if line.strip()]))
+        print(
+            render(
+                [json.loads(line) for f in args.render for line in open(f) if line.startswith("{")]
+            )
+        )
         return
     torch.set_num_threads(1)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="qb_sweep_"))
