@@ -37,3 +37,43 @@ def test_shape_bounds_become_a_slice_below_opset_15(bounds):
     onnx.checker.check_model(low, full_check=True)
     assert all(not n.attribute for n in low.graph.node if n.op_type == "Shape")
     np.testing.assert_array_equal(_run(low), _run(model))
+
+
+# ---- Resize's opset-18 attributes (import sweep, 2026-12-02) -------------------------------------
+# torch's exporter writes antialias=0 and keep_aspect_ratio_policy="stretch" on every
+# F.interpolate; re-exporting an imported opset-17 file holding a Resize (ConvTranspose ->
+# Resize -> Concat decoders) failed the schema check ("Unrecognized attribute:
+# keep_aspect_ratio_policy for operator Resize").
+def _resize_model(**attrs) -> onnx.ModelProto:
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="nearest",
+                            coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+                            **attrs)  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, 5, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, 10, 14])], [scales],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_neutral_resize_attributes_are_dropped_below_opset_18():
+    """The opset-17 Resize computes what the opset-18 one does, exactly (nearest: copies)."""
+    model = _resize_model(antialias=0, keep_aspect_ratio_policy="stretch")
+    low = downgrade(model, 17)
+    onnx.checker.check_model(low, full_check=True)
+    assert {a.name for a in low.graph.node[0].attribute} == {
+        "mode", "coordinate_transformation_mode", "nearest_mode"
+    }  # fmt: skip
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+           for m in (model, low)]  # fmt: skip
+    np.testing.assert_array_equal(run[1].run(None, {"x": x})[0], run[0].run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize(
+    "attrs, what", [({"antialias": 1}, "antialias"),
+                    ({"keep_aspect_ratio_policy": "not_larger"}, "keep_aspect_ratio_policy")],
+)  # fmt: skip
+def test_resize_attributes_that_change_the_result_are_refused(attrs, what):
+    with pytest.raises(ValueError, match=rf"Resize 'up': attribute {what} needs opset >= 18"):
+        downgrade(_resize_model(**attrs), 17)

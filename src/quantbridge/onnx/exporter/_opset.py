@@ -10,8 +10,10 @@ emit that changed between opset 13 and 18, as data:
   the input shape).
 
 * Case 3 - attributes that newer opsets added with a neutral default (``Reshape.allowzero=0``
-  since 14): dropped when neutral, refused otherwise. ``allowzero=1`` is neutral too when the
-  constant target shape holds no 0 (the only case where the two modes differ).
+  since 14; ``Resize.antialias=0`` and ``keep_aspect_ratio_policy="stretch"`` since 18, which
+  torch's exporter writes on every ``F.interpolate``): dropped when neutral, refused otherwise.
+  ``allowzero=1`` is neutral too when the constant target shape holds no 0 (the only case where
+  the two modes differ).
 
 * Case 4 - ``Shape`` with opset 15's ``start`` / ``end`` (the torch exporter's batch size of a
   re-exported opset-14 file, TorchScript BERT): a plain ``Shape`` then a ``Slice`` of it.
@@ -31,7 +33,11 @@ _AXES_TO_ATTRIBUTE = {
     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
 }  # fmt: skip
 # (op, attribute) -> (opset that introduced it, its neutral value)
-_NEW_ATTRIBUTES = {("Reshape", "allowzero"): (14, 0)}
+_NEW_ATTRIBUTES = {
+    ("Reshape", "allowzero"): (14, 0),
+    ("Resize", "antialias"): (18, 0),
+    ("Resize", "keep_aspect_ratio_policy"): (18, b"stretch"),
+}
 
 
 def downgrade(model: onnx.ModelProto, target: int) -> onnx.ModelProto:

@@ -182,6 +182,10 @@ class Normaliser:
                 f"{self.where(node)}: zero point {zero_point!r} is computed at run time; "
                 "quantbridge imports constant zero points only"
             )
+        if not zero_point and output_type is None and x in self.consts:
+            # no zero point: 0 of the codes' own type (a DequantizeLinear's T is its input's;
+            # an int8 weight's DQ without one is int8, not the uint8 of a missing Q zero point)
+            output_type = self.const_types.get(x) or onnx_type_of(self.consts[x])
         rank = self.consts[x].ndim if x in self.consts else self.ranks.get(x)
         where = f"{self.where(node)} operand {x!r}"
         return read_qparams(where, scale_value, zero_value, axis, rank, output_type, block_size)
