@@ -143,3 +143,21 @@ def test_a_partial_run_keeps_the_figures_it_did_not_run():
     assert entry["speed"] == {"batch 1": {"kept": True}}
     assert entry["accuracy"]["rows"][1]["tool"] == "nncf"
     assert entry["accuracy"]["rows"][1] == part["workloads"]["ocr_det"]["accuracy"]["rows"][1]
+
+
+def test_a_part_from_another_isa_is_named_in_the_header():
+    # accuracy measured on an AVX2-only machine merged into a VNNI run: the header must say so
+    # (ONNX Runtime's u8s8 kernels saturate pair sums without VNNI, so the numbers differ)
+    results = {**_whole_run(), "mode": "quick", "plan": {"repeats": 3}}
+    results["machine"]["isa"] = {"avx2": True, "avx512_vnni": True}
+    part = _run()
+    part |= {"mode": "quick", "plan": {"repeats": 3}, "command": "python -m bench --quick",
+             "started": "2026-12-02 16:00",
+             "machine": {"isa": {"avx2": True, "avx512_vnni": False}}}  # fmt: skip
+    merge.add_run(results, part)
+    assert results["added_rows"][-1]["isa_differs"] == ["avx512_vnni no (run: yes)"]
+    text = report.render(results)
+    assert "**on another machine's ISA**: avx512_vnni no (run: yes)" in text
+    same = {**part, "machine": {"isa": {"avx2": True, "avx512_vnni": True}}}
+    merge.add_run(results, same)
+    assert results["added_rows"][-1]["isa_differs"] == []

@@ -12,7 +12,8 @@ were measured when, at which version.
 A partial run (``python -m bench --quick --only W1,W2 --json PART.json``, same mode) can be added
 too: each figure it measured of a workload replaces the run's (accuracy: the rows of every tool;
 speed), a figure it did not run (``--figures accuracy``) stays the run's; its cost figure replaces
-the run's; each is listed in ``"added_rows"`` the same way.
+the run's; each is listed in ``"added_rows"`` the same way, with the instruction-set flags on
+which its machine differs from the run's (``isa_differences``).
 
 Refused (``ValueError`` naming the file and the fix): a rows file for a workload the run did not
 measure, with another number of calibration repeats (the verdicts compare repeat by repeat), or a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["add_rows", "add_run", "add_files"]
+__all__ = ["add_rows", "add_run", "add_files", "isa_differences"]
 
 
 def add_rows(results: dict, added: dict, source: str = "rows file") -> list[str]:
@@ -103,9 +104,26 @@ def add_run(results: dict, part: dict, source: str = "partial run") -> list[str]
             "git": machine.get("git") or {},
             "finished": part.get("started", "?") + " (started)",
             "load_average": load,
+            "isa_differs": isa_differences(
+                (results.get("machine") or {}).get("isa"), machine.get("isa")
+            ),
         }  # fmt: skip
     )
     return names
+
+
+def isa_differences(run: dict | None, part: dict | None) -> list[str]:
+    """The instruction-set flags on which the part's machine differs from the run's, as
+    ``"avx512_vnni no (run: yes)"``: int8 kernels differ between them (without VNNI, ONNX
+    Runtime's u8s8 pair sums saturate), so the report says where a merged figure was measured."""
+    if not run or not part:
+        return []
+    word = {True: "yes", False: "no", None: "?"}
+    return [
+        f"{flag} {word[part.get(flag)]} (run: {word[run.get(flag)]})"
+        for flag in sorted(set(run) | set(part))
+        if run.get(flag) != part.get(flag)
+    ]
 
 
 def add_files(results: dict, paths: list[Path]) -> None:

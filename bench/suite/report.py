@@ -66,9 +66,11 @@ def render(results: dict) -> str:
     for a in results.get("added_rows", []):
         load = a.get("load_average")
         at_load = f", load average {load[0]:.1f}" if load else ""
+        isa = a.get("isa_differs")
+        on = f"; **on another machine's ISA**: {', '.join(isa)}" if isa else ""
         lines += [f"Rows measured after the run and merged in (`--add`): {a['workload']}: "
                   f"{', '.join(f'`{n}`' for n in a['rows'])}, by `{a['command']}` at git "
-                  f"{_version(a['git'])}, finished {a['finished']}{at_load}.", ""]  # fmt: skip
+                  f"{_version(a['git'])}, finished {a['finished']}{at_load}{on}.", ""]  # fmt: skip
     lines += _machine(results)
     rows = targets(results)
     if rows:
