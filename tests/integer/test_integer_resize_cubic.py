@@ -4,6 +4,7 @@ same QDQ file node by node, and the three emitters."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -95,6 +96,7 @@ class _Bicubic(torch.nn.Module):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("QB_SKIP_SLOW") == "1", reason="QB_SKIP_SLOW=1")
 def test_torch_bicubic_export_lowers_and_matches_ort(tmp_path, layerwise, three_emitters):
     """qb.quantize + qb.export of torch's bicubic upsampling: the exporter writes mode=cubic,
     cubic_coeff_a=-0.75 with half_pixel / align_corners (both asserted), lowered with a static
