@@ -38,8 +38,8 @@ def test_linear_resize_matches_ort(mode, by, qdq_graph, layerwise, three_emitter
 def test_refused_resize_names_the_node_and_the_fix(qdq_graph):
     g = qdq_graph((1, 2, 4, 4), scale=0.05, zero=128)
     scales = g.const(np.array([1, 1, 2, 2], np.float32))
-    r = g.node("Resize", [g.x, "", scales], mode="cubic")
-    with pytest.raises(qb.LoweringError, match=r"Resize 'resize_\d+': mode=cubic.*nearest"):
+    r = g.node("Resize", [g.x, "", scales], mode="cubic", antialias=1)  # (cubic lowers)
+    with pytest.raises(qb.LoweringError, match=r"Resize 'resize_\d+': mode=cubic.*antialias"):
         qb.lower(g.model(g.quant(r, 0.05, 128)))
 
 

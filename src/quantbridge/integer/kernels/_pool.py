@@ -92,3 +92,21 @@ def resize_linear(attrs, x: np.ndarray) -> np.ndarray:
     y = requantize(acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"],
                    attrs["qmax"])  # fmt: skip
     return y.astype(attrs["dtype"])
+
+
+@register_kernel("resize_cubic")
+def resize_cubic(attrs, x: np.ndarray) -> np.ndarray:
+    """Cubic Resize: along each resized axis ``(axis, taps, weights)`` (both ``(n_out, 4)``:
+    source indices clamped to the axis, integer weights summing to ``2**F``), ``acc[o] =
+    sum_t acc[taps[o, t]] weights[o, t]`` on centered codes (exact in int64; ``K`` axes scale it
+    by ``2**(K F)``), then one requantization (``lowering._resize``)."""
+    acc = x.astype(np.int64) - np.int64(attrs["x_zero"])
+    for axis, taps, weights in attrs["axes"]:
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        taps, weights = np.asarray(taps, np.int64), np.asarray(weights, np.int64)
+        acc = sum(np.take(acc, taps[:, t], axis=axis) * weights[:, t].reshape(shape)
+                  for t in range(taps.shape[1]))  # fmt: skip
+    y = requantize(acc, attrs["multiplier"], attrs["shift"], attrs["out_zero"], attrs["qmin"],
+                   attrs["qmax"])  # fmt: skip
+    return y.astype(attrs["dtype"])

@@ -309,6 +309,7 @@ def lower(
     graph = model.graph
     env = _graph_inputs(graph)
     b = Builder(accumulator_bits, shapes)
+    b.ours = any(t.name.startswith("_quantbridge.") for t in graph.initializer)
     b.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     for name in [t for n in graph.node for t in n.input] + [o.name for o in graph.output]:
         b.readers[name] = b.readers.get(name, 0) + 1

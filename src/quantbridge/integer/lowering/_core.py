@@ -181,6 +181,7 @@ class Builder:
         self.opset = 21  # the model's default-domain opset (``lower`` sets it)
         self.index_inputs: dict[str, Any] = {}  # integer graph input -> its IndexValue
         self.realized: dict[str, QTensor] = {}  # a pending value realized for a float function
+        self.ours = False  # the file is quantbridge's own export (``_quantbridge.`` initializers)
 
     def dim(self, name: str, axis: int) -> int | None:
         """A static dimension of ONNX tensor ``name`` (shape inference), or None."""

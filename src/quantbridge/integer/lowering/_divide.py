@@ -10,7 +10,12 @@ Cases, in the order ``division`` asks them:
 2. ``Div(a, d)`` of two tensors with no constant on either side (convnextv2's GRN
    ``||x|| / (mean ||x|| + eps)``): each operand as codes (a quantized tensor, a per-tensor
    quantized constant, or a float result with a bound realized on int16 codes as every float op
-   reads one, ``_qdq.float_result_codes``), then one ``divide`` step at the QuantizeLinear.
+   reads one, ``_qdq.float_result_codes``), then one ``divide`` step at the QuantizeLinear;
+3. the denominator ``acc + eps`` of efficientvit's linear attention (``q @ (k^T [v, 1])``, its
+   last column ``q . sum_n k_n`` sliced off the unquantized MatMul result, plus ``eps``): the
+   ``Add`` (``accumulator_plus_constant``) keeps the accumulator on an int32 grid of its own
+   unit, exact, with ``eps`` in those units rounded up (so it stays > 0), and the ``divide``
+   step reads those int32 codes.
 
 A division by a float constant or of functions of one 8-bit tensor stays a table or a
 multiplication (``_eltwise``); this module sees only what those leave.
@@ -27,6 +32,7 @@ from ...numerics import fixed_point_multiplier
 from .._program import QTensor
 from ._core import (
     Builder,
+    Const,
     Elementwise,
     LoweringError,
     Pending,
@@ -40,7 +46,7 @@ from ._core import (
     register_lowering,
 )
 from ._l2 import L2Norm, l2_norm_value, root_shift
-from ._qdq import float_result_codes
+from ._qdq import float_result_codes, rescale_sum
 
 LIMIT = 2**62  # each operand of the int64 division stays below it (divide_half_even's contract)
 
@@ -95,9 +101,54 @@ def _codes(b: Builder, node: onnx.NodeProto, v: Value | None, i: int) -> QTensor
     raise LoweringError(
         f"{describe_node(node)}: its input {node.input[i]!r} has no integer codes (a float value "
         "with no QuantizeLinear and no known bound); add a QuantizeLinear -> DequantizeLinear "
-        f"pair on {node.input[i]!r}, or quantize the float model with quantbridge, which "
-        "quantizes every activation"
+        f"pair on {node.input[i]!r}"
+        + (
+            " (quantbridge's export left it float: please report the model)"
+            if b.ours
+            else ", or quantize the float model with quantbridge, which quantizes every activation"
+        )
     )
+
+
+INT32_TOP = 2**31 - 1
+
+
+def accumulator_plus_constant(
+    b: Builder, node: onnx.NodeProto, ins: list[Value | None]
+) -> Value | None:
+    """``Add(acc, c)`` of a MatMul accumulator that no QuantizeLinear follows (moved by a Slice,
+    ...: ``Pending.accumulator``, one scale ``u``) and a float scalar ``c > 0`` (a denominator's
+    eps): the accumulator realized exactly as int32 codes of ``u / 2**s`` (``acc << s``, ``s``
+    the most that keeps ``bound 2**s + e`` in int32), then ``e = ceil(c 2**s / u)`` added by an
+    exact ``rescale_sum``. The denominator is then at most ``u / 2**s`` above the float
+    model's, and never 0 where the float one is ``eps``. None when ``ins`` is not that."""
+    if node.op_type != "Add" or len(ins) != 2:
+        return None
+    for v, c in (ins, ins[::-1]):
+        if (isinstance(v, Pending) and v.accumulator is not None and isinstance(c, Const)
+                and np.size(v.accumulator.scale) == 1 and np.size(c.array) == 1
+                and c.array.dtype.kind == "f"
+                and float(np.ravel(c.array)[0]) > 0):  # fmt: skip
+            break
+    else:
+        return None
+    unit, eps = float(np.ravel(v.accumulator.scale)[0]), float(np.ravel(c.array)[0])
+    bound = max(v.accumulator.bound, 1.0)
+    s = max(0, math.floor(math.log2(INT32_TOP / (bound + 1))))
+    while s > 0 and bound * 2**s + math.ceil(eps * 2**s / unit) > INT32_TOP:
+        s -= 1
+    e = max(1, math.ceil(eps * 2**s / unit))
+    if bound * 2**s + e > INT32_TOP:
+        return None
+    name = node_name(node)
+    acc = b.tensor(name + "_accumulator", np.int32, unit / 2**s, 0)
+    lo = -INT32_TOP if v.lo == -math.inf else max(-INT32_TOP, math.ceil(v.lo / acc.scale))
+    hi = INT32_TOP if v.hi == math.inf else min(INT32_TOP, math.floor(v.hi / acc.scale))
+    v.realize(b, acc, lo, max(lo, hi))
+    out = b.like(name, acc)
+    rescale_sum(b, name, [acc, b.constant(name + "_eps", np.array(e, np.int32), acc.scale, 0)],
+                out, -INT32_TOP, INT32_TOP)  # fmt: skip
+    return QValue(out)
 
 
 def _divide(b: Builder, node: onnx.NodeProto, a: QTensor, d: QTensor) -> Pending:

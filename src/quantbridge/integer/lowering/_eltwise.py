@@ -49,7 +49,7 @@ from ._core import (
     node_name,
     register_lowering,
 )
-from ._divide import division
+from ._divide import accumulator_plus_constant, division
 from ._groupnorm import Normalized, as_codes, as_operands, fold_affine, settled
 from ._index import additive_mask, integer_arithmetic
 from ._l2 import L2Norm
@@ -193,14 +193,19 @@ def _operand(b: Builder, node: onnx.NodeProto, v: Value | None, i: int = -1) -> 
         scale = float(np.asarray(v.scale).reshape(()))
         return b.constant(node_name(node) + "_operand", v.q, scale, zero)
     if isinstance(v, Pending | Elementwise) and 0 <= i < len(node.input):
+        what = (
+            "quantbridge's export left it float (no integer lowering reads this pattern yet: "
+            "please report it with the model); add a QuantizeLinear -> DequantizeLinear pair "
+            if b.ours
+            else "the tool that wrote the file left it float, as NNCF does with a BERT's "
+            "attention inputs. Quantize it: re-quantize the float model with quantbridge "
+            "(`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, which quantizes every "
+            "activation), or add a QuantizeLinear -> DequantizeLinear pair "
+        )
         raise LoweringError(
             f"{describe_node(node)}: its input {node.input[i]!r} is a float value computed from "
-            "quantized tensors with no QuantizeLinear before this op (the tool that wrote the "
-            "file left it float, as NNCF does with a BERT's attention inputs), and no bound on "
-            "its range is known here, so it has no integer codes. Quantize it: re-quantize the "
-            "float model with quantbridge (`quantbridge quantize FLOAT.onnx --calib CALIB.npz`, "
-            f"which quantizes every activation), or add a QuantizeLinear -> DequantizeLinear "
-            f"pair on {node.input[i]!r}"
+            "quantized tensors with no QuantizeLinear before this op, and no bound on its range "
+            f"is known here, so it has no integer codes; {what}on {node.input[i]!r}"
         )
     raise LoweringError(
         f"{describe_node(node)}: operands must be quantized tensors (or per-tensor quantized "
@@ -255,6 +260,9 @@ def _binary(b: Builder, node: onnx.NodeProto, ins: list[Value | None]) -> list[V
     scaled = scaled_accumulator(node, ins)  # Bloom: (q @ k^T) * alpha
     if scaled is not None:
         return [scaled]
+    denominator = accumulator_plus_constant(b, node, ins)  # efficientvit: acc + eps
+    if denominator is not None:
+        return [denominator]
     ins = _float_sums_on_int16_grid(b, node, ins)
     ins = _float_constants_on_fine_grid(node, ins)
     ins = _float_factor_on_int16_grid(node, ins)
