@@ -296,8 +296,8 @@ def _pairs_within_bound(qmodel: QuantModel, q) -> bool:
         w = weight_of(qmodel, q.weight_name)
     except AttributeError:
         return False
-    if q.axis != 0 or w.ndim < 2:
-        return False
+    if q.axis != 0 or w.ndim < 2 or q.scale.numel() not in (1, w.shape[0]):
+        return False  # blocked or stacked (MoE) grids: not bounded by that pass, so warn
     with torch.no_grad():
         scale = q.scale.reshape((-1,) + (1,) * (w.ndim - 1))
         codes = torch.round(w.detach() / scale).clamp(q.qmin, q.qmax)
