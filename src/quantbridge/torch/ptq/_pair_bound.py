@@ -28,35 +28,24 @@ from __future__ import annotations
 
 import torch
 
-from ...numerics import PerChannel, pair_bound, pair_bounded_codes, pair_bounded_scales
+from ...numerics import pair_bound, pair_bounded_codes, pair_bounded_scales
 from .._fakequant import WeightQuantizer
 from .._model import keep_float_weight
 from .._nodes import weight_of
-from ._graph import CONV_OPS
+from ._weight_ranges import _layers as weight_range_layers
 
 aten = torch.ops.aten
 
 
 def _layers(qmodel) -> list[tuple[torch.fx.Node, WeightQuantizer]]:
-    """(node, weight quantizer) of each conv / linear whose weights the pass bounds."""
-    found = []
-    for node in qmodel.graph.nodes:
-        if node.op != "call_function" or node.target not in (*CONV_OPS, aten.linear.default):
-            continue
-        arg = node.args[1] if len(node.args) > 1 else None
-        if not (isinstance(arg, torch.fx.Node) and arg.op == "call_module"):
-            continue
-        q = qmodel.get_submodule(arg.target)
-        if not isinstance(q, WeightQuantizer) or not q.enabled or q.learnable:
-            continue
-        s = q.scheme
-        if not (isinstance(s.granularity, PerChannel) and s.symmetric and s.signed) or q.axis != 0:
-            continue
-        w = weight_of(qmodel, q.weight_name)
-        if w.ndim > 2 and w.shape[1] == 1:  # depthwise (or one input channel): int32 kernel
-            continue
-        found.append((node, q))
-    return found
+    """(node, weight quantizer) of each conv / linear whose weights the pass bounds: those of
+    ``weight_ranges`` (symmetric signed per-output-channel grids), less depthwise convs."""
+    return [
+        (node, q)
+        for node, q in weight_range_layers(qmodel)
+        # depthwise (or one input channel): int32 kernel, no pair sums
+        if not ((w := weight_of(qmodel, q.weight_name)).ndim > 2 and w.shape[1] == 1)
+    ]
 
 
 def engine_rows(w: torch.Tensor) -> torch.Tensor:
