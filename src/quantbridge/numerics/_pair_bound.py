@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._qparams import MIN_SCALE
+from ._weight_ranges import best_channel_scales
 
 INT16_MAX = 32767
 PAIR_SCALE_STEPS = 41  # ratios tried by ``pair_bounded_scales`` (as ``DEFAULT_RATIOS``)
@@ -106,15 +106,9 @@ def pair_bounded_scales(
     d = np.ones_like(w) if importance is None else np.asarray(importance, dtype=np.float64)
     amax = np.abs(w).max(axis=1)
     widest = max(1.0, qmax / max(bound // 2, 1))
-    best_scale = best_err = None
-    for r in np.linspace(1.0, widest, steps):
-        scale = np.maximum(amax * float(r) / qmax, MIN_SCALE).astype(np.float32)
+
+    def error(scale: np.ndarray) -> np.ndarray:
         s = scale.astype(np.float64)[:, None]
-        err = (d * (w - s * pair_bounded_codes(w / s, qmin, qmax, bound)) ** 2).sum(axis=1)
-        if best_err is None:
-            best_scale, best_err = scale, err
-            continue
-        better = err < best_err
-        best_scale = np.where(better, scale, best_scale)
-        best_err = np.where(better, err, best_err)
-    return np.asarray(best_scale, dtype=np.float32)
+        return (d * (w - s * pair_bounded_codes(w / s, qmin, qmax, bound)) ** 2).sum(axis=1)
+
+    return best_channel_scales(amax, np.linspace(1.0, widest, steps), qmax, error)

@@ -60,11 +60,18 @@ def weighted_mse_scales(
     d = np.ones_like(w) if importance is None else np.asarray(importance, dtype=np.float64)
     if np.any(d < 0) or not np.all(np.isfinite(d)):
         raise ValueError("importance (E[x^2] per input) must be finite and >= 0")
-    amax = np.abs(w).max(axis=1)
+    return best_channel_scales(
+        np.abs(w).max(axis=1), ratios, qmax, lambda s: weighted_rounding_error(w, s, qmin, qmax, d)
+    )
+
+
+def best_channel_scales(amax: np.ndarray, ratios, qmax: int, error) -> np.ndarray:
+    """Per output channel, the scale ``max(amax r / qmax, MIN_SCALE)`` (float32) over ``ratios``
+    with the least ``error(scale)`` (one error per channel); the first ratio wins ties."""
     best_scale = best_err = None
     for r in ratios:
         scale = np.maximum(amax * float(r) / qmax, MIN_SCALE).astype(np.float32)
-        err = weighted_rounding_error(w, scale, qmin, qmax, d)
+        err = error(scale)
         if best_err is None:
             best_scale, best_err = scale, err
             continue
