@@ -216,3 +216,46 @@ def test_export_and_compare_name_a_missing_input_and_an_unknown_opset(tmp_path):
     with pytest.raises(ValueError, match=r"opset 99: the installed onnx .* knows opsets up to"):
         qb.export(qmodel, tmp_path / "m.onnx", x[0], opset=99, progress=False)
     assert not (tmp_path / "m.onnx").exists()
+
+
+# ---- session 16: the three mistakes session 15's sweep noticed and left ------------------------
+
+
+def test_export_of_a_list_of_batches_says_example_inputs_is_one_batch(tmp_path):
+    """Before: "bad call of forward(input): too many positional arguments", no hint that
+    ``example_inputs`` takes one batch (users pass their calibration list)."""
+    data = _data()
+    q = _quantize(nn.Sequential(nn.Linear(4, 4)), data)
+    with pytest.raises(
+        TypeError, match=r"a list of 2 is read as 2 positional inputs.*batches\[0\]"
+    ):
+        qb.export(q, tmp_path / "m.onnx", data)
+    assert not (tmp_path / "m.onnx").exists()
+    qb.export(q, tmp_path / "m.onnx", data[0], progress=False)  # one batch: written
+    assert (tmp_path / "m.onnx").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["m.pt", "m.PTH", "m.ckpt"])
+def test_export_to_a_torch_checkpoint_name_points_to_save(tmp_path, name):
+    """Before: ``qb.export(q, "m.pt", x)`` wrote an ONNX file named .pt and said nothing; then
+    ``qb.load("m.pt")`` or ``torch.load`` failed far from the mistake."""
+    data = _data()
+    q = _quantize(nn.Sequential(nn.Linear(4, 4)), data)
+    with pytest.raises(ValueError, match=r"export writes an ONNX file.*name it \.onnx.*qb\.save"):
+        qb.export(q, tmp_path / name, data[0])
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize(
+    "engine, fix",
+    [("tensorrt", r"engine='onnxruntime', providers=\['TensorrtExecutionProvider'"),
+     ("TRT", r"TensorRT runs through ONNX Runtime"),
+     ("cuda", r"CUDA is a device: engine='onnxruntime', device='cuda'")],
+)  # fmt: skip
+def test_to_engine_names_the_engine_a_backend_runs_through(engine, fix):
+    """Before: ``to_engine(q, "tensorrt")`` said "unknown engine; known engines: onnxruntime,
+    openvino" while ``compare`` lists tensorrt (through ORT's TensorRT provider)."""
+    data = _data()
+    q = _quantize(nn.Sequential(nn.Linear(4, 4)), data)
+    with pytest.raises(ValueError, match=fix):
+        qb.to_engine(q, engine, example_inputs=data[0])

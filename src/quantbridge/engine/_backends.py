@@ -195,6 +195,15 @@ ENGINES: dict[str, Callable[[bytes, int | None, dict], Any]] = {
     "openvino": OpenVinoSession,
 }
 _ALIASES = {"ort": "onnxruntime", "ov": "openvino"}
+# names users try that run through a known engine: what to write instead
+_THROUGH = {
+    "tensorrt": "TensorRT runs through ONNX Runtime: engine='onnxruntime', "
+    "providers=['TensorrtExecutionProvider', 'CUDAExecutionProvider'] (onnxruntime-gpu with "
+    "TensorRT installed)",
+    "cuda": "CUDA is a device: engine='onnxruntime', device='cuda' (onnxruntime-gpu)",
+    "cpu": "CPU is a device: engine='onnxruntime' (or 'openvino'), device='cpu'",
+}
+_THROUGH["trt"] = _THROUGH["tensorrt"]
 
 
 def engine_name(engine: str) -> str:
@@ -202,6 +211,8 @@ def engine_name(engine: str) -> str:
     if not isinstance(engine, str):
         raise TypeError(f"engine must be a name such as 'onnxruntime', got {type(engine).__name__}")
     name = _ALIASES.get(engine.lower(), engine.lower())
+    if name in _THROUGH:
+        raise ValueError(f"engine={engine!r}: {_THROUGH[name]}")
     if name not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
     return name

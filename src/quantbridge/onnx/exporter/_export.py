@@ -167,7 +167,17 @@ def to_onnx(
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
         dynamic = qmodel.qb_capture.get("dynamic", "batch")
     args, kwargs = as_call(example_inputs, "example_inputs")
-    args, kwargs = check_call(qmodel, args, kwargs)  # in the capture's layout; one-line errors
+    try:
+        args, kwargs = check_call(qmodel, args, kwargs)  # in the capture's layout; one-line errors
+    except TypeError as e:
+        if isinstance(example_inputs, list) and len(example_inputs) > 1:  # the calibration list?
+            raise TypeError(
+                f"{e}. example_inputs is one batch (a tensor, a tuple of positional inputs or a "
+                f"dict); a list of {len(example_inputs)} is read as {len(example_inputs)} "
+                "positional inputs: for a list of calibration batches pass one of them, e.g. "
+                "example_inputs=batches[0]"
+            ) from None
+        raise
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
@@ -390,6 +400,9 @@ def float_weights(model: onnx.ModelProto) -> list[str]:
 TARGETS = ("onnxruntime", "openvino")  # qb.export(target=...): the layouts, first the default
 
 
+_TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")  # what qb.save writes, not ONNX
+
+
 def export(
     qmodel: QuantModel,
     path: str | os.PathLike,
@@ -424,6 +437,12 @@ def export(
             "(an ONNX Runtime file is the canonical QDQ form every other tool reads)"
         )
     path = _check_writable(path)
+    if os.path.splitext(path)[1].lower() in _TORCH_SUFFIXES:
+        raise ValueError(
+            f"export writes an ONNX file, and {str(path)!r} is named as a torch checkpoint: name "
+            "it .onnx; to save the QuantModel for torch (qb.load, training on), use "
+            f"qb.save(qmodel, {str(path)!r})"
+        )
     with progress_scope(progress_enabled(progress)):
         model = to_onnx(qmodel, example_inputs, opset=opset, dynamic=dynamic)
     if target == "openvino":
