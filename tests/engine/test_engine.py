@@ -290,8 +290,8 @@ def test_repr_shows_engine_precision_signature_and_file_size(fast):
 
 def test_to_engine_input_errors(qmodel, data):
     x, _ = data
-    with pytest.raises(ValueError, match="unknown engine 'tensorrt'; known engines: onnxruntime"):
-        qb.to_engine(qmodel, "tensorrt")
+    with pytest.raises(ValueError, match="unknown engine 'tvm'; known engines: onnxruntime"):
+        qb.to_engine(qmodel, "tvm")
     with pytest.raises(TypeError, match="has no option 'devise'; its options are device"):
         qb.to_engine(qmodel, "onnxruntime", devise="cpu")
     with pytest.raises(TypeError, match="needs example_inputs= for a Nested"):

@@ -29,7 +29,7 @@ from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils._pytree import tree_map
 
-from ._batches import describe
+from ._batches import as_call, describe
 from ._capture import user_stacklevel
 from ._positional import default_text, forward_parameters, is_default, to_capture_layout
 
@@ -297,6 +297,23 @@ def _shape(t: torch.Tensor) -> str:
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
+
+
+def check_example(module: nn.Module, example_inputs: Any) -> tuple[tuple, dict]:
+    """``example_inputs`` (one batch, ``as_call``) checked by ``check_call``; a list of several
+    batches - the calibration list passed where one batch belongs - gets the hint to pass one."""
+    args, kwargs = as_call(example_inputs, "example_inputs")
+    try:
+        return check_call(module, args, kwargs)
+    except TypeError as e:
+        if isinstance(example_inputs, list) and len(example_inputs) > 1:
+            n = len(example_inputs)
+            raise TypeError(
+                f"{e}. example_inputs is one batch (a tensor, a tuple of positional inputs or a "
+                f"dict); a list of {n} is read as {n} positional inputs: for a list of "
+                "calibration batches pass one of them, e.g. example_inputs=batches[0]"
+            ) from None
+        raise
 
 
 def check_call_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -52,7 +52,7 @@ from ...torch._placement import CONTAINER
 from ...torch._progress import progress_enabled, progress_scope, stage
 from ...torch._qat import folded_copy
 from ...torch._replace import adopt_replaced_layers
-from ...torch._signature import check_call
+from ...torch._signature import check_example
 from ...torch.ptq._pair_bound import engine_rows
 from ._blocked_layout import untranspose_blocked_weights
 from ._int4 import pack_4bit_weights
@@ -166,18 +166,7 @@ def to_onnx(
         qmodel = folded_copy(qmodel)  # QAT models may still hold batch norms
     if dynamic is None:  # a model quantized with dynamic="all" exports with dynamic sizes
         dynamic = qmodel.qb_capture.get("dynamic", "batch")
-    args, kwargs = as_call(example_inputs, "example_inputs")
-    try:
-        args, kwargs = check_call(qmodel, args, kwargs)  # in the capture's layout; one-line errors
-    except TypeError as e:
-        if isinstance(example_inputs, list) and len(example_inputs) > 1:  # the calibration list?
-            raise TypeError(
-                f"{e}. example_inputs is one batch (a tensor, a tuple of positional inputs or a "
-                f"dict); a list of {len(example_inputs)} is read as {len(example_inputs)} "
-                "positional inputs: for a list of calibration batches pass one of them, e.g. "
-                "example_inputs=batches[0]"
-            ) from None
-        raise
+    args, kwargs = check_example(qmodel, example_inputs)  # capture's layout; one-line errors
     with export_mode(qmodel):
         model = _trace(qmodel, (args, kwargs), opset, dynamic)
     relu_into_quantize(model)  # symmetric int8 grids after a ReLU: the form ONNX Runtime fuses
