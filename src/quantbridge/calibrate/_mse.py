@@ -30,7 +30,9 @@ Search (candidate thresholds ``T_k = k w`` and ``max|x|``; range ``[max(min, -T)
 Cost. A candidate's error is summed by rounding cells (``_Cells``: exact int64 moments of the
 bins inside each cell, the per-bin formula only for bins a cell boundary cuts), O(levels)
 instead of O(bins): on 325 histograms of ResNet-18-style and PP-OCRv4 det (8192 bins, int8 /
-uint8) the search took 0.019 s a tensor instead of 0.127 s, with the identical ranges.
+uint8, ~105 candidates a call) the search takes 28 ms a tensor instead of 65 (one thread; 33
+instead of 116 ms wall with numpy's two default threads, which the per-bin matrix product used),
+with the identical ranges.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class ErrorModel:
             edges[-1] = hist.max
         self.edges = edges
         self.widths = np.diff(edges)
+        self.density = self.counts / self.widths
         self.scheme = dataclasses.replace(scheme, granularity=PerChannel(0))
         self.cells = _Cells.of(hist, first, last, self.counts, scheme)
 
@@ -114,14 +117,6 @@ class ErrorModel:
             return self.cells.sse(self, scale, u_lo, u_hi)
         cumulative = cumulative_squared_error(self.edges[None, :], scale, u_lo, u_hi)
         return (np.diff(cumulative, axis=1) / self.widths) @ self.counts
-
-    def bins_sse(
-        self, bins: np.ndarray, scale: np.ndarray, u_lo: np.ndarray, u_hi: np.ndarray
-    ) -> np.ndarray:
-        """Each bin's expected squared error, ``c_j (E(e_{j+1}) - E(e_j)) / w_j``, per candidate."""
-        left = cumulative_squared_error(self.edges[bins], scale, u_lo, u_hi)
-        right = cumulative_squared_error(self.edges[bins + 1], scale, u_lo, u_hi)
-        return (right - left) * (self.counts[bins] / self.widths[bins])
 
 
 class _Cells:
@@ -184,17 +179,24 @@ class _Cells:
         quarter = 0.25 * self.width * self.width
         cells = quarter * (a - 2.0 * d * t + d * d * count) + count * (self.width**2 / 12.0)
         total = cells.sum(axis=1)
-        # the cut bins, once each (two boundaries in one bin), and the two outer bins
+        # the cut bins, once each (two boundaries in one bin), and the two outer bins: the
+        # per-bin formula on both edges in one evaluation, weight 0 where a cut is not counted
         inside = (cut > 0) & (cut < self.n - 1)
         inside[:, 1:] &= cut[:, 1:] != cut[:, :-1]
-        rows, cols = np.nonzero(inside)
-        if rows.size:
-            bins = cut[rows, cols][:, None]
-            exact = model.bins_sse(bins, scale[rows], u_lo[rows], u_hi[rows])
-            total += np.bincount(rows, weights=exact.reshape(-1), minlength=total.size)
-        outer = np.unique(np.array([0, self.n - 1]))
-        total += model.bins_sse(outer, scale, u_lo, u_hi).sum(axis=1)
-        return total
+        outer = np.zeros_like(cut[:, :1])
+        bins = np.concatenate([outer, np.where(inside, cut, 0), outer + (self.n - 1)], axis=1)
+        density = model.density
+        weight = np.concatenate(
+            [
+                np.full(outer.shape, density[0] if self.n > 1 else 0.0),  # one bin: once
+                np.where(inside, density[bins[:, 1:-1]], 0.0),
+                np.full(outer.shape, density[-1]),
+            ],
+            axis=1,
+        )
+        edges = np.stack([model.edges[bins], model.edges[bins + 1]])
+        cumulative = cumulative_squared_error(edges, scale, u_lo, u_hi)
+        return total + ((cumulative[1] - cumulative[0]) * weight).sum(axis=1)
 
 
 def search_1d(
