@@ -188,7 +188,7 @@ class _Cells:
         density = model.density
         weight = np.concatenate(
             [
-                np.full(outer.shape, density[0] if self.n > 1 else 0.0),  # one bin: once
+                np.full(outer.shape, density[0]),  # n >= 4 levels: two distinct outer bins
                 np.where(inside, density[bins[:, 1:-1]], 0.0),
                 np.full(outer.shape, density[-1]),
             ],
