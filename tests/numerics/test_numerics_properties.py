@@ -2,6 +2,7 @@
 float64 references, plus numpy/torch bit equality on arbitrary float32 data."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,3 +149,22 @@ def test_fake_quantize_is_dequantize_of_quantize_bit_for_bit(
         np.testing.assert_array_equal(
             _bits(fake_quantize(xs, s, z, qmin, qmax, axis)), _bits(expected)
         )
+
+
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_fake_quantize_traces_with_fake_tensors(mode):
+    """Tracing (fake or symbolic tensors, as torch.export and torch.compile do) takes the
+    composition, not the per-tensor CPU path, which reads the scale as a Python number: the
+    traced graph gives the eager result to the bit."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.linspace(-3.0, 3.0, 97).reshape(1, 97)
+    scale, zero_point = torch.tensor(0.05), torch.tensor(7.0)
+
+    def fq(t, s, z):
+        return fake_quantize(t, s, z, 0, 255)
+
+    graph = make_fx(fq, tracing_mode=mode)(x, scale, zero_point)
+    np.testing.assert_array_equal(
+        _bits(graph(x, scale, zero_point)), _bits(fq(x, scale, zero_point))
+    )
