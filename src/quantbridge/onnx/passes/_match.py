@@ -110,14 +110,17 @@ def weight_for(g: GraphView, activation: QParams, w: QInput) -> tuple[QInput, li
     ``activation_type=QInt8, weight_type=QUInt8`` writes them) get their weight's codes and zero
     point moved down by 128. That is exact: ``w - z == (w - 128) - (z - 128)`` and both stay in
     int8. A per-channel uint8 weight would need zero points -128 (QLinearConv takes per-channel
-    zero points 0 only) unless every zero point is 128 (symmetric uint8: they become 0, for
-    uint8 activations too), and a
-    uint8 *activation* as second operand is not a constant to shift: both decline (the op stays
-    QDQ, ``quantbridge fold`` lists it as not folded)."""
-    if w.params.dtype != TensorProto.UINT8:
-        return w, []
-    if w.params.per_tensor and activation.dtype != TensorProto.INT8:
-        return w, []  # (uint8, uint8): registered
+    zero points 0, or one value for every channel) unless every zero point is 128 (symmetric
+    uint8: they become 0), and a uint8 *activation* as second operand is not a constant to
+    shift: both decline (the op stays QDQ, ``quantbridge fold`` lists it as not folded).
+
+    With uint8 activations a uint8 weight stays uint8, per tensor or per channel (zero points
+    then 128, the one per-channel form ``_weight`` passes): (uint8, uint8) is registered and its
+    products are exact on every CPU, while (uint8, int8) is summed pairwise in int16 with
+    saturation on x86 without VNNI (``quantbridge._platform``): moving full-range uint8 weights
+    to int8 there changed ORT's per-channel u8u8 MiniLM-style file by 56 output steps."""
+    if w.params.dtype != TensorProto.UINT8 or activation.dtype != TensorProto.INT8:
+        return w, []  # (uint8, uint8), (int8|uint8, int8): registered
     stored = g.array(w.tensor)
     symmetric = np.all(np.asarray(w.params.zero_point_value) == 128)
     if stored is None or not (w.params.per_tensor or symmetric):
