@@ -83,12 +83,19 @@ def q_output(g: GraphView, node: onnx.NodeProto) -> QOutput | None:
 
 
 def operands(g: GraphView, *params: QParams) -> tuple[list[tuple[str, str]], list]:
-    """(scale, zero point) name pairs for QOperator inputs, and the zero points it had to make."""
+    """(scale, zero point) name pairs for QOperator inputs, and the constants it had to make:
+    missing zero points, and scalars for per-tensor parameters stored with shape [1] (older
+    exporters write them; QuantizeLinear takes them, ONNX Runtime's QLinearAdd, QLinearMul, ...
+    refuse them: "Scale and Zero-point must be a scalar")."""
     pairs, inits = [], []
     for p in params:
         p, new = g.with_zero_point(p)
-        pairs.append((p.scale, p.zero_point))
         inits += new
+        names = [p.scale, p.zero_point]
+        if p.per_tensor:
+            values = (p.scale_value, p.zero_point_value)
+            names = [g.scalar(n, v, inits) for n, v in zip(names, values, strict=True)]
+        pairs.append((names[0], names[1]))
     return pairs, inits
 
 
