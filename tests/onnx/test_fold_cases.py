@@ -613,3 +613,28 @@ def test_folding_a_folded_model_says_so():
     with pytest.warns(UserWarning, match=r"already folded \(QLinearConv\): nothing left to fold"):
         twice = qb.fold(once)
     assert twice.graph == once.graph
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT4, TensorProto.UINT4])
+def test_not_applied_four_bit_codes_stay_behind_their_dequantize(dtype):
+    """Case 1 does not move 4-bit codes: ONNX Runtime 1.32 has no int4 / uint4 Identity,
+    Reshape, Transpose ... kernel. ORT's quantize_static(weight_type=QInt4) shares one LayerNorm
+    weight through Identity nodes; the fold sank the weight's DQ below them and the folded file
+    failed to load ("Type 'tensor(int4)' of input parameter ... of operator (Identity) ... is
+    invalid"; import sweep, 2026-12-03). 4-bit weights are not folded (no QOperator op takes
+    them): the model keeps its QDQ form and ORT computes the same, 0 LSB."""
+    g = QDQGraph((2, 16), opset=21)
+    low, high = (-8, 8) if dtype == TensorProto.INT4 else (0, 16)
+    codes = RNG.integers(low, high, (16, 4))
+    w = helper.make_tensor("w4", dtype, [16, 4], codes.reshape(-1).tolist())
+    zp = helper.make_tensor("w4_zp", dtype, [], [0 if dtype == TensorProto.INT4 else 8])
+    g.inits += [w, zp]
+    weight = g.op("DequantizeLinear", ["w4", g.const(np.float32(0.02)), "w4_zp"])
+    shared = g.op("Identity", [weight])
+    model = g.model(g.op("MatMul", [g.x, shared]), 0.1, 128)
+    folded = FoldQOperator()(model).model
+    onnx.checker.check_model(folded, full_check=True)
+    users = {n.op_type for n in folded.graph.node if "w4" in n.input}
+    assert users == {"DequantizeLinear"}, users
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))
