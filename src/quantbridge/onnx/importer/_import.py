@@ -69,6 +69,7 @@ from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 from ._site import DYNAMIC_SITE_HANDLER, SITE_HANDLER
 from ._symbolic import check_at_import
+from ._weight_layout import sink_weight_layout
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
@@ -111,6 +112,7 @@ def import_onnx(
     proto = widen_float16(proto)  # ModelOpt's float16 graphs, read as float32 (warns)
     if is_quantized(proto):
         proto = fold_constant_quantize(proto)  # float weights quantized at run time: their codes
+        proto = sink_weight_layout(proto)  # DQ(W^T) -> Transpose -> MatMul: W's codes moved
         normalised, record = normalise(proto, _ranks(proto))
         graph, module = _float_module(normalised, frozenset(record.weights))
         return quant_model(module, graph, record, proto, example_inputs, learn_scales)
