@@ -21,7 +21,13 @@ import platform
 from pathlib import Path
 
 _X86 = ("x86_64", "amd64", "i386", "i686")
+
 _INT32_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+class SaturationWarning(UserWarning):
+    """The exported or folded form is correct, but this machine's int8 engines will not compute
+    it exactly (uint8 x int8 pair sums saturating in int16, above)."""
 
 
 @functools.cache

@@ -77,3 +77,40 @@ def test_neutral_resize_attributes_are_dropped_below_opset_18():
 def test_resize_attributes_that_change_the_result_are_refused(attrs, what):
     with pytest.raises(ValueError, match=rf"Resize 'up': attribute {what} needs opset >= 18"):
         downgrade(_resize_model(**attrs), 17)
+
+
+# ---- LSTM / GRU / RNN layout (import sweep, 2026-12-03) ------------------------------------------
+# The torch exporter writes layout=0 on every recurrent op (opset 14 added it); re-exporting an
+# imported opset-13 file holding an LSTM and a GRU failed ("ValidationError: Unrecognized
+# attribute: layout for operator LSTM").
+def _recurrent_model(op: str, layout: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    w = helper.make_tensor("W", TensorProto.FLOAT, [1, gates * 4, 3],
+                           rng.standard_normal(gates * 12).astype(np.float32))  # fmt: skip
+    r = helper.make_tensor("R", TensorProto.FLOAT, [1, gates * 4, 4],
+                           rng.standard_normal(gates * 16).astype(np.float32))  # fmt: skip
+    node = helper.make_node(op, ["x", "W", "R"], ["y"], name="rec", hidden_size=4, layout=layout)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 2, 4])], [w, r],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_time_major_recurrent_layout_is_dropped_below_opset_14(op):
+    """layout=0 is opset 13's only layout: the opset-13 op computes the same, bit for bit."""
+    model = _recurrent_model(op, 0)
+    low = downgrade(model, 13)
+    onnx.checker.check_model(low, full_check=True)
+    assert "layout" not in {a.name for a in low.graph.node[0].attribute}
+    x = np.random.default_rng(1).standard_normal((5, 2, 3)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+           for m in (model, low)]  # fmt: skip
+    np.testing.assert_array_equal(run[1].run(None, {"x": x})[0], run[0].run(None, {"x": x})[0])
+
+
+def test_batch_major_recurrent_layout_is_refused_below_opset_14():
+    with pytest.raises(ValueError, match=r"LSTM 'rec': attribute layout needs opset >= 14"):
+        downgrade(_recurrent_model("LSTM", 1), 13)

@@ -522,7 +522,8 @@ def test_per_channel_uint8_weights(zero_point, folds, act):
     """Per channel, QLinearConv takes zero points 0 only: a symmetric uint8 weight (every zero
     point 128) moves to int8 with zero points 0 (exact, as per tensor); other zero points stay QDQ.
     Either way the file loads and agrees with ORT on the QDQ file (1 LSB: a float tie there).
-    With uint8 activations the symmetric weight moves to int8 too ((u8, s8) is registered)."""
+    With uint8 activations the symmetric weight stays uint8 ((u8, u8) is registered and exact on
+    every CPU; ``test_uint8_activations_keep_full_range_uint8_weights``)."""
     shape = (2, 3, 6, 6)
     g = QDQGraph(shape, zero_point=3 if act == np.int8 else 131, dtype=act)
     w = RNG.integers(72, 185, (4, 3, 3, 3)).astype(np.uint8)
@@ -541,9 +542,39 @@ def test_per_channel_uint8_weights(zero_point, folds, act):
     folded = _fold_and_check(model, shape, {"QLinearConv": 1}, float_in_ort=True)
     integer_op = next(n for n in folded.graph.node if n.op_type == "QLinearConv")
     inits = {i.name: i for i in folded.graph.initializer}
-    assert inits[integer_op.input[3]].data_type == TensorProto.INT8  # the shifted codes
     zero = numpy_helper.to_array(inits[integer_op.input[5]])
+    if act == np.uint8:  # kept: (u8, u8)
+        assert inits[integer_op.input[3]].data_type == TensorProto.UINT8
+        assert zero.dtype == np.uint8 and np.all(zero == 128)
+        return
+    assert inits[integer_op.input[3]].data_type == TensorProto.INT8  # the shifted codes
     assert zero.dtype == np.int8 and not zero.any()  # 128 - 128, per channel
+
+
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
+def test_uint8_activations_keep_full_range_uint8_weights(op):
+    """ONNX Runtime's quantize_static(per_channel=True, weight_type=QUInt8) writes symmetric
+    uint8 weights (zero points 128) with codes over all of [0, 255]. The fold used to move them to
+    int8 for uint8 activations; ONNX Runtime then runs (u8, s8), which x86 CPUs without VNNI sum
+    pairwise in int16 with saturation (per-channel u8u8 MiniLM-style file: 56 output steps off
+    there). Kept uint8, (u8, u8) is exact on every CPU: 0 LSB against ORT's own fusion of the QDQ
+    file, as every exactly-folded case (module docstring)."""
+    shape = (2, 8, 6, 6) if op == "Conv" else (2, 5, 32)
+    g = QDQGraph(shape, zero_point=131, dtype=np.uint8)
+    w_shape, axis = ((4, 8, 3, 3), 0) if op == "Conv" else ((32, 6), 1)
+    w = RNG.integers(0, 256, w_shape).astype(np.uint8)
+    w.reshape(-1)[:2] = (0, 255)  # the codes' full range
+    channels = w_shape[axis]
+    scales = np.linspace(0.002, 0.005, channels).astype(np.float32)
+    weight = g.dq(g.const(w, "w"), scales, np.full(channels, 128, np.uint8), np.uint8, axis=axis)
+    kw = {"kernel_shape": [3, 3]} if op == "Conv" else {}
+    t = g.op(op, [g.x, weight], **kw)
+    model = g.model(t, 0.25, zero_point=123, dtype=np.uint8)
+    fused = "QLinearConv" if op == "Conv" else "QLinearMatMul"
+    folded = _fold_and_check(model, shape, {fused: 1}, float_in_ort=op == "MatMul")
+    integer_op = next(n for n in folded.graph.node if n.op_type == fused)
+    inits = {i.name: i for i in folded.graph.initializer}
+    assert inits[integer_op.input[3]].data_type == TensorProto.UINT8  # the weight, as stored
 
 
 def test_int8_activation_times_uint8_activation_stays_qdq():
@@ -582,3 +613,28 @@ def test_folding_a_folded_model_says_so():
     with pytest.warns(UserWarning, match=r"already folded \(QLinearConv\): nothing left to fold"):
         twice = qb.fold(once)
     assert twice.graph == once.graph
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT4, TensorProto.UINT4])
+def test_not_applied_four_bit_codes_stay_behind_their_dequantize(dtype):
+    """Case 1 does not move 4-bit codes: ONNX Runtime 1.32 has no int4 / uint4 Identity,
+    Reshape, Transpose ... kernel. ORT's quantize_static(weight_type=QInt4) shares one LayerNorm
+    weight through Identity nodes; the fold sank the weight's DQ below them and the folded file
+    failed to load ("Type 'tensor(int4)' of input parameter ... of operator (Identity) ... is
+    invalid"; import sweep, 2026-12-03). 4-bit weights are not folded (no QOperator op takes
+    them): the model keeps its QDQ form and ORT computes the same, 0 LSB."""
+    g = QDQGraph((2, 16), opset=21)
+    low, high = (-8, 8) if dtype == TensorProto.INT4 else (0, 16)
+    codes = RNG.integers(low, high, (16, 4))
+    w = helper.make_tensor("w4", dtype, [16, 4], codes.reshape(-1).tolist())
+    zp = helper.make_tensor("w4_zp", dtype, [], [0 if dtype == TensorProto.INT4 else 8])
+    g.inits += [w, zp]
+    weight = g.op("DequantizeLinear", ["w4", g.const(np.float32(0.02)), "w4_zp"])
+    shared = g.op("Identity", [weight])
+    model = g.model(g.op("MatMul", [g.x, shared]), 0.1, 128)
+    folded = FoldQOperator()(model).model
+    onnx.checker.check_model(folded, full_check=True)
+    users = {n.op_type for n in folded.graph.node if "w4" in n.input}
+    assert users == {"DequantizeLinear"}, users
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_array_equal(_run_ort(folded, x), _run_ort(model, x))

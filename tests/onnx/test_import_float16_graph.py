@@ -117,3 +117,70 @@ def test_float16_graph_imports_as_float32(tmp_path):
     }
     assert float(np.float16(A_SCALE)) in scales and X_SCALE in scales
     assert np.abs(_ort(again, x) - y).max() <= 1e-5 * np.abs(y).max()
+
+
+def _float_lstm_file() -> onnx.ModelProto:
+    """A float (unquantized) whole-float16 graph, as ModelOpt's default mode writes a model it
+    quantizes nothing of: x -> Cast(float16) -> LSTM (float16 W, R, B) -> Squeeze -> Gemm
+    (float16) -> Cast(float) -> y."""
+    rng = np.random.default_rng(0)
+    seq, batch, inp, hidden = 5, 2, 3, 4
+
+    def f16(shape, name):
+        return numpy_helper.from_array(rng.uniform(-0.5, 0.5, shape).astype(np.float16), name)
+
+    inits = [f16((1, 4 * hidden, inp), "W"), f16((1, 4 * hidden, hidden), "R"),
+             f16((1, 8 * hidden), "B"), f16((2, hidden), "fc_w"), f16((2,), "fc_b"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis1")]  # fmt: skip
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16, name="in_cast"),
+        helper.make_node(
+            "LSTM", ["x16", "W", "R", "B"], ["h_all", "h_last"], hidden_size=hidden, name="lstm"
+        ),  # fmt: skip
+        helper.make_node("Squeeze", ["h_all", "axis1"], ["h"], name="squeeze"),
+        helper.make_node("Gemm", ["h_last_2d", "fc_w", "fc_b"], ["y16"], transB=1, name="fc"),
+        helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT, name="out_cast"),
+    ]
+    nodes.insert(3, helper.make_node("Reshape", ["h_last", "shape"], ["h_last_2d"], name="flat"))
+    inits.append(numpy_helper.from_array(np.array([batch, hidden], np.int64), "shape"))
+    graph = helper.make_graph(
+        nodes, "lstm16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, inp])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 2]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT16, [seq, batch, hidden])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_float16_float_graph_imports_trainable_float32_layers():
+    """A float16 graph with nothing quantized took the float import, which kept it float16: the
+    LSTM's float16 weights were refused as a layer (computed from frozen constants: only the Gemm
+    trained, 2 of 6 parameters) and five Adam steps on the float16 Gemm gave a NaN loss
+    (ModelOpt's default-mode file of an LSTM/GRU model, the import sweep of 2026-12-03). Now it
+    is widened to float32 as a quantized float16 graph is: every layer trains."""
+    model = _float_lstm_file()
+    with pytest.warns(Float16GraphWarning, match=r"in_cast \(x -> float16\)"):
+        module = qb.import_onnx(model.SerializeToString())
+    params = dict(module.named_parameters())
+    assert len(params) == 6 and all(p.dtype == torch.float32 for p in params.values())
+    x = np.random.default_rng(1).uniform(-2, 2, (5, 2, 3)).astype(np.float32)
+    with torch.no_grad():
+        y = module(torch.from_numpy(x))[0].numpy()
+    # ORT on the float16 file: at most each op's float16 rounding (2^-11 relative), 5 LSTM
+    # steps plus the Gemm, |y| < 1: 4e-3 (~8 * 2^-11). Measured 6e-8 over 5 seeds (ORT's CPU
+    # computes these float16 ops in float32 and rounds the results)
+    expected = _ort(model, x)
+    assert np.abs(y - expected).max() <= 4e-3
+    opt = torch.optim.Adam(module.parameters(), lr=1e-3)
+    target = torch.zeros(2, 2)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(module(torch.from_numpy(x))[0], target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]

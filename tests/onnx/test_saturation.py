@@ -108,3 +108,30 @@ def test_imported_file_warns_by_its_codes_not_its_grid(exports, tmp_path, preset
         qb.export(imported, tmp_path / "again.onnx", torch.randn(2, 3, 32, 32))
     saturation = [w for w in caught if issubclass(w.category, SaturationWarning)]
     assert len(saturation) == (1 if warns and u8s8_saturates() else 0)
+
+
+@pytest.mark.parametrize(("preset", "warns"), [("int8_avx2", False), ("int8", True)])
+def test_fold_warns_where_the_folded_layers_saturate(exports, preset, warns):
+    """``qb.fold`` of a file with full-range int8 weights said nothing while ORT ran the folded
+    model off its QDQ arithmetic on this CPU (import sweep, 2026-12-03: ORT's per-channel u8s8
+    MiniLM-style file folded to 54 output steps off, MobileNetV2-style 3). It now warns as
+    ``qb.export`` does, on CPUs without VNNI only, by the weights' codes."""
+    path, _, scale, _ = exports[preset]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        folded = qb.fold(str(path))
+    saturation = [w for w in caught if issubclass(w.category, SaturationWarning)]
+    assert len(saturation) == (1 if warns and u8s8_saturates() else 0)
+    if saturation:
+        assert "reduce_range=True" in str(saturation[0].message)
+    assert any(n.op_type == "QLinearConv" for n in folded.graph.node)
+
+
+def test_fold_saturation_check_reads_the_codes(exports, monkeypatch):
+    """Whatever this CPU: with saturation assumed, full-range codes are named, 7-bit ones not."""
+    from quantbridge.onnx.passes import _saturation
+
+    monkeypatch.setattr(_saturation, "u8s8_saturates", lambda: True)
+    full = _saturation.saturating_layers(qb.fold(str(exports["int8"][0])))
+    assert full and all(isinstance(n, str) for n in full)
+    assert _saturation.saturating_layers(qb.fold(str(exports["int8_avx2"][0]))) == []

@@ -365,14 +365,42 @@ def match_sources(sites: list[Site], available: set[str]) -> dict[str, str]:
     return {s.name: s.source for s in sites if s.source and s.source in available}
 
 
-def match_other_file(sites: list[Site], other: list[Site]) -> dict[str, str]:
+def quantizer_sites(model: onnx.ModelProto) -> dict[str, str]:
+    """Quantized tensor -> the activation quantizer that wrote it, from quantbridge's export
+    record (merged quantizers included: each keeps its own tensors); empty if none."""
+    for prop in model.metadata_props:
+        if prop.key == QUANTIZERS_KEY:
+            record = json.loads(prop.value)
+            return {
+                t: k
+                for k, v in record.items()
+                if v.get("kind") == "activation"
+                for t in v.get("sites", ())
+            }
+    return {}
+
+
+def match_other_file(
+    sites: list[Site], other: list[Site], recorded: dict[str, str] | None = None
+) -> dict[str, str]:
     """Site name -> the matching site name of a second quantized file: same tensor name, else
-    the same float source tensor; each site of ``other`` is used once."""
+    the same float source tensor, else (``recorded``: ``other``'s ``quantizer_sites``) the
+    tensor of ``other``'s quantizer named after the site's source tensor (a QuantizeLinear's
+    input) or after the site itself (a QOperator op's output), as a QuantModel imported from the
+    first file names its quantizers, and its export records; each site of ``other`` is used
+    once."""
+    recorded = recorded or {}
     by_name = {s.name: s for s in other}
     by_source = {s.source: s for s in other if s.source}
+    by_quantizer: dict[str, Site] = {}
+    for s in other:  # a quantizer's first tensor: data movement after it reuses its grid
+        if s.name in recorded:
+            by_quantizer.setdefault(recorded[s.name], s)
     found, used = {}, set()
     for s in sites:
         hit = by_name.get(s.name) or (by_source.get(s.source) if s.source else None)
+        if hit is None:
+            hit = by_quantizer.get(s.source or s.name)
         if hit is not None and hit.name not in used:
             found[s.name] = hit.name
             used.add(hit.name)

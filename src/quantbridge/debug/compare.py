@@ -28,7 +28,13 @@ from ._gain_norm import (
     quotient_bound,
 )
 from ._gain_output import terms_bound
-from ._match import Site, find_sites, has_weight_only_weights, match_other_file
+from ._match import (
+    Site,
+    find_sites,
+    has_weight_only_weights,
+    match_other_file,
+    quantizer_sites,
+)
 from ._match_float import match_float_file
 from ._metrics import tensor_metrics
 from ._result import SCHEMA, CompareResult
@@ -66,7 +72,7 @@ class _Run:
         if subj.float_pairs is not None:
             return subj.float_pairs[site][1]
         if subj is not ref_subj and subj.onnx is not None:
-            return "name, else the QuantizeLinear's input"  # match_other_file
+            return "name, else the QuantizeLinear's input or quantizer record"  # match_other_file
         if self.engine.startswith("torch"):
             return "placement record" if subj.onnx is not None else "output position"
         return "same file"
@@ -88,7 +94,8 @@ def _plan(subjects, engines, sites, own_sites) -> tuple[list[_Run], dict[str, st
         rename = {s.name: s.name for s in sites}
         subj_sites = own_sites.get(subj.tag, sites)
         if subj_sites is not sites:
-            rename = {v: k for k, v in match_other_file(sites, subj_sites).items()}
+            recorded = quantizer_sites(subj.onnx)
+            rename = {v: k for k, v in match_other_file(sites, subj_sites, recorded).items()}
         for engine in names:
             spec = engine_spec(engine)
             name = engine if len(subjects) == 1 else f"{subj.tag}:{engine}"

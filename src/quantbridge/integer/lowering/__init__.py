@@ -62,6 +62,7 @@ from ._core import (
 )
 from ._decomposed_norm import fuse_decomposed_layer_norms
 from ._outputs import graph_outputs, with_input_shapes
+from ._shape_fold import fold_shape_arithmetic
 
 QUANTIZATION_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
                     "ConvInteger", "MatMulInteger"}  # fmt: skip
@@ -97,6 +98,24 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
                and n.op_type in ("QuantizeLinear", "DequantizeLinear")]  # fmt: skip
     if contrib:
         model = _standard_qdq_copy(model)
+    shapes = _inferred_shapes(model)
+    unknown = sum(None in s for s in shapes.values())
+    while unknown:  # shape arithmetic inference did not follow; each round may free the next
+        folded = fold_shape_arithmetic(model, shapes)  # block's (its Shape ops read them)
+        if folded is None:
+            break
+        del folded.graph.value_info[:]  # the file's symbolic entries would stand
+        for name, shape in _inferred_shapes(folded).items():
+            old = shapes.get(name)
+            if old is None or sum(d is None for d in shape) < sum(d is None for d in old):
+                shapes[name] = shape
+        unknown, before = sum(None in s for s in shapes.values()), unknown
+        if unknown >= before:
+            break
+    return shapes
+
+
+def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
     try:  # data_prop: a Reshape to a shape computed by Shape ops (torch's GroupNorm) is known
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes only sharpen bounds; lowering reports what it lacks

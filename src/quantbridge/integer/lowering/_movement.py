@@ -225,11 +225,14 @@ def _resize_attrs(node, ins, a) -> dict[str, Any]:
         v = a.get(key, default)
         return v.decode() if isinstance(v, bytes) else v
 
+    # Resize-10 is (x, scales) only, Upsample's semantics: asymmetric coordinates, floor; from
+    # opset 11 on, scales is input 2 (after roi) and the attributes say how
+    opset10 = len(node.input) == 2
     mode, coordinates = (
         text("mode", "nearest"),
-        text("coordinate_transformation_mode", "half_pixel"),
+        "asymmetric" if opset10 else text("coordinate_transformation_mode", "half_pixel"),
     )
-    nearest = text("nearest_mode", "round_prefer_floor")
+    nearest = "floor" if opset10 else text("nearest_mode", "round_prefer_floor")
     if mode != "nearest" or coordinates not in COORDINATES or a.get("antialias", 0):
         raise LoweringError(
             f"{describe_node(node)}: mode={mode}, coordinate_transformation_mode={coordinates}; "
@@ -237,7 +240,7 @@ def _resize_attrs(node, ins, a) -> dict[str, Any]:
         )
     if a.get("axes") is not None or text("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise LoweringError(f"{describe_node(node)}: axes / keep_aspect_ratio_policy not lowered")
-    scales = ins[2] if len(ins) > 2 else None
+    scales = ins[1] if opset10 else ins[2] if len(ins) > 2 else None
     sizes = _ints(node, ins[3], "sizes") if len(ins) > 3 and ins[3] is not None else None
     scale_list = None
     if sizes is None:

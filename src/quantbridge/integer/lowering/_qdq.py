@@ -55,7 +55,8 @@ def widen(a: np.ndarray) -> np.ndarray:
 def qparams(node: onnx.NodeProto, scale: Value | None, zero: Value | None) -> tuple:
     """(scale array, zero point array) of a Q/DQ node; the zero point defaults to uint8 0, or
     to ``output_dtype`` where opset 21 gives one. int4 / uint4 zero points come back as int8 /
-    uint8 (``widen``)."""
+    uint8 (``widen``). One-element parameters (shape [1], as older exporters write a per-tensor
+    scale) come back as scalars: the lowerings read a per-tensor grid off 0-d arrays."""
     s = np.asarray(as_const(node, scale, "scale"))
     if zero is None:
         dtype = attrs_of(node).get("output_dtype", onnx.TensorProto.UINT8) or 2
@@ -63,6 +64,8 @@ def qparams(node: onnx.NodeProto, scale: Value | None, zero: Value | None) -> tu
     else:
         z = np.asarray(as_const(node, zero, "zero point"))
     z = widen(z)
+    if s.size == 1 and z.size == 1:
+        s, z = s.reshape(()), z.reshape(())
     if not np.issubdtype(z.dtype, np.integer):
         raise LoweringError(f"{describe_node(node)}: zero point type {z.dtype} is not an integer")
     return s, z

@@ -15,6 +15,7 @@ from .._program import Boundary, QTensor
 from ._core import (
     Builder,
     Const,
+    IndexValue,
     IntInput,
     LoweringError,
     QConst,
@@ -50,6 +51,12 @@ def int_operand(b: Builder, node, v: Value | None, scale: float, zero: int) -> Q
         return t
     if isinstance(v, Const) and np.issubdtype(v.array.dtype, np.integer):
         return b.constant(node_name(node) + "_operand", v.array, scale, zero)
+    if isinstance(v, IndexValue) and not v.logical and v.tensor.dtype.itemsize <= 2:
+        # integer codes computed by the graph: rows of an int8 table gathered by token ids
+        # (ORT's QOperator embedding read by QLinearMatMul), the same integers on this grid
+        t = b.tensor(node_name(node) + "_operand", v.tensor.dtype, scale, zero)
+        b.step("cast", node_name(node) + "_operand", [v.tensor], t, dtype=t.dtype, logical=False)
+        return t
     raise LoweringError(f"{describe_node(node)}: an operand is not integer codes")
 
 

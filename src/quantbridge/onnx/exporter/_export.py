@@ -34,7 +34,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..._platform import safe_weight_bound, u8s8_saturates
+from ..._platform import SaturationWarning, safe_weight_bound, u8s8_saturates
 from ...numerics import broken_pairs, pair_bound
 from ...torch._batches import as_call
 from ...torch._capture import (
@@ -70,11 +70,6 @@ from ._torch_onnx import export_program
 
 class PerformanceWarning(UserWarning):
     """The exported form is correct but runs slowly on common engines."""
-
-
-class SaturationWarning(UserWarning):
-    """The exported form is correct, but this machine's int8 engines will not compute it exactly
-    (see ``quantbridge._platform``)."""
 
 
 DEFAULT_OPSET = 18  # the torch exporter's native opset; lower targets go through _opset.downgrade

@@ -10,8 +10,9 @@ emit that changed between opset 13 and 18, as data:
   the input shape).
 
 * Case 3 - attributes that newer opsets added with a neutral default (``Reshape.allowzero=0``
-  since 14; ``Resize.antialias=0`` and ``keep_aspect_ratio_policy="stretch"`` since 18, which
-  torch's exporter writes on every ``F.interpolate``): dropped when neutral, refused otherwise.
+  and ``LSTM`` / ``GRU`` / ``RNN`` ``layout=0`` (time-major) since 14; ``Resize.antialias=0`` and
+  ``keep_aspect_ratio_policy="stretch"`` since 18, which torch's exporter writes on every
+  ``F.interpolate``): dropped when neutral, refused otherwise.
   ``allowzero=1`` is neutral too when the constant target shape holds no 0 (the only case where
   the two modes differ).
 
@@ -35,6 +36,9 @@ _AXES_TO_ATTRIBUTE = {
 # (op, attribute) -> (opset that introduced it, its neutral value)
 _NEW_ATTRIBUTES = {
     ("Reshape", "allowzero"): (14, 0),
+    ("LSTM", "layout"): (14, 0),
+    ("GRU", "layout"): (14, 0),
+    ("RNN", "layout"): (14, 0),
     ("Resize", "antialias"): (18, 0),
     ("Resize", "keep_aspect_ratio_policy"): (18, b"stretch"),
 }

@@ -77,7 +77,10 @@ def _dynamic_operand(ctx: Normaliser, node: onnx.NodeProto, y: str, zero_point: 
 @rule("ConvInteger", "MatMulInteger")
 def _integer_op(ctx: Normaliser, node: onnx.NodeProto) -> None:
     inputs = list(node.input) + [""] * (4 - len(node.input))
-    if inputs[0] in ctx.pending:  # rows of an integer table (Case 5b), read on its own grid
+    if inputs[0] in ctx.pending or ctx.grid(inputs[0]) is not None:
+        # rows of an integer table (Case 5b) read on its own grid, whether this op is its first
+        # reader or a DequantizeLinear before it was (ONNX Runtime's quantized embedding feeding
+        # both the model and a MatMulInteger)
         mul, w_scale, y_scale = _rescale(ctx, node, None)
         y = ctx.read(node, inputs[0], ctx.qparams_named(node, inputs[0], y_scale, inputs[2]))
     else:

@@ -69,6 +69,7 @@ from ._quantized import RULES, SITE_DOMAIN, is_quantized, normalise
 from ._registry import OnnxNode, OpHandler, as_tensor, lookup, supported_ops
 from ._site import DYNAMIC_SITE_HANDLER, SITE_HANDLER
 from ._symbolic import check_at_import
+from ._weight_layout import sink_weight_layout
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _RANDOM_OPS = {
@@ -95,8 +96,9 @@ def import_onnx(
     them learnable, LSQ) and whose weights are the file's dequantized integers (``_quantized``,
     ``_qmodel``). ``example_inputs`` (a tensor, tuple or dict, as a calibration batch) is needed
     for quantized models whose inputs have free dimensions besides the batch.
-    A quantized float16 graph (NVIDIA ModelOpt's default mode) is imported in float32 with its
-    grids kept exactly, with a ``Float16GraphWarning`` (``_fp16``).
+    A float16 graph (NVIDIA ModelOpt's default mode, quantized or not) is imported in float32,
+    quantization grids kept exactly, with a ``Float16GraphWarning`` (``_fp16``): layers are built
+    in float32, where standard optimizers train them (Adam's eps is 0 in float16).
 
     Raises ``ValueError`` naming the ONNX node, the op and its opset for anything it cannot import
     exactly; unsupported ops of a quantized model are listed together.
@@ -107,9 +109,10 @@ def import_onnx(
     sizes to try (default 2 for the batch, 64 + i for other free dimensions).
     """
     proto = qonnx_to_qcdq(_load(model))  # QONNX's Quant op (Brevitas, FINN) as Q -> Clip -> DQ
+    proto = widen_float16(proto)  # ModelOpt's float16 graphs, read as float32 (warns)
     if is_quantized(proto):
-        proto = widen_float16(proto)  # ModelOpt's float16 graphs, read as float32 (warns)
         proto = fold_constant_quantize(proto)  # float weights quantized at run time: their codes
+        proto = sink_weight_layout(proto)  # DQ(W^T) -> Transpose -> MatMul: W's codes moved
         normalised, record = normalise(proto, _ranks(proto))
         graph, module = _float_module(normalised, frozenset(record.weights))
         return quant_model(module, graph, record, proto, example_inputs, learn_scales)

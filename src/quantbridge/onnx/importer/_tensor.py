@@ -421,11 +421,15 @@ register("Resize", since=11, static=(1, 2, 3), check=_check_resize)(_resize)
 def _check_upsample(node: OnnxNode) -> None:
     if node.attr("mode", "nearest") != "nearest":
         raise ValueError(
-            f"{node.where()}: Upsample mode {node.attr('mode')!r} (asymmetric coordinates) has no "
-            "torch equivalent; only mode='nearest' is supported. Re-export with Resize"
+            f"{node.where()}: {node.op_type} mode {node.attr('mode')!r} (asymmetric coordinates) "
+            "has no torch equivalent; only mode='nearest' is supported. Re-export with opset >= 11 "
+            "(Resize with a coordinate_transformation_mode)"
         )
 
 
+# Resize-10 is Upsample-9 renamed: (x, scales), asymmetric coordinates, nearest = floor, the
+# output size floor(size * scale); ORT's Resize-10 equals F.interpolate(nearest) bit for bit
+@register("Resize", since=10, static=(1,), check=_check_upsample)
 @register("Upsample", since=9, static=(1,), check=_check_upsample)
 def _upsample(node, x, scales):
     factors = floats(scales)

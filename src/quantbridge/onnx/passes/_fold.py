@@ -25,6 +25,7 @@ from . import _fold_elementwise, _fold_linear, _fold_pool  # noqa: F401  (they r
 from ._graph import MS_DOMAIN, GraphView, label
 from ._normalize import normalize
 from ._registry import fold_handler
+from ._saturation import SaturationWarning, saturating_layers, saturation_message
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -195,6 +196,8 @@ def fold(
     mode) is folded as float32, its Casts between float types as Identity
     (``Float16GraphWarning``): the integer operators take float32 scales. Raises ``ValueError`` for a float
     model and for a Q/DQ pair whose parameters differ, ``FileNotFoundError`` for a missing file.
+    On x86 without VNNI a ``SaturationWarning`` names the folded layers whose int8 weight codes
+    this machine's ONNX Runtime sums with saturation (``_saturation``).
     """
     if isinstance(src, onnx.ModelProto):
         model = src
@@ -218,6 +221,9 @@ def fold(
             "qb.export or `quantbridge quantize` writes",
             stacklevel=2,
         )
+    saturating = saturating_layers(folded) if result.modified else []
+    if saturating:
+        warnings.warn(saturation_message(saturating), SaturationWarning, stacklevel=2)
     if dst is not None:
         onnx.save(folded, os.fspath(dst))
     return folded

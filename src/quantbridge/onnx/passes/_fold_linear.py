@@ -32,7 +32,7 @@ from ._registry import register_fold
 def _weight(g: GraphView, tensor: str, channel_axis: int) -> QInput | None:
     """A stored integer weight behind a DQ: per tensor, or per channel along ``channel_axis``
     with zero points 0 (what QLinearConv / QGemm / QLinearMatMul accept) or, uint8, all 128
-    (``weight_for`` moves those to int8 with zero points 0)."""
+    (``weight_for`` moves those to int8 with zero points 0 for int8 activations)."""
     w = q_input(g, tensor, per_tensor=False)
     if w is None or w.tensor not in g.constants:
         return None

@@ -182,6 +182,23 @@ class GraphView(GraphIndex):
         data = self.constants.get(node.input[0])
         return None if data is None else data.data_type
 
+    def scalar(self, name: str, value: np.ndarray, made: list[TensorProto]) -> str:
+        """``name`` if its one value is stored as a scalar, else the name of a scalar copy: one
+        made by an earlier rewrite (in the view's or ``made``'s initializers) or a new one,
+        appended to ``made``."""
+        value = np.asarray(value)
+        if value.ndim == 0:
+            return name
+        scalar = value.reshape(())
+        base = f"{name}_scalar"
+        for t in itertools.chain(made, self.initializers.values()):
+            if t.name.startswith(base) and not t.dims and t.name not in self.file_names:
+                array = numpy_helper.to_array(t)
+                if array.dtype == scalar.dtype and array == scalar:
+                    return t.name
+        made.append(self.constant(base, scalar))
+        return made[-1].name
+
     def with_zero_point(self, params: QParams) -> tuple[QParams, list[TensorProto]]:
         """``params`` with a zero-point tensor name (QOperator inputs need one)."""
         if params.zero_point:

@@ -83,12 +83,19 @@ def q_output(g: GraphView, node: onnx.NodeProto) -> QOutput | None:
 
 
 def operands(g: GraphView, *params: QParams) -> tuple[list[tuple[str, str]], list]:
-    """(scale, zero point) name pairs for QOperator inputs, and the zero points it had to make."""
+    """(scale, zero point) name pairs for QOperator inputs, and the constants it had to make:
+    missing zero points, and scalars for per-tensor parameters stored with shape [1] (older
+    exporters write them; QuantizeLinear takes them, ONNX Runtime's QLinearAdd, QLinearMul, ...
+    refuse them: "Scale and Zero-point must be a scalar")."""
     pairs, inits = [], []
     for p in params:
         p, new = g.with_zero_point(p)
-        pairs.append((p.scale, p.zero_point))
         inits += new
+        names = [p.scale, p.zero_point]
+        if p.per_tensor:
+            values = (p.scale_value, p.zero_point_value)
+            names = [g.scalar(n, v, inits) for n, v in zip(names, values, strict=True)]
+        pairs.append((names[0], names[1]))
     return pairs, inits
 
 
@@ -110,14 +117,17 @@ def weight_for(g: GraphView, activation: QParams, w: QInput) -> tuple[QInput, li
     ``activation_type=QInt8, weight_type=QUInt8`` writes them) get their weight's codes and zero
     point moved down by 128. That is exact: ``w - z == (w - 128) - (z - 128)`` and both stay in
     int8. A per-channel uint8 weight would need zero points -128 (QLinearConv takes per-channel
-    zero points 0 only) unless every zero point is 128 (symmetric uint8: they become 0, for
-    uint8 activations too), and a
-    uint8 *activation* as second operand is not a constant to shift: both decline (the op stays
-    QDQ, ``quantbridge fold`` lists it as not folded)."""
-    if w.params.dtype != TensorProto.UINT8:
-        return w, []
-    if w.params.per_tensor and activation.dtype != TensorProto.INT8:
-        return w, []  # (uint8, uint8): registered
+    zero points 0, or one value for every channel) unless every zero point is 128 (symmetric
+    uint8: they become 0), and a uint8 *activation* as second operand is not a constant to
+    shift: both decline (the op stays QDQ, ``quantbridge fold`` lists it as not folded).
+
+    With uint8 activations a uint8 weight stays uint8, per tensor or per channel (zero points
+    then 128, the one per-channel form ``_weight`` passes): (uint8, uint8) is registered and its
+    products are exact on every CPU, while (uint8, int8) is summed pairwise in int16 with
+    saturation on x86 without VNNI (``quantbridge._platform``): moving full-range uint8 weights
+    to int8 there changed ORT's per-channel u8u8 MiniLM-style file by 56 output steps."""
+    if w.params.dtype != TensorProto.UINT8 or activation.dtype != TensorProto.INT8:
+        return w, []  # (uint8, uint8), (int8|uint8, int8): registered
     stored = g.array(w.tensor)
     symmetric = np.all(np.asarray(w.params.zero_point_value) == 128)
     if stored is None or not (w.params.per_tensor or symmetric):

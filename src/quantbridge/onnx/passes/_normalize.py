@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ._graph import GraphView, Rewrite, attribute, attributes, node
 from ._match import EIGHT_BIT, absorbed, clip_bounds
@@ -48,9 +48,15 @@ INTEGER_DATA_MOVEMENT = frozenset(
 
 # ... on 8-bit codes only: ONNX's MaxPool takes int8 / uint8 (no int16: ORT's A16W8 files)
 EIGHT_BIT_MOVEMENT = frozenset({"MaxPool", "Resize"})
+# 4-bit codes move through none of them: ONNX Runtime 1.32 registers no int4 / uint4 kernel for
+# Identity, Reshape, Transpose ... ("Type 'tensor(int4)' of input parameter ... of operator
+# (Identity) ... is invalid"); they stay behind their DequantizeLinear
+FOUR_BIT = frozenset({TensorProto.INT4, TensorProto.UINT4})
 
 
 def _codes_move(mover: onnx.NodeProto, params) -> bool:
+    if params.dtype in FOUR_BIT:
+        return False
     return mover.op_type not in EIGHT_BIT_MOVEMENT or params.dtype in EIGHT_BIT
 
 
